@@ -1,0 +1,398 @@
+#!/usr/bin/env python3
+"""TileLang Tour: build real GPU kernels in TileLang, check them against PyTorch, time them, look inside.
+
+    python tilelang_tour.py                          # the whole tour
+    python tilelang_tour.py --only flash_attention   # one section
+    python tilelang_tour.py --compile-only --arch sm_80   # no GPU: build and inspect the kernels
+    python tilelang_tour.py --list
+
+The runner knows nothing about kernels: it runs the registered sections in order, isolates their
+failures, records status, time and headline numbers, and prints a summary and a TileLang quick reference.
+From a notebook: `import tilelang_tour; tilelang_tour.main(["--only", "gemm_schedules"])`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import tourkit
+from sections import SECTION_NAMES
+from tourkit import SectionResult, SectionSkip, TourContext, UsageError
+
+DEFAULT_SECTION_TIMEOUT_S = 900
+
+QUICK_REFERENCE = r"""
+TileLang quick reference (tilelang 0.1.15; import tilelang, tilelang.language as T)
+  kernel launch     with T.Kernel(T.ceildiv(N, bN), T.ceildiv(M, bM), threads=128) as (bx, by): ...
+  shared memory     A_s = T.alloc_shared((bM, bK), "float16")          # one tile per block, in SMEM
+  register tile     C_f = T.alloc_fragment((bM, bN), "float32")        # spread over the threads' registers
+  per-thread local  acc = T.alloc_local((1,), "float32")               # private scalar/array per thread
+  tile copy         T.copy(A[by * bM, k * bK], A_s)                    # global<->shared<->fragment, vectorized
+  tensor-core GEMM  T.gemm(A_s, B_s, C_f, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+  clear / fill      T.clear(C_f);  T.fill(m_f, -T.infinity("float32"))
+  pipelining        for k in T.Pipelined(T.ceildiv(K, bK), num_stages=3): ...   # cp.async / TMA overlap
+  elementwise       for i, j in T.Parallel(bM, bN): C_f[i, j] = T.max(C_f[i, j], 0)
+  row reductions    T.reduce_max(S_f, m_f, dim=1, clear=True);  T.reduce_sum(P_f, l_f, dim=1)
+  math              T.exp2(x), T.log2(x), T.max(a, b), T.if_then_else(c, a, b)
+  L2 swizzle        T.use_swizzle(panel_size=10)                        # rasterize blocks for L2 reuse
+  device print      T.print(A_s, msg="A tile")                          # from a kernel, to the process stdout
+  jit               @tilelang.jit(out_idx=[-1], pass_configs={"tl.disable_tma_lower": True})
+  compile directly  kernel = tilelang.compile(prim_func, out_idx=[2], target="cuda")
+  autotune          @tilelang.autotune(configs=[{"block_M": 128, ...}, ...], warmup=3, rep=20)
+  inspect           kernel.get_kernel_source()   kernel.get_profiler().do_bench()
+  validate          kernel.get_profiler().assert_allclose(ref_fn, rtol=1e-2, atol=1e-2)
+  kernel cache      TILELANG_CACHE_DIR=~/.tilelang/cache   TILELANG_DISABLE_CACHE=1   (or tilelang.disable_cache())
+  debug env         TILELANG_PRINT_ON_COMPILATION=1   TILELANG_PASS_DIFF=terminal (IR diff per lowering pass)
+  no GPU            with Target({"kind": "cuda", "arch": "sm_90a"}) as t: tilelang.lower(f, target=t)
+""".strip("\n")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so a notebook never sees a SystemExit traceback."""
+
+    def error(self, message: str):
+        raise UsageError(message)
+
+    def exit(self, status: int = 0, message: str | None = None):
+        if message:
+            sys.stderr.write(message)
+        raise _EarlyExit(status)
+
+
+class _EarlyExit(Exception):
+    def __init__(self, status: int):
+        self.status = status
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _ArgumentParser(
+        prog="tilelang_tour.py",
+        description="A hands-on tour of TileLang: real kernels, checked and timed against PyTorch.",
+    )
+    parser.add_argument("--list", action="store_true", help="list the sections and exit")
+    parser.add_argument("--only", action="append", default=[], metavar="A,B", help="run only these sections")
+    parser.add_argument("--skip", action="append", default=[], metavar="A,B", help="skip these sections")
+    parser.add_argument("--json", metavar="PATH", help="write the environment and every section's record")
+    parser.add_argument("--quick", action="store_true", help="small problem sizes")
+    parser.add_argument("--full", action="store_true", help="the long sweeps (GEMM shape set, full tuning space)")
+    parser.add_argument("-x", "--exitfirst", action="store_true", help="stop after the first failed section")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="build every kernel for --arch and show what TileLang generated; run nothing")
+    parser.add_argument("--arch", help=f"target for --compile-only ({', '.join(tourkit.ARCH_SPECS)}); "
+                                       f"default: the GPU's, else {tourkit.DEFAULT_ARCH}")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_SECTION_TIMEOUT_S, metavar="S",
+                        help="seconds one section may take (0: no limit)")
+    parser.add_argument("--install", action="store_true", help="env_check: pip-install tilelang if missing")
+    return parser
+
+
+def _split_names(values: Sequence[str]) -> list[str]:
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SECTION_NAMES]
+    if unknown:
+        raise UsageError(f"unknown section {', '.join(map(repr, unknown))}; valid sections: {', '.join(SECTION_NAMES)}")
+    return names
+
+
+def select_sections(only: Sequence[str], skip: Sequence[str]) -> list[str]:
+    only_names, skip_names = _split_names(only), _split_names(skip)
+    chosen = [n for n in SECTION_NAMES if not only_names or n in only_names]
+    return [n for n in chosen if n not in skip_names]
+
+
+def _in_notebook() -> bool:
+    return "ipykernel" in sys.modules or "google.colab" in sys.modules
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Running sections
+# ---------------------------------------------------------------------------------------------------------
+
+
+class SectionTimeout(Exception):
+    pass
+
+
+class _Deadline:
+    """Raise SectionTimeout in the main thread after `seconds` (SIGALRM; a no-op where unavailable)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.active = seconds > 0 and hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread()
+
+    def _fire(self, signum, frame):
+        raise SectionTimeout(f"took more than {self.seconds:.0f} s")
+
+    def __enter__(self):
+        if self.active:
+            self.previous = signal.signal(signal.SIGALRM, self._fire)
+            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        return self
+
+    def __exit__(self, *exc):
+        if self.active:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.previous)
+        return False
+
+
+@dataclass
+class RunOptions:
+    quick: bool = False
+    full: bool = False
+    compile_only: bool = False
+    arch: str | None = None
+    timeout: float = DEFAULT_SECTION_TIMEOUT_S
+    install: bool = False
+    exitfirst: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _traceback_tail(exc: BaseException, lines: int = 8) -> str:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def load_section(name: str):
+    return importlib.import_module(f"sections.{name}").SECTION
+
+
+def run_section(name: str, options: RunOptions, device, tilelang_probe: tuple[bool, str] | None,
+                loader=load_section) -> SectionResult:
+    """Run one section and return its record. Never raises, except KeyboardInterrupt."""
+    result = SectionResult(name=name, title=name)
+    started = time.perf_counter()
+    ctx = TourContext(quick=options.quick, compile_only=options.compile_only, arch=options.arch,
+                      device=device, full=options.full)
+    ctx.install = options.install  # only env_check reads it
+    try:
+        with _Deadline(options.timeout):
+            if tilelang_probe is not None and not tilelang_probe[0]:
+                raise SectionSkip(f"tilelang is unavailable: {tilelang_probe[1]}")
+            section = loader(name)
+            result.title = section.title
+            _print_start(section)
+            _check_needs(section, ctx)
+            section.run(ctx)
+        result.status = "passed"
+    except SectionSkip as skip:
+        result.status, result.skip_reason = "skipped", str(skip)
+    except SectionTimeout as exc:
+        result.status, result.error_type, result.error_message = "timed out", "SectionTimeout", str(exc)
+    except KeyboardInterrupt:
+        result.status = "interrupted"
+        result.seconds = time.perf_counter() - started
+        raise _Interrupted(result)
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] in ("tilelang", "torch", "tvm", "numpy"):
+            result.status, result.skip_reason = "skipped", f"{exc.name} is not installed"
+        else:
+            _record_failure(result, exc)
+    except Exception as exc:  # a section's failure must never take the tour down
+        _record_failure(result, exc)
+    result.seconds = time.perf_counter() - started
+    result.headline, result.metrics, result.report = ctx.headlines, ctx.metrics, ctx.report
+    _print_end(result)
+    return result
+
+
+class _Interrupted(Exception):
+    def __init__(self, result: SectionResult):
+        self.result = result
+
+
+def _record_failure(result: SectionResult, exc: BaseException) -> None:
+    result.status = "failed"
+    result.error_type = type(exc).__name__
+    result.error_message = tourkit.one_line(exc, 500)
+    result.traceback_tail = _traceback_tail(exc)
+
+
+def _check_needs(section, ctx: TourContext) -> None:
+    if ctx.compile_only:
+        if not section.supports_compile_only:
+            raise SectionSkip("has nothing to compile in --compile-only mode")
+        return
+    if section.needs_gpu and not ctx.has_gpu:
+        raise SectionSkip("no CUDA GPU found; run with --compile-only (e.g. --arch sm_90a) to build and "
+                          "inspect the kernels without one")
+    if section.min_capability and ctx.has_gpu and ctx.device.capability < section.min_capability:
+        need = "%d.%d" % section.min_capability
+        raise SectionSkip(f"needs compute capability {need}+, this GPU is {ctx.device.capability[0]}.{ctx.device.capability[1]}")
+    if section.needs_nvcc and tourkit.find_nvcc() is None:
+        raise SectionSkip("needs nvcc (the CUDA toolkit) on the PATH or in CUDA_HOME")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Printing
+# ---------------------------------------------------------------------------------------------------------
+
+_progress = {"index": 0, "total": 0}
+
+
+def _print_start(section) -> None:
+    print(f"\n▶ [{_progress['index']}/{_progress['total']}] {section.name}: {section.title}", flush=True)
+    print(f"  {section.summary}", flush=True)
+
+
+def _print_end(result: SectionResult) -> None:
+    detail = headline_text(result)
+    print(f"■ [{_progress['index']}/{_progress['total']}] {result.name} {result.status} "
+          f"in {result.seconds:.1f} s{' — ' + detail if detail else ''}", flush=True)
+    if result.status in ("failed", "timed out") and result.traceback_tail:
+        print(tourkit.indent(result.traceback_tail, "    | "), flush=True)
+
+
+def headline_text(result: SectionResult) -> str:
+    if result.status == "skipped":
+        return result.skip_reason or ""
+    if result.status in ("failed", "timed out"):
+        return f"{result.error_type}: {result.error_message}"
+    return ", ".join(f"{k} {tourkit._cell(v)}" for k, v in result.headline.items())
+
+
+def print_summary(results: Sequence[SectionResult]) -> None:
+    print("\nSummary", flush=True)
+    rows = [[r.name, r.status, f"{r.seconds:.1f}", headline_text(r)[:110]] for r in results]
+    print(tourkit.indent(tourkit.format_table(["section", "status", "seconds", "headline"], rows)), flush=True)
+    counts = {s: sum(r.status == s for r in results) for s in ("passed", "failed", "skipped", "timed out")}
+    print("  " + ", ".join(f"{n} {s}" for s, n in counts.items() if n), flush=True)
+
+
+def environment_record(device, tilelang_probe) -> dict[str, Any]:
+    def version(module: str) -> str | None:
+        try:
+            return importlib.import_module(module).__version__
+        except Exception:
+            return None
+
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": version("torch"),
+        "tilelang": tilelang_probe[1] if tilelang_probe and tilelang_probe[0] else None,
+        "tilelang_problem": None if not tilelang_probe or tilelang_probe[0] else tilelang_probe[1],
+        "nvcc": tourkit.find_nvcc(),
+        "gpu": None if device is None else {
+            "name": device.name, "capability": list(device.capability), "arch": device.arch,
+            "sm_count": device.sm_count, "memory_bytes": device.memory_bytes,
+            "smem_per_block_optin": device.smem_per_block_optin, "l2_bytes": device.l2_bytes},
+        "in_notebook": _in_notebook(),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TourRun:
+    """What `main` returns: every section's record, the environment, and the exit code a shell would see."""
+
+    results: list[SectionResult]
+    environment: dict[str, Any]
+    exit_code: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"environment": self.environment, "exit_code": self.exit_code,
+                "sections": [r.to_dict() for r in self.results]}
+
+
+def _exit_code(results: Sequence[SectionResult]) -> int:
+    return 1 if any(r.status in ("failed", "timed out") for r in results) else 0
+
+
+def main(argv: Sequence[str] | None = None, *, loader=load_section) -> TourRun | None:
+    """Run the tour. `argv=None` reads sys.argv, except inside Jupyter/Colab, whose argv is the kernel's."""
+    if argv is None:
+        argv = [] if _in_notebook() else sys.argv[1:]
+    try:
+        args = build_parser().parse_args(list(argv))
+        names = select_sections(args.only, args.skip)
+        if args.arch:
+            tourkit.check_arch(args.arch)
+        if args.arch and not args.compile_only:
+            raise UsageError("--arch only applies with --compile-only (a GPU run uses the GPU's own arch)")
+    except UsageError as exc:
+        print(f"tilelang_tour.py: error: {exc}", file=sys.stderr, flush=True)
+        return TourRun([], {}, 2)
+    except _EarlyExit as early:  # --help
+        return TourRun([], {}, early.status)
+
+    if args.list:
+        for name in SECTION_NAMES:
+            print(name, flush=True)
+        return TourRun([], {}, 0)
+    if not names:
+        print("tilelang_tour.py: error: --only/--skip left no section to run", file=sys.stderr, flush=True)
+        return TourRun([], {}, 2)
+
+    options = RunOptions(quick=args.quick, full=args.full, compile_only=args.compile_only, arch=args.arch,
+                         timeout=args.timeout, install=args.install, exitfirst=args.exitfirst)
+    device = None if args.compile_only and args.arch else tourkit.detect_device()
+    if options.compile_only and not options.arch:
+        options.arch = device.arch if device else tourkit.DEFAULT_ARCH
+    mode = f"compile-only for {options.arch}" if options.compile_only else (
+        f"on {device.name} ({device.arch})" if device else "without a GPU")
+    print(f"TileLang Tour — {len(names)} section(s), {mode}{', quick sizes' if options.quick else ''}", flush=True)
+
+    tilelang_probe = None
+    results: list[SectionResult] = []
+    interrupted = False
+    _progress["total"] = len(names)
+    for index, name in enumerate(names, 1):
+        _progress["index"] = index
+        if name != "env_check" and tilelang_probe is None:
+            tilelang_probe = tourkit.probe_tilelang_import()
+        try:
+            result = run_section(name, options, device, tilelang_probe if name != "env_check" else None, loader)
+        except _Interrupted as stop:
+            results.append(stop.result)
+            interrupted = True
+            print(f"\n■ interrupted during {name}", flush=True)
+            break
+        results.append(result)
+        if options.exitfirst and result.status in ("failed", "timed out"):
+            print(f"\n■ stopping after {name} (--exitfirst)", flush=True)
+            break
+
+    print_summary(results)
+    print("\n" + QUICK_REFERENCE, flush=True)
+    code = 130 if interrupted else _exit_code(results)
+    run = TourRun(results, environment_record(device, tilelang_probe), code)
+    if args.json:
+        try:
+            with open(args.json, "w") as fh:
+                json.dump(run.to_dict(), fh, indent=2, default=str)
+            print(f"\nwrote {args.json}", flush=True)
+        except OSError as exc:
+            print(f"tilelang_tour.py: could not write {args.json}: {exc}", file=sys.stderr, flush=True)
+    return run
+
+
+def cli() -> int:
+    run = main()
+    return run.exit_code if run is not None else 2
+
+
+if __name__ == "__main__":
+    if _in_notebook():  # pasted into a cell: run, but never raise SystemExit there
+        main()
+    else:
+        sys.exit(cli())

@@ -1,0 +1,586 @@
+"""The tour's shared kit: the section protocol, the device, timing, validation, codegen inspection, reports.
+
+Every section uses this module and none re-implements what is here. It imports torch and tilelang lazily,
+so the runner (and `--list`) works on a machine that has neither, and it has no import-time side effects,
+so the whole tour can be pasted into one notebook cell. Everything a section hands back to the runner is
+plain data (str, int, float, bool, lists and dicts of them) so that it can travel through JSON or a pipe.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+TILELANG_PIN = "0.1.15"
+TILELANG_INSTALL = f"pip install tilelang=={TILELANG_PIN}"
+TILELANG_NIGHTLY_INSTALL = "pip install tilelang --find-links https://tile-ai.github.io/whl/nightly"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The section protocol
+# ---------------------------------------------------------------------------------------------------------
+
+
+class SectionSkip(Exception):
+    """Raised by a section that cannot run here; the message is the reason shown to the user."""
+
+
+@dataclass
+class Section:
+    """What a section declares: who it is and what it needs. `run(ctx)` does the work."""
+
+    name: str
+    title: str
+    summary: str
+    run: Callable[["TourContext"], None]
+    needs_gpu: bool = True
+    min_capability: tuple[int, int] | None = None
+    needs_nvcc: bool = False
+    supports_compile_only: bool = True
+
+
+@dataclass
+class SectionResult:
+    """One section's outcome, as plain serializable data."""
+
+    name: str
+    title: str = ""
+    status: str = "pending"  # passed | failed | skipped | timed out | interrupted
+    seconds: float = 0.0
+    headline: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    report: list[str] = field(default_factory=list)
+    skip_reason: str | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    traceback_tail: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class TourContext:
+    """What a section gets: the run's options and device, and a place to report to.
+
+    `log` prints at once (flushed, so a notebook shows progress) and keeps the line for the JSON report.
+    `headline` records the few numbers that go into the summary table; `metric` records the rest.
+    """
+
+    def __init__(self, *, quick: bool = False, compile_only: bool = False, arch: str | None = None,
+                 device: "DeviceInfo | None" = None, full: bool = False, echo: bool = True):
+        self.quick = quick
+        self.compile_only = compile_only
+        self.device = device
+        self.arch = arch or (device.arch if device else DEFAULT_ARCH)
+        self.full = full
+        self.echo = echo
+        self.report: list[str] = []
+        self.headlines: dict[str, Any] = {}
+        self.metrics: dict[str, Any] = {}
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.device is not None
+
+    @property
+    def smem_budget(self) -> int:
+        """Shared memory one block may use (opt-in maximum) on the GPU we run on or compile for."""
+        if self.device is not None and not self.compile_only:
+            return self.device.smem_per_block_optin
+        return ARCH_SPECS[self.arch].smem_per_block_optin
+
+    def log(self, text: str = "") -> None:
+        for line in str(text).splitlines() or [""]:
+            self.report.append(line)
+            if self.echo:
+                print("    " + line if line else "", flush=True)
+
+    def table(self, headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+        self.log(format_table(headers, rows))
+
+    def headline(self, **values: Any) -> None:
+        self.headlines.update(values)
+        self.metrics.update(values)
+
+    def metric(self, **values: Any) -> None:
+        self.metrics.update(values)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Architectures and the device
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    arch: str  # what nvcc and TileLang's target take
+    family: str  # "ampere", "ada", "hopper", "turing": sections pick schedules by family
+    capability: tuple[int, int]
+    smem_per_block_optin: int  # bytes, the opt-in maximum for one block
+
+
+ARCH_SPECS: dict[str, ArchSpec] = {
+    "sm_75": ArchSpec("sm_75", "turing", (7, 5), 64 * 1024),
+    "sm_80": ArchSpec("sm_80", "ampere", (8, 0), 163 * 1024),
+    "sm_86": ArchSpec("sm_86", "ampere", (8, 6), 99 * 1024),
+    "sm_89": ArchSpec("sm_89", "ada", (8, 9), 99 * 1024),
+    # Hopper's wgmma and setmaxnreg exist only for the arch-specific target, sm_90a, not plain sm_90.
+    "sm_90a": ArchSpec("sm_90a", "hopper", (9, 0), 227 * 1024),
+}
+DEFAULT_ARCH = "sm_90a"
+
+
+class UsageError(Exception):
+    """Bad input from the user; the runner prints the message as one line and exits 2."""
+
+
+def check_arch(arch: str) -> str:
+    if arch == "sm_90":
+        raise UsageError("--arch sm_90 cannot use Hopper's wgmma/TMA; use sm_90a (the arch-specific target)")
+    if arch not in ARCH_SPECS:
+        raise UsageError(f"unknown --arch {arch!r}; choose one of: {', '.join(ARCH_SPECS)}")
+    return arch
+
+
+def arch_for_capability(major: int, minor: int) -> str:
+    """The closest architecture we know at or below a compute capability."""
+    known = sorted(ARCH_SPECS.values(), key=lambda spec: spec.capability)
+    best = known[0].arch
+    for spec in known:
+        if spec.capability <= (major, minor):
+            best = spec.arch
+    return best
+
+
+@dataclass
+class DeviceInfo:
+    name: str
+    capability: tuple[int, int]
+    arch: str
+    sm_count: int
+    memory_bytes: int
+    smem_per_block_optin: int
+    l2_bytes: int
+
+    @property
+    def family(self) -> str:
+        return ARCH_SPECS[self.arch].family
+
+
+def detect_device() -> DeviceInfo | None:
+    """The first CUDA GPU as torch sees it, or None (no torch, no CUDA build, no GPU)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    try:
+        if not torch.cuda.is_available():
+            return None
+        props = torch.cuda.get_device_properties(0)
+    except Exception:  # a broken driver is "no GPU" for the tour, env_check reports the details
+        return None
+    arch = arch_for_capability(props.major, props.minor)
+    optin = getattr(props, "shared_memory_per_block_optin", 0) or ARCH_SPECS[arch].smem_per_block_optin
+    return DeviceInfo(
+        name=props.name,
+        capability=(props.major, props.minor),
+        arch=arch,
+        sm_count=props.multi_processor_count,
+        memory_bytes=props.total_memory,
+        smem_per_block_optin=int(optin),
+        l2_bytes=int(getattr(props, "L2_cache_size", 0)),
+    )
+
+
+def find_nvcc() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home and os.path.exists(os.path.join(home, "bin", "nvcc")):
+            return os.path.join(home, "bin", "nvcc")
+    return None
+
+
+def probe_tilelang_import(timeout: float = 120.0) -> tuple[bool, str]:
+    """Import tilelang in a child process first: a broken install can abort the importing process
+    (tile-ai/tilelang#2367), and the tour must survive that. Returns (ok, version or reason)."""
+    code = "import tilelang, sys; sys.stdout.write(tilelang.__version__)"
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, f"importing tilelang took more than {timeout:.0f} s"
+    if done.returncode == 0:
+        return True, done.stdout.strip()
+    lines = [ln for ln in (done.stderr or "").strip().splitlines() if ln.strip()]
+    last = lines[-1] if lines else f"exit code {done.returncode}"
+    if "No module named 'tilelang'" in last:
+        return False, f"tilelang is not installed ({TILELANG_INSTALL})"
+    if done.returncode < 0:
+        return False, f"importing tilelang killed the process with signal {-done.returncode}: {last}"
+    return False, f"importing tilelang failed: {last}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------------------
+
+
+def random_tensor(shape, dtype, *, scale: float = 1.0, seed: int | None = None, device: str = "cuda"):
+    """Fresh random inputs (never zeros): N(0, scale²), drawn on the device."""
+    import torch
+
+    gen = None
+    if seed is not None:
+        gen = torch.Generator(device=device).manual_seed(seed)
+    return (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * scale).to(dtype)
+
+
+def poison_(tensor):
+    """Fill an output with NaN (or the max integer) so that any element a kernel forgets to write fails."""
+    import torch
+
+    if tensor.dtype.is_floating_point:
+        tensor.fill_(float("nan"))
+    else:
+        tensor.fill_(torch.iinfo(tensor.dtype).max)
+    return tensor
+
+
+def relative_error(out, ref) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64; inf when out holds a NaN or Inf, so that NaN never passes."""
+    import torch
+
+    out64 = out.detach().to(torch.float64)
+    ref64 = ref.detach().to(torch.float64)
+    if out64.shape != ref64.shape:
+        raise ValueError(f"shape mismatch: kernel gave {tuple(out64.shape)}, reference {tuple(ref64.shape)}")
+    if not bool(torch.isfinite(out64).all()):
+        return math.inf
+    denom = torch.linalg.vector_norm(ref64).item()
+    diff = torch.linalg.vector_norm(out64 - ref64).item()
+    return diff / denom if denom > 0 else diff
+
+
+@dataclass
+class Check:
+    name: str
+    rel_error: float
+    tolerance: float
+
+    @property
+    def passed(self) -> bool:
+        return self.rel_error <= self.tolerance  # inf and NaN both compare False
+
+    def line(self) -> str:
+        verdict = "ok" if self.passed else "FAILED"
+        return f"{self.name}: rel. error {format_error(self.rel_error)} (tolerance {self.tolerance:.0e}) {verdict}"
+
+
+class ValidationError(AssertionError):
+    pass
+
+
+def validate(name: str, launch: Callable[[], Any], out, ref, tolerance: float) -> Check:
+    """Poison `out`, run `launch()` (which must write `out`), and compare with `ref`.
+
+    `ref` should come from a higher-precision computation (float32 or float64) of the same inputs.
+    """
+    import torch
+
+    poison_(out)
+    launch()
+    torch.cuda.synchronize()
+    return Check(name, relative_error(out, ref), tolerance)
+
+
+def require(checks: Iterable[Check]) -> None:
+    """Raise if any check failed: a section with a wrong kernel must fail, not report a speed."""
+    bad = [c for c in checks if not c.passed]
+    if bad:
+        raise ValidationError("; ".join(c.line() for c in bad))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Timing and throughput
+# ---------------------------------------------------------------------------------------------------------
+
+_l2_flush_buffer: dict[str, Any] = {}
+
+
+def _flush_buffer(nbytes: int = 256 * 1024 * 1024):
+    import torch
+
+    buf = _l2_flush_buffer.get("buf")
+    if buf is None:
+        buf = torch.empty(nbytes // 4, dtype=torch.int32, device="cuda")
+        _l2_flush_buffer["buf"] = buf
+    return buf
+
+
+def bench_ms(fn: Callable[[], Any], *, warmup_ms: float = 25.0, rep_ms: float = 100.0,
+             flush_l2: bool = True, min_reps: int = 5, max_reps: int = 1000) -> float:
+    """Median time of `fn()` in milliseconds, from CUDA events around each call, after a warm-up.
+
+    Before each timed call the L2 cache is flushed (a 256 MB write) so small problems are not timed
+    out of the cache; the flush itself lies outside the events.
+    """
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    flush = _flush_buffer() if flush_l2 else None
+    # Estimate one call's time to choose the warm-up and repeat counts.
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = max(start.elapsed_time(end) / 3, 1e-3)
+    for _ in range(max(1, int(warmup_ms / estimate))):
+        fn()
+    reps = min(max_reps, max(min_reps, int(rep_ms / estimate)))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        if flush is not None:
+            flush.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
+    mid = len(times) // 2
+    return times[mid] if len(times) % 2 else 0.5 * (times[mid - 1] + times[mid])
+
+
+def gbps(nbytes: float, ms: float) -> float:
+    """Bandwidth in GB/s (10^9 bytes per second) for `nbytes` moved in `ms` milliseconds."""
+    return nbytes / (ms * 1e-3) / 1e9
+
+
+def tflops(flops: float, ms: float) -> float:
+    """Arithmetic rate in TFLOP/s (10^12 per second) for `flops` operations in `ms` milliseconds."""
+    return flops / (ms * 1e-3) / 1e12
+
+
+def speedup(reference_ms: float, ours_ms: float) -> float:
+    """How many times faster ours is than the reference measured in the same run (>1 is faster)."""
+    return reference_ms / ours_ms
+
+
+def device_copy_gbps(nbytes: int = 1 << 30) -> float:
+    """The device-to-device copy bandwidth right now (bytes read plus written): the memory ceiling."""
+    import torch
+
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src), flush_l2=False)
+    return gbps(2 * src.numel(), ms)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Codegen inspection: what TileLang generated for an architecture
+# ---------------------------------------------------------------------------------------------------------
+
+# name -> (pattern counted in the CUDA source, what it means)
+MARKERS: dict[str, tuple[str, str]] = {
+    "wgmma": (r"wgmma", "Hopper warpgroup tensor-core MMA (sm_90a)"),
+    "mma_sync": (r"mma_sync|mma\.sync", "warp-level tensor-core MMA (Ampere/Ada style)"),
+    "tma_load": (r"tma_load", "TMA bulk tensor copy global->shared (Hopper copy engine)"),
+    "cp_async": (r"cp_async|cp\.async", "asynchronous global->shared copy (Ampere+)"),
+    "ldmatrix": (r"ldmatrix", "shared->register matrix fragment load for tensor cores"),
+    "mbarrier": (r"mbarrier", "transaction barrier (TMA completion, producer/consumer sync)"),
+    "__syncthreads": (r"__syncthreads", "block-wide barrier"),
+    "rasterization": (r"rasterization", "L2-friendly block rasterization (T.use_swizzle)"),
+}
+
+
+def count_markers(source: str) -> dict[str, int]:
+    return {name: len(re.findall(pattern, source)) for name, (pattern, _) in MARKERS.items()}
+
+
+def cuda_target(arch: str):
+    from tvm.target import Target
+
+    return Target({"kind": "cuda", "arch": check_arch(arch)})
+
+
+_STATIC_SMEM = re.compile(r"__shared__\s+(?:__align__\(\d+\)\s+)?(\w+)\s+(\w+)\[(\d+)\]")
+_SCALAR_BYTES = {"uint64_t": 8, "int64_t": 8, "double": 8, "float": 4, "int": 4, "uint": 4, "uint32_t": 4,
+                 "half_t": 2, "half": 2, "bfloat16_t": 2, "uchar": 1, "char": 1, "signed char": 1}
+
+
+@dataclass
+class KernelReport:
+    """What one kernel looks like for one architecture, without running it."""
+
+    name: str
+    arch: str
+    markers: dict[str, int]
+    dynamic_smem_bytes: int
+    static_smem_bytes: int
+    threads: int  # threads per block as launched (warp specialization can add producer warps)
+    grid: tuple[int, int, int]
+    nvcc: str  # "compiled", "not run (nvcc not found)", "not asked", or "failed: ..."
+    source: str = ""
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.dynamic_smem_bytes + self.static_smem_bytes
+
+    def summary(self) -> dict[str, Any]:
+        return {"name": self.name, "arch": self.arch, "markers": self.markers, "smem_bytes": self.smem_bytes,
+                "threads": self.threads, "grid": list(self.grid), "nvcc": self.nvcc}
+
+
+def _launch_shape(device_mod) -> tuple[int, tuple[int, int, int], int]:
+    threads, grid, dyn = 1, [1, 1, 1], 0
+    for _, func in device_mod.functions.items():
+        attrs = func.attrs
+        if attrs is None:
+            continue
+        if "dyn_shared_memory_buf" in attrs:
+            dyn = max(dyn, int(attrs["dyn_shared_memory_buf"]))
+        if "thread_extent" in attrs:
+            t, g = 1, [1, 1, 1]
+            for tag, extent in attrs["thread_extent"].items():
+                if "threadIdx" in str(tag):
+                    t *= int(extent)
+                elif "blockIdx" in str(tag):
+                    g["xyz".index(str(tag)[-1])] = int(extent)
+            threads, grid = max(threads, t), g
+    return threads, (grid[0], grid[1], grid[2]), dyn
+
+
+def static_smem_bytes(source: str) -> int:
+    total = 0
+    for ctype, _, count in _STATIC_SMEM.findall(source):
+        total += _SCALAR_BYTES.get(ctype, 4) * int(count)
+    return total
+
+
+def lower_for_arch(func, arch: str, pass_configs: dict[str, Any] | None = None):
+    """Lower a TileLang prim_func to CUDA source for `arch` (no GPU, no nvcc needed)."""
+    import tilelang
+    import tvm
+
+    target = cuda_target(arch)
+    with tvm.transform.PassContext(config=dict(pass_configs or {})), target:
+        return tilelang.lower(func, target=target)
+
+
+def compile_for_arch(func, arch: str, pass_configs: dict[str, Any] | None = None, out_idx=None):
+    """Compile a prim_func with nvcc for `arch` (no GPU needed); returns the JITKernel."""
+    import tilelang
+
+    target = cuda_target(arch)
+    with target:
+        return tilelang.compile(func, out_idx=out_idx, target=target, pass_configs=dict(pass_configs or {}))
+
+
+def inspect_kernel(name: str, func, arch: str, *, pass_configs: dict[str, Any] | None = None,
+                   nvcc: bool = True) -> KernelReport:
+    """Lower `func` for `arch`, count the instruction markers, read shared memory and the launch shape,
+    and (when nvcc is present and asked for) compile it to a cubin to prove nvcc accepts it."""
+    artifact = lower_for_arch(func, arch, pass_configs)
+    source = artifact.kernel_source
+    threads, grid, dyn = _launch_shape(artifact.device_mod)
+    if not nvcc:
+        nvcc_status = "not asked"
+    elif find_nvcc() is None:
+        nvcc_status = "not run (nvcc not found)"
+    else:
+        try:
+            compile_for_arch(func, arch, pass_configs)
+            nvcc_status = "compiled"
+        except Exception as exc:  # report, don't crash: the section decides whether this is fatal
+            nvcc_status = f"failed: {one_line(exc)}"
+    return KernelReport(name, arch, count_markers(source), dyn, static_smem_bytes(source), threads, grid,
+                        nvcc_status, source)
+
+
+def report_kernels(ctx: TourContext, reports: Sequence[KernelReport], requested_threads: dict[str, int] | None = None) -> None:
+    """Print the compile-only table: markers found, shared memory, threads as launched, nvcc status."""
+    rows = []
+    for rep in reports:
+        found = ", ".join(f"{k}×{v}" for k, v in rep.markers.items() if v) or "-"
+        threads = str(rep.threads)
+        asked = (requested_threads or {}).get(rep.name)
+        if asked and asked != rep.threads:
+            threads += f" (asked {asked})"
+        rows.append([rep.name, rep.arch, format_bytes(rep.smem_bytes), threads, rep.nvcc, found])
+    ctx.table(["kernel", "arch", "smem", "threads", "nvcc", "markers"], rows)
+    ctx.metric(kernels=[r.summary() for r in reports])
+
+
+def require_markers(report: KernelReport, expected: Iterable[str]) -> None:
+    missing = [m for m in expected if not report.markers.get(m)]
+    if missing:
+        raise ValidationError(f"{report.name} for {report.arch}: expected {', '.join(missing)} in the CUDA source")
+    if report.nvcc.startswith("failed"):
+        raise ValidationError(f"{report.name} for {report.arch}: nvcc {report.nvcc}")
+
+
+def source_excerpt(source: str, pattern: str, context: int = 6, limit: int = 40) -> str:
+    """The lines of generated CUDA around the first match of `pattern`, for showing the reader."""
+    lines = source.splitlines()
+    for i, line in enumerate(lines):
+        if re.search(pattern, line):
+            lo, hi = max(0, i - context), min(len(lines), i + context + 1)
+            return "\n".join(lines[lo:hi][:limit])
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Formatting
+# ---------------------------------------------------------------------------------------------------------
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def format_error(err: float) -> str:
+    return "inf (NaN/Inf in output)" if math.isinf(err) else f"{err:.2e}"
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        if math.isinf(value) or math.isnan(value):
+            return str(value)
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+    return str(value)
+
+
+def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, v in enumerate(row):
+            widths[i] = max(widths[i], len(v))
+    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()
+    out = [line(list(headers)), line(["-" * w for w in widths])]
+    out += [line(row) for row in cells]
+    return "\n".join(out)
+
+
+def indent(text: str, prefix: str = "  ") -> str:
+    return textwrap.indent(text, prefix)
