@@ -1,0 +1,69 @@
+"""env_check on this machine (no GPU in CI; the H200 run is marked gpu)."""
+
+import subprocess
+import sys
+
+import pytest
+
+import tilelang_tour
+import tourkit
+from sections import env_check
+
+
+def test_env_check_passes_and_reports_versions(capsys):
+    run = tilelang_tour.main(["--only", "env_check"])
+    result = run.results[0]
+    assert result.status == "passed", result.error_message or result.skip_reason
+    assert result.metrics["tilelang"] == tourkit.TILELANG_PIN
+    assert result.metrics["apache_tvm_ffi"]
+    out = capsys.readouterr().out
+    for word in ("python", "torch", "tilelang", "apache-tvm-ffi", "nvcc", "host C++ compiler", "Colab"):
+        assert word in out
+
+
+@pytest.mark.skipif(tourkit.detect_device() is not None, reason="this machine has a GPU")
+def test_env_check_without_gpu_says_how_to_compile_only(capsys):
+    run = tilelang_tour.main(["--only", "env_check"])
+    assert run.results[0].headline["gpu"] == "none"
+    assert "--compile-only" in capsys.readouterr().out
+
+
+def test_missing_tilelang_prints_the_install_command(monkeypatch, capsys):
+    monkeypatch.setattr(tourkit, "probe_tilelang_import", lambda timeout=120.0: (False, "tilelang is not installed (x)"))
+    monkeypatch.setattr(env_check, "in_colab", lambda: False)
+    run = tilelang_tour.main(["--only", "env_check"])
+    assert run.results[0].status == "skipped"
+    assert run.exit_code == 0
+    assert tourkit.TILELANG_INSTALL in capsys.readouterr().out
+
+
+def test_missing_tilelang_in_colab_installs_it(monkeypatch, capsys):
+    probes = iter([(False, "tilelang is not installed (x)"), (True, "0.1.15"), (True, "0.1.15")])
+    monkeypatch.setattr(tourkit, "probe_tilelang_import", lambda timeout=120.0: next(probes))
+    monkeypatch.setattr(env_check, "in_colab", lambda: True)
+    commands = []
+
+    def fake_pip(cmd, **kwargs):
+        commands.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(env_check.subprocess, "run", fake_pip)
+    monkeypatch.setattr(env_check, "tool_version", lambda *a, **k: "fake")
+    run = tilelang_tour.main(["--only", "env_check"])
+    assert run.results[0].status == "passed"
+    assert commands[0][:4] == [sys.executable, "-m", "pip", "install"]
+    assert f"tilelang=={tourkit.TILELANG_PIN}" in commands[0]
+    assert "installed tilelang 0.1.15" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_env_check_reports_the_gpu():
+    device = tourkit.detect_device()
+    run = tilelang_tour.main(["--only", "env_check"])
+    metrics = run.results[0].metrics
+    assert metrics["gpu"] == device.name
+    assert metrics["sm_count"] > 0
+    # the opt-in per-block budget is what kernels may use; on Hopper it is 227 KiB, on A100 163 KiB
+    assert metrics["smem_per_block_optin"] >= 48 * 1024
+    if device.capability == (9, 0):
+        assert metrics["smem_per_block_optin"] == 232448

@@ -1,0 +1,138 @@
+"""The shared kit's arithmetic, validation, architecture handling and source inspection (CPU only)."""
+
+import math
+
+import pytest
+import torch
+
+import tourkit
+
+
+def test_throughput_arithmetic():
+    assert tourkit.gbps(4e9, 1.0) == pytest.approx(4000.0)  # 4 GB in 1 ms = 4 TB/s
+    assert tourkit.tflops(2 * 8192**3, 2.0) == pytest.approx(549.755813888)
+    assert tourkit.speedup(reference_ms=2.0, ours_ms=1.6) == pytest.approx(1.25)
+
+
+def test_relative_error_is_the_norm_ratio():
+    ref = torch.tensor([3.0, 4.0])
+    out = torch.tensor([3.0, 4.5])
+    assert tourkit.relative_error(out, ref) == pytest.approx(0.5 / 5.0)
+    assert tourkit.relative_error(ref.clone(), ref) == 0.0
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_or_inf_never_passes(bad):
+    ref = torch.ones(8)
+    out = torch.ones(8)
+    out[3] = bad
+    err = tourkit.relative_error(out, ref)
+    assert math.isinf(err)
+    assert not tourkit.Check("k", err, 1e9).passed
+
+
+def test_relative_error_rejects_shape_mismatch():
+    with pytest.raises(ValueError, match="shape mismatch"):
+        tourkit.relative_error(torch.ones(4), torch.ones(5))
+
+
+def test_validate_poisons_the_output_first():
+    ref = torch.arange(6, dtype=torch.float32)
+    out = ref.clone()  # already "right": a kernel that writes nothing must still fail
+
+    def writes_half():
+        out[:3] = ref[:3]
+
+    check = tourkit.validate("half-writer", writes_half, out, ref, 1e-3)
+    assert not check.passed
+    assert "FAILED" in check.line()
+
+    def writes_all():
+        out.copy_(ref + 1e-6)
+
+    assert tourkit.validate("writer", writes_all, out, ref, 1e-3).passed
+
+
+def test_require_raises_on_failed_check():
+    tourkit.require([tourkit.Check("a", 1e-5, 1e-3)])
+    with pytest.raises(tourkit.ValidationError, match="b: rel. error"):
+        tourkit.require([tourkit.Check("a", 1e-5, 1e-3), tourkit.Check("b", 0.5, 1e-3)])
+
+
+def test_poison_integers():
+    t = torch.zeros(3, dtype=torch.int32)
+    tourkit.poison_(t)
+    assert int(t[0]) == torch.iinfo(torch.int32).max
+
+
+def test_arch_checks():
+    assert tourkit.check_arch("sm_80") == "sm_80"
+    with pytest.raises(tourkit.UsageError, match="sm_90a"):
+        tourkit.check_arch("sm_90")
+    with pytest.raises(tourkit.UsageError, match="unknown --arch"):
+        tourkit.check_arch("sm_61")
+    assert tourkit.arch_for_capability(9, 0) == "sm_90a"
+    assert tourkit.arch_for_capability(8, 9) == "sm_89"
+    assert tourkit.arch_for_capability(8, 7) == "sm_86"  # Orin: closest known below
+    assert tourkit.arch_for_capability(12, 0) == "sm_90a"
+    assert tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin == 232448
+    assert tourkit.ARCH_SPECS["sm_86"].family == "ampere"
+
+
+def test_marker_counting_and_static_shared_memory():
+    source = """
+    __shared__ __align__(16) uint64_t mbarrier_mem[6];
+    __shared__ float red_buf[64];
+    tl::tma_load(A_desc, mbarrier[0], ...); tl::wgmma_ss<...>(); __syncthreads(); __syncthreads();
+    const dim3 blockIdx = tl::rasterization2DRow<10>();
+    """
+    markers = tourkit.count_markers(source)
+    assert markers["tma_load"] == 1 and markers["wgmma"] == 1 and markers["__syncthreads"] == 2
+    assert markers["rasterization"] == 1 and markers["cp_async"] == 0 and markers["mbarrier"] == 2
+    assert tourkit.static_smem_bytes(source) == 6 * 8 + 64 * 4
+
+
+def test_format_table_aligns_columns():
+    text = tourkit.format_table(["a", "value"], [["x", 1.23456], ["longer", 12345.6]])
+    lines = text.splitlines()
+    assert lines[0].startswith("a       value")
+    assert lines[2] == "x       1.23"
+    assert lines[3] == "longer  12346"
+
+
+def test_format_bytes():
+    assert tourkit.format_bytes(512) == "512 B"
+    assert tourkit.format_bytes(227 * 1024) == "227.0 KiB"
+    assert tourkit.format_bytes(3 * 1024**3) == "3.0 GiB"
+
+
+def test_context_log_and_headline(capsys):
+    ctx = tourkit.TourContext(compile_only=True, arch="sm_80")
+    ctx.log("line one\nline two")
+    ctx.headline(tflops=123.4)
+    ctx.metric(extra=1)
+    assert ctx.report == ["line one", "line two"]
+    assert ctx.headlines == {"tflops": 123.4}
+    assert ctx.metrics == {"tflops": 123.4, "extra": 1}
+    assert ctx.smem_budget == 163 * 1024
+    assert "line two" in capsys.readouterr().out
+
+
+def test_probe_reports_a_clean_reason_for_a_broken_import(monkeypatch, tmp_path):
+    # A fake "tilelang" package that dies on import: the probe must survive and say why, in one line.
+    pkg = tmp_path / "tilelang"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise ImportError('libtvm.so: cannot open shared object file')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    ok, reason = tourkit.probe_tilelang_import()
+    assert not ok
+    assert "libtvm.so" in reason and "\n" not in reason
+
+
+def test_probe_survives_an_aborting_import(monkeypatch, tmp_path):
+    pkg = tmp_path / "tilelang"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("import os\nos.abort()\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    ok, reason = tourkit.probe_tilelang_import()
+    assert not ok and "signal" in reason
