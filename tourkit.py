@@ -8,6 +8,7 @@ plain data (str, int, float, bool, lists and dicts of them) so that it can trave
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -539,6 +540,55 @@ def source_excerpt(source: str, pattern: str, context: int = 6, limit: int = 40)
             lo, hi = max(0, i - context), min(len(lines), i + context + 1)
             return "\n".join(lines[lo:hi][:limit])
     return ""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Capturing what C code prints (device printf, nvcc, native libraries)
+# ---------------------------------------------------------------------------------------------------------
+
+
+class CapturedOutput:
+    """What `capture_fd_output` caught: `.text` is filled in when the `with` block ends."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+
+@contextlib.contextmanager
+def capture_fd_output(fd: int = 1):
+    """Capture everything written to file descriptor `fd` (1: stdout) inside the block, C code included.
+
+    CUDA's device `printf` (TileLang's T.print) is written by the driver through the C library's stdout,
+    file descriptor 1, bypassing Python's `sys.stdout`: a notebook never shows it, and a test runner's
+    `sys.stdout` capture misses it. Redirecting the descriptor itself to a temporary file catches it
+    (also when pytest or the runner already redirected it: that redirection is saved and restored).
+    Synchronize the device inside the block (device printf is flushed at synchronization), e.g.:
+
+        with capture_fd_output() as out:
+            kernel(x); torch.cuda.synchronize()
+        print(out.text)
+    """
+    import ctypes
+    import tempfile
+
+    libc = ctypes.CDLL(None)
+    captured = CapturedOutput()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    libc.fflush(None)
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), fd)
+        try:
+            yield captured
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            libc.fflush(None)  # the C library buffers stdout when it is a file: push it into the sink
+            os.dup2(saved, fd)
+            os.close(saved)
+            sink.seek(0)
+            captured.text = sink.read().decode("utf-8", errors="replace")
 
 
 # ---------------------------------------------------------------------------------------------------------
