@@ -562,6 +562,7 @@ def capture_fd_output(fd: int = 1):
     file descriptor 1, bypassing Python's `sys.stdout`: a notebook never shows it, and a test runner's
     `sys.stdout` capture misses it. Redirecting the descriptor itself to a temporary file catches it
     (also when pytest or the runner already redirected it: that redirection is saved and restored).
+    Python's own `print` lands here only when `sys.stdout` writes to descriptor 1 (not under pytest).
     Synchronize the device inside the block (device printf is flushed at synchronization), e.g.:
 
         with capture_fd_output() as out:

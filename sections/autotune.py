@@ -1,11 +1,364 @@
-"""Placeholder: this section is not built yet."""
+"""autotune: let TileLang search the GEMM's schedule space, within the GPU's shared memory, and cache it.
 
-from tourkit import Section, SectionSkip
+What you learn: `tilelang.autotune` wraps a `tilelang.jit` function whose keyword arguments are the schedule
+(block_M, block_N, block_K, num_stages, threads, swizzle). Given a list of configurations it compiles them
+in parallel on the CPU cores, times each on the GPU (its own profiler: `warmup` and `rep` are iteration
+counts here) and returns the fastest kernel. Three things make this practical:
+
+* A schedule whose tiles need more shared memory than one block may use cannot launch. We filter those
+  out *before* compiling, from the tile sizes alone, and say how many and why.
+* The result is cached, keyed by the function's source, its arguments, the configuration list and the
+  compile/profile settings: a second tuning of the same problem in the same process returns at once, and
+  a later process finds it on disk (under TILELANG_CACHE_DIR, default ~/.tilelang/cache, in `autotuner/`;
+  TILELANG_AUTO_TUNING_DISABLE_CACHE=1 forces a new search).
+* The key covers the tuned function's own source, not the source of the builder it calls: we pass the
+  builder's hash as an argument so that editing `gemm_program` invalidates the cache.
+
+The winner is validated against torch afterwards and timed against cuBLAS and the hand-picked schedules of
+the `gemm_schedules` section, all in the same run. This section searches in a private cache directory so
+that every run shows a real search; `--full` searches the full space.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import inspect
+import itertools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import tilelang
+
+import tourkit
+from sections.gemm_schedules import GemmConfig, default_schedules, fits, gemm_flops, gemm_program
+from tourkit import ARCH_SPECS, Section, SectionSkip
+
+TUNE_SIZE = 8192
+QUICK_TUNE_SIZE = 2048
+WARMUP_ITERS, TIMED_ITERS = 5, 30  # what tilelang.autotune's warmup= and rep= mean: iterations, not ms
+TOLERANCE = 2e-3  # fp16 output, fp32 accumulation, vs a float64 reference
+
+# ---------------------------------------------------------------------------------------------------------
+# The search space
+# ---------------------------------------------------------------------------------------------------------
+
+TUNED_KEYS = ("block_M", "block_N", "block_K", "num_stages", "threads", "swizzle")
+
+# Per architecture family: the default space (about a minute on an H200) and the full one (--full).
+SPACES: dict[str, dict[str, dict[str, list]]] = {
+    "hopper": {
+        "default": {"block_M": [128, 256], "block_N": [128, 256], "block_K": [64], "num_stages": [3, 4],
+                    "threads": [256], "swizzle": [True, False]},
+        "full": {"block_M": [64, 128, 256], "block_N": [64, 128, 256], "block_K": [32, 64, 128],
+                 "num_stages": [2, 3, 4, 5], "threads": [128, 256, 384], "swizzle": [True, False]},
+    },
+    "ampere": {
+        "default": {"block_M": [128, 256], "block_N": [128, 256], "block_K": [32], "num_stages": [3, 4],
+                    "threads": [256], "swizzle": [True, False]},
+        "full": {"block_M": [64, 128, 256], "block_N": [64, 128, 256], "block_K": [32, 64],
+                 "num_stages": [2, 3, 4], "threads": [128, 256], "swizzle": [True, False]},
+    },
+    "turing": {
+        "default": {"block_M": [64, 128], "block_N": [64, 128], "block_K": [32], "num_stages": [2],
+                    "threads": [128, 256], "swizzle": [True, False]},
+        "full": {"block_M": [64, 128, 256], "block_N": [64, 128, 256], "block_K": [32, 64],
+                 "num_stages": [1, 2, 3], "threads": [128, 256], "swizzle": [True, False]},
+    },
+}
+SPACES["ada"] = SPACES["ampere"]
 
 
-def run(ctx):
-    raise SectionSkip("not implemented yet")
+def search_space(family: str, full: bool = False) -> list[dict]:
+    """Every combination of the family's tuned values, as the config dicts tilelang.autotune takes."""
+    if family not in SPACES:
+        raise ValueError(f"no autotune space for architecture family {family!r}")
+    axes = SPACES[family]["full" if full else "default"]
+    return [dict(zip(TUNED_KEYS, values)) for values in itertools.product(*(axes[k] for k in TUNED_KEYS))]
 
 
-SECTION = Section(name="autotune", title="autotune (coming soon)", summary="Not implemented yet.", run=run,
-                  needs_gpu=False)
+def to_gemm_config(config: dict) -> GemmConfig:
+    return GemmConfig(**{k: config[k] for k in TUNED_KEYS})
+
+
+def filter_space(configs: list[dict], smem_budget: int) -> tuple[list[dict], list[tuple[dict, int]]]:
+    """Split the space into what fits one block's shared memory and what does not (with the bytes it
+    needs), before anything is compiled."""
+    kept, dropped = [], []
+    for config in configs:
+        gemm_config = to_gemm_config(config)
+        if fits(gemm_config, smem_budget):
+            kept.append(config)
+        else:
+            dropped.append((config, gemm_config.smem_bytes()))
+    return kept, dropped
+
+
+def report_filter(ctx, space: list[dict], kept: list[dict], dropped: list[tuple[dict, int]]) -> None:
+    budget = ctx.smem_budget
+    axes = SPACES[ARCH_SPECS[ctx.arch].family]["full" if ctx.full else "default"]
+    ctx.log(f"search space ({'full' if ctx.full else 'default; --full for the full one'}): {len(space)} configurations")
+    for key in TUNED_KEYS:
+        ctx.log(f"  {key:<10} {axes[key]}")
+    ctx.log(f"shared-memory filter: {len(dropped)} of {len(space)} need more than the "
+            f"{tourkit.format_bytes(budget)} one block may use on {ctx.arch} and are not compiled; {len(kept)} remain")
+    for config, need in dropped[:6]:
+        ctx.log(f"  dropped {to_gemm_config(config).label()}: needs {tourkit.format_bytes(need)}")
+    if len(dropped) > 6:
+        ctx.log(f"  ... and {len(dropped) - 6} more")
+    ctx.metric(space_size=len(space), space_filtered=len(dropped), space_kept=len(kept), smem_budget=budget)
+    if not kept:
+        raise SectionSkip(f"autotune: all {len(space)} configurations need more than the {budget} B of shared memory "
+                          f"one block may use on {ctx.arch}: the filtered space is EMPTY, nothing to tune")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The tuned function
+# ---------------------------------------------------------------------------------------------------------
+
+
+def gemm_for_tuning(M, N, K, builder="", block_M=128, block_N=128, block_K=64, num_stages=3, threads=256,
+                    swizzle=True):
+    """The GEMM of gemm_schedules, with the schedule as keyword arguments for tilelang.autotune.
+    `builder` only enters the autotuner's cache key (see builder_hash)."""
+    return gemm_program(M, N, K, GemmConfig(block_M, block_N, block_K, num_stages, threads, swizzle))
+
+
+def builder_hash() -> str:
+    """A short hash of the code the tuned function builds on: editing it invalidates cached results."""
+    source = inspect.getsource(gemm_program) + inspect.getsource(GemmConfig)
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def make_tuner(configs: list[dict], target="cuda"):
+    """A fresh `@tilelang.autotune(...) @tilelang.jit(...)` wrapper around gemm_for_tuning. Called as
+    tuner(M, N, K, builder) it tunes (or finds the cached result) and returns the best kernel, which is
+    called as kernel(a, b) -> c (out_idx=[-1])."""
+    jitted = tilelang.jit(out_idx=[-1], target=target)(gemm_for_tuning)
+    return tilelang.autotune(configs=configs, warmup=WARMUP_ITERS, rep=TIMED_ITERS)(jitted)
+
+
+class _TunedLatencies:
+    """Echo stdout and keep the 'Tuned Latency <ms> with config {...}' lines the autotuner prints."""
+
+    _LINE = re.compile(r"Tuned Latency (?P<ms>[\d.eE+-]+) with config (?P<config>\{.*?\}) at index (?P<idx>\d+)")
+
+    def __init__(self, stream):
+        self.stream, self.text = stream, []
+
+    def write(self, text):
+        self.text.append(text)
+        return self.stream.write(text)
+
+    def flush(self):
+        self.stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+    def results(self) -> list[tuple[float, int]]:
+        return [(float(m["ms"]), int(m["idx"])) for m in self._LINE.finditer("".join(self.text))]
+
+
+def tune(M: int, N: int, K: int, configs: list[dict], target="cuda"):
+    """Run tilelang.autotune once; returns (kernel, best config, seconds, [(ms, index) per timed config]).
+    `target`: "cuda" (the local GPU) or a target dict such as {"kind": "cuda", "arch": "sm_90a"}."""
+    tuner = make_tuner(configs, target)
+    recorder = _TunedLatencies(sys.stdout)
+    saved, sys.stdout = sys.stdout, recorder
+    started = time.perf_counter()
+    try:
+        kernel = tuner(M, N, K, builder_hash())
+    finally:
+        sys.stdout = saved
+    seconds = time.perf_counter() - started
+    _, best = next(iter(tuner._tuner_cache.values()))  # this fresh wrapper tuned exactly one problem
+    return kernel, {k: best[k] for k in TUNED_KEYS}, seconds, recorder.results()
+
+
+def forget_in_memory(before: set) -> int:
+    """Drop the autotuner's in-process results added since `before`, so the next tuning must go to disk,
+    as a new process would. Returns how many were dropped."""
+    from tilelang.autotuner.tuner import AutoTuner
+
+    new = [k for k in AutoTuner._memory_cache if k not in before]
+    for key in new:
+        AutoTuner._memory_cache.pop(key, None)
+    return len(new)
+
+
+CHILD_CODE = """
+import json, sys, time
+sys.path.insert(0, {root!r})
+from sections import autotune
+configs, target = json.loads({configs!r}), json.loads({target!r})
+kernel, best, seconds, timed = autotune.tune({M}, {N}, {K}, configs, target)
+print("AUTOTUNE_CHILD " + json.dumps({{"seconds": seconds, "best": best, "timed": len(timed)}}), flush=True)
+"""
+
+
+def tune_in_child(M: int, N: int, K: int, configs: list[dict], cache_dir: str, target="cuda") -> dict:
+    """The same tuning in a new Python process that shares only TILELANG_CACHE_DIR: TileLang's on-disk cache."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = CHILD_CODE.format(root=root, configs=json.dumps(configs), target=json.dumps(target), M=M, N=N, K=K)
+    env = dict(os.environ, TILELANG_CACHE_DIR=cache_dir)
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+                          cwd=tempfile.gettempdir())
+    wall = time.perf_counter() - started
+    for line in done.stdout.splitlines():
+        if line.startswith("AUTOTUNE_CHILD "):
+            result = json.loads(line[len("AUTOTUNE_CHILD "):])
+            result["wall"] = wall
+            return result
+    tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+    raise RuntimeError(f"the child process did not report (exit {done.returncode}): {' | '.join(tail)}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Comparison: cuBLAS and the hand-picked schedules, timed in the same run
+# ---------------------------------------------------------------------------------------------------------
+
+
+def hand_picked(ctx) -> list[GemmConfig]:
+    return [c for c in default_schedules(ARCH_SPECS[ctx.arch].family) if fits(c, ctx.smem_budget)]
+
+
+def compile_many(M: int, N: int, K: int, configs: list[GemmConfig], target="cuda") -> list:
+    """Compile schedules in parallel (threads: lowering releases the GIL, nvcc is a subprocess); a
+    schedule that fails to compile gives None."""
+    from tilelang.jit import par_compile
+
+    funcs = [gemm_program(M, N, K, c) for c in configs]
+    return par_compile(funcs, out_idx=[-1], target=target, ignore_error=True)
+
+
+def time_kernels(named: list[tuple[str, object]], a, b) -> dict[str, float]:
+    return {name: tourkit.bench_ms(lambda k=kernel: k(a, b)) for name, kernel in named}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The section
+# ---------------------------------------------------------------------------------------------------------
+
+
+def compile_only(ctx, kept: list[dict]) -> None:
+    """No GPU: build (a sample of) the filtered space for ctx.arch and show what came out."""
+    size = QUICK_TUNE_SIZE if ctx.quick else TUNE_SIZE
+    sample = kept if ctx.full else kept[:: max(1, len(kept) // 3)][:3]
+    ctx.log(f"compile-only: building {len(sample)} of the {len(kept)} remaining configurations for {ctx.arch}"
+            f"{'' if ctx.full else ' (a sample; --full builds all)'}; timing them needs a GPU")
+    reports = [tourkit.inspect_kernel(to_gemm_config(c).label(), gemm_program(size, size, size, to_gemm_config(c)),
+                                      ctx.arch) for c in sample]
+    tourkit.report_kernels(ctx, reports, {r.name: to_gemm_config(c).threads for r, c in zip(reports, sample)})
+    failed = [r for r in reports if r.nvcc.startswith("failed")]
+    for rep in reports:
+        if rep.smem_bytes > ctx.smem_budget:
+            raise tourkit.ValidationError(f"{rep.name}: the filter let through {rep.smem_bytes} B > {ctx.smem_budget} B")
+    ctx.headline(arch=ctx.arch, space=len(kept), built=len(sample) - len(failed))
+    if failed:
+        raise tourkit.ValidationError(f"{len(failed)} configurations failed to compile: {failed[0].nvcc}")
+
+
+def run(ctx) -> None:
+    family = ARCH_SPECS[ctx.arch].family
+    space = search_space(family, ctx.full)
+    kept, dropped = filter_space(space, ctx.smem_budget)
+    report_filter(ctx, space, kept, dropped)
+    if ctx.compile_only or not ctx.has_gpu:
+        compile_only(ctx, kept)
+        return
+
+    import torch
+    from tilelang.autotuner.tuner import AutoTuner
+
+    M = N = K = QUICK_TUNE_SIZE if ctx.quick else TUNE_SIZE
+    flops = gemm_flops(M, N, K)
+    cache_dir = tempfile.mkdtemp(prefix="tilelang_tour_autotune_")
+    previous_cache_dir = os.environ.get("TILELANG_CACHE_DIR")
+    os.environ["TILELANG_CACHE_DIR"] = cache_dir  # a private cache: this run really searches
+    try:
+        known = set(AutoTuner._memory_cache)
+        ctx.log(f"tuning gemm {M}x{N}x{K} fp16 over {len(kept)} configurations "
+                f"(compiled in parallel on {os.cpu_count()} CPU cores, then timed: warmup={WARMUP_ITERS}, "
+                f"rep={TIMED_ITERS} iterations each); TileLang's progress follows")
+        kernel, best, first_s, timed = tune(M, N, K, kept)
+        ctx.log(f"search: {first_s:.1f} s, {len(timed)} of {len(kept)} configurations compiled and timed "
+                f"({len(kept) - len(timed)} failed to compile or run)")
+        top = sorted(timed)[:5]
+        ctx.table(["autotuner's ms", "TFLOP/s", "configuration"],
+                  [[ms, tourkit.tflops(flops, ms), to_gemm_config(kept[i]).label()] for ms, i in top])
+
+        # 1) Same process, a new autotune wrapper: the in-memory cache, keyed by content.
+        _, best_again, again_s, _ = tune(M, N, K, kept)
+        # 2) Same process, in-memory entries dropped: what a new process does, loading from disk.
+        forget_in_memory(known)
+        _, best_disk, disk_s, _ = tune(M, N, K, kept)
+        # 3) A real new process sharing only the cache directory.
+        try:
+            child = tune_in_child(M, N, K, kept, cache_dir)
+        except Exception as exc:  # report, the cached result above already showed the disk path
+            child = {"error": tourkit.one_line(exc)}
+    finally:
+        if previous_cache_dir is None:
+            os.environ.pop("TILELANG_CACHE_DIR", None)
+        else:
+            os.environ["TILELANG_CACHE_DIR"] = previous_cache_dir
+        shutil.rmtree(cache_dir, ignore_errors=True)
+
+    cache_rows = [["search (cold compile + timing)", f"{first_s:.2f}", to_gemm_config(best).label()],
+                  ["again, same process (in-memory cache)", f"{again_s:.3f}", to_gemm_config(best_again).label()],
+                  ["again, in-memory dropped (on-disk cache)", f"{disk_s:.3f}", to_gemm_config(best_disk).label()]]
+    if "error" in child:
+        cache_rows.append(["new process (on-disk cache)", "failed", child["error"]])
+    else:
+        cache_rows.append([f"new process (on-disk cache; process {child['wall']:.1f} s incl. imports)",
+                           f"{child['seconds']:.3f}", to_gemm_config(child["best"]).label()])
+    ctx.table(["tuning call", "seconds", "winner"], cache_rows)
+    if best_again != best or best_disk != best or child.get("best", best) != best:
+        raise tourkit.ValidationError("a cached tuning returned a different winner than the search")
+
+    # The winner against torch, cuBLAS and the hand-picked schedules, all timed here with the same timer.
+    a = tourkit.random_tensor((M, K), torch.float16, seed=11)
+    b = tourkit.random_tensor((K, N), torch.float16, seed=12)
+    c = torch.empty(M, N, dtype=torch.float16, device="cuda")
+    check = tourkit.validate(f"autotuned gemm {to_gemm_config(best).label()}", lambda: c.copy_(kernel(a, b)), c,
+                             a.double() @ b.double(), TOLERANCE)
+    ctx.log(check.line())
+    tourkit.require([check])
+    picks = hand_picked(ctx)
+    picked_kernels = [(cfg.label(), k) for cfg, k in zip(picks, compile_many(M, N, K, picks)) if k is not None]
+    times = time_kernels([("winner", kernel)] + picked_kernels, a, b)
+    cublas_ms = tourkit.bench_ms(lambda: torch.matmul(a, b))
+    best_pick = min((name for name, _ in picked_kernels), key=times.get)
+    winner_ms = times["winner"]
+    rows = [["autotuned winner " + to_gemm_config(best).label(), winner_ms, tourkit.tflops(flops, winner_ms)],
+            ["best hand-picked " + best_pick, times[best_pick], tourkit.tflops(flops, times[best_pick])],
+            ["cuBLAS (torch.matmul)", cublas_ms, tourkit.tflops(flops, cublas_ms)]]
+    ctx.table(["kernel", "median ms", "TFLOP/s"], rows)
+    vs_cublas = tourkit.speedup(cublas_ms, winner_ms)
+    vs_pick = tourkit.speedup(times[best_pick], winner_ms)
+    ctx.log(f"winner: {vs_cublas:.2f}x cuBLAS, {vs_pick:.2f}x the best hand-picked schedule "
+            f"({len(picked_kernels)} hand-picked timed)")
+    ctx.headline(winner=to_gemm_config(best).label(), tflops=round(tourkit.tflops(flops, winner_ms), 1),
+                 vs_cublas=round(vs_cublas, 3), cached_retune_s=round(again_s, 3))
+    ctx.metric(size=M, winner_config=best, winner_ms=winner_ms, cublas_ms=cublas_ms, best_hand_picked=best_pick,
+               best_hand_picked_ms=times[best_pick], vs_best_hand_picked=vs_pick, search_s=first_s,
+               memory_cache_s=again_s, disk_cache_s=disk_s, child=child, timed_configs=len(timed),
+               rel_error=check.rel_error,
+               autotuner_top=[{"ms": ms, "config": kept[i]} for ms, i in top])
+
+
+SECTION = Section(
+    name="autotune",
+    title="Autotuning the GEMM",
+    summary="tilelang.autotune over tile sizes, stages, threads, swizzle; shared-memory filter; cached re-tune.",
+    run=run,
+    needs_gpu=False,
+)
