@@ -1,11 +1,180 @@
-"""Placeholder: this section is not built yet."""
+"""fusion: a GEMM with its epilogue fused, gelu(A @ B + bias) in one kernel.
 
+What you learn: why fusing pays. Eager PyTorch runs `gelu(a @ b + bias)` as three kernels: the GEMM writes
+its M x N result to global memory, the add reads it back and writes another M x N tensor, GELU reads that
+and writes the output. In TileLang the accumulator of each output tile is still in registers when the K
+loop ends, so the bias add and GELU are a few `T.Parallel` lines applied there, before the one store: the
+intermediates never touch global memory. The kernel is the `gemm_schedules` builder with `bias=True` and
+`activation=...`, not a copy of it. GELU is exact (erf) by default, as torch's `approximate="none"`; the
+tanh approximation matches `approximate="tanh"`. We compare with eager PyTorch and with torch.compile,
+which fuses the epilogue too (into a Triton or cuBLAS-epilogue kernel).
+"""
+
+import time
+
+import tourkit
+from sections.gemm_schedules import GemmConfig, compile_gemm, default_schedules, fits, gemm_flops, gemm_program
 from tourkit import Section, SectionSkip
 
+TOLERANCE = 5e-3
+APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}  # our activation name -> torch's `approximate=`
+COMPILE_MODE = "max-autotune-no-cudagraphs"
 
-def run(ctx):
-    raise SectionSkip("not implemented yet")
+
+def fused_config(family: str, smem_budget: int) -> GemmConfig:
+    """The GEMM schedule the fused kernel uses: the first default schedule that fits."""
+    for config in default_schedules(family):
+        if fits(config, smem_budget):
+            return config
+    raise SectionSkip(f"no GEMM schedule fits the {smem_budget} B of shared memory a block may use here")
 
 
-SECTION = Section(name="fusion", title="fusion (coming soon)", summary="Not implemented yet.", run=run,
-                  needs_gpu=False)
+# ---------------------------------------------------------------------------------------------------------
+# PyTorch: the reference and the two competitors
+# ---------------------------------------------------------------------------------------------------------
+
+
+def eager(a, b, bias, activation: str = "gelu"):
+    import torch
+
+    return torch.nn.functional.gelu(a @ b + bias, approximate=APPROXIMATE[activation])
+
+
+def reference(a, b, bias, activation: str):
+    """The same expression in float32 (no TF32) from the same fp16 inputs."""
+    import torch
+
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        return torch.nn.functional.gelu(a.float() @ b.float() + bias.float(), approximate=APPROXIMATE[activation])
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+def compiled_eager(mode: str):
+    """torch.compile of the eager expression, or (None, reason) where torch.compile cannot run."""
+    import torch
+
+    try:
+        return torch.compile(eager, mode=mode, dynamic=False), None
+    except Exception as exc:  # e.g. no Triton / no C compiler on this machine
+        return None, tourkit.one_line(exc)
+
+
+def saved_traffic_bytes(M: int, N: int, elem_bytes: int = 2) -> int:
+    """Global-memory bytes eager moves and the fused kernel does not: the GEMM result written and read
+    back by the add, and the add's result written and read back by GELU (4 M x N tensors of traffic)."""
+    return 4 * M * N * elem_bytes
+
+
+def fused_inputs(M: int, N: int, K: int, seed: int = 0):
+    import torch
+
+    a = tourkit.random_tensor((M, K), torch.float16, seed=seed)
+    b = tourkit.random_tensor((K, N), torch.float16, seed=seed + 1, scale=K ** -0.5)  # keep GELU's input O(1)
+    bias = tourkit.random_tensor((N,), torch.float16, seed=seed + 2)
+    return a, b, bias, torch.empty((M, N), dtype=torch.float16, device="cuda")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Check and benchmark
+# ---------------------------------------------------------------------------------------------------------
+
+
+def check(ctx, config: GemmConfig, size: int) -> list[tourkit.Check]:
+    checks = []
+    for (M, N, K) in [(size, size, size), (1000, 1000, 1000)]:
+        for activation in APPROXIMATE:
+            kernel = compile_gemm(M, N, K, config, bias=True, activation=activation)
+            a, b, bias, c = fused_inputs(M, N, K, seed=3)
+            ref = reference(a, b, bias, activation)
+            result = tourkit.validate(f"fused {activation} {M}x{N}x{K}", lambda: kernel(a, b, bias, c), c, ref,
+                                      TOLERANCE)
+            eager_err = tourkit.relative_error(eager(a, b, bias, activation), ref)
+            ctx.log(f"{result.line()}   (eager fp16: {tourkit.format_error(eager_err)})")
+            checks.append(result)
+    return checks
+
+
+def benchmark(ctx, config: GemmConfig, size: int) -> None:
+    M = N = K = size
+    a, b, bias, c = fused_inputs(M, N, K)
+    kernel = compile_gemm(M, N, K, config, bias=True, activation="gelu")
+    fused_ms = tourkit.bench_ms(lambda: kernel(a, b, bias, c))
+    eager_ms = tourkit.bench_ms(lambda: eager(a, b, bias))
+    flops = gemm_flops(M, N, K)
+    rows = [["TileLang fused (one kernel)", f"{fused_ms:.3f}", f"{tourkit.tflops(flops, fused_ms):.0f}", "1.000x"],
+            ["eager PyTorch (3 kernels)", f"{eager_ms:.3f}", f"{tourkit.tflops(flops, eager_ms):.0f}",
+             f"{tourkit.speedup(eager_ms, fused_ms):.3f}x"]]
+    ctx.headline(vs_eager=round(tourkit.speedup(eager_ms, fused_ms), 3))
+    ctx.metric(size=size, fused_ms=round(fused_ms, 4), eager_ms=round(eager_ms, 4), schedule=config.label())
+
+    # max-autotune searches GEMM configs for minutes on a fresh machine; --quick uses the default mode.
+    mode = "default" if ctx.quick else COMPILE_MODE
+    compiled, reason = compiled_eager(mode)
+    if compiled is not None:
+        try:
+            started = time.perf_counter()
+            compiled(a, b, bias)
+            compile_s = time.perf_counter() - started
+            compiled_ms = tourkit.bench_ms(lambda: compiled(a, b, bias))
+            rows.append([f"torch.compile ({mode})", f"{compiled_ms:.3f}", f"{tourkit.tflops(flops, compiled_ms):.0f}",
+                         f"{tourkit.speedup(compiled_ms, fused_ms):.3f}x"])
+            ctx.headline(vs_compile=round(tourkit.speedup(compiled_ms, fused_ms), 3))
+            ctx.metric(compiled_ms=round(compiled_ms, 4), compile_mode=mode, compile_seconds=round(compile_s, 1))
+        except Exception as exc:
+            reason = tourkit.one_line(exc)
+    if reason:
+        ctx.log(f"torch.compile skipped: {reason}")
+        ctx.metric(compile_skipped=reason)
+    ctx.log(f"\ngelu(A @ B + bias), {M}x{N}x{K} fp16, schedule {config.label()}")
+    ctx.table(["implementation", "ms", "TFLOP/s", "fused is faster by"], rows)
+    saved = saved_traffic_bytes(M, N)
+    ctx.log(f"intermediate global-memory traffic saved by fusing: {saved} B ({tourkit.format_bytes(saved)}: "
+            f"two {M}x{N} fp16 tensors, each written once and read once)")
+    ctx.metric(saved_bytes=saved)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The lesson
+# ---------------------------------------------------------------------------------------------------------
+
+
+def compile_only(ctx, config: GemmConfig) -> None:
+    family = tourkit.ARCH_SPECS[ctx.arch].family
+    expected = ["wgmma", "tma_load", "mbarrier"] if family == "hopper" else ["ldmatrix", "mma_sync"]
+    reports = []
+    for activation, M in (("gelu", 2048), ("gelu_tanh", 1000)):
+        func = gemm_program(M, M, M, config, bias=True, activation=activation)
+        reports.append(tourkit.inspect_kernel(f"gemm+bias+{activation} @{M}^3", func, ctx.arch))
+    tourkit.report_kernels(ctx, reports, {r.name: config.threads for r in reports})
+    for report, math_fn in zip(reports, ("erf", "tanh")):
+        tourkit.require_markers(report, expected)
+        if math_fn not in report.source:
+            raise tourkit.ValidationError(f"{report.name}: expected {math_fn} in the epilogue of the generated CUDA")
+    excerpt = tourkit.source_excerpt(reports[0].source, r"erff?\(", context=2, limit=6)
+    ctx.log("\nThe fused epilogue in the generated CUDA (on the accumulator registers, before the store):")
+    ctx.log(tourkit.indent(excerpt, "  | "))
+    saved = saved_traffic_bytes(8192, 8192)
+    ctx.log(f"at 8192^3 fusing saves {tourkit.format_bytes(saved)} of intermediate global-memory traffic")
+    ctx.headline(arch=ctx.arch, schedule=config.label(), saved_bytes_8192=saved)
+
+
+def run(ctx) -> None:
+    family = tourkit.ARCH_SPECS[ctx.arch].family
+    config = fused_config(family, ctx.smem_budget)
+    if ctx.compile_only:
+        compile_only(ctx, config)
+        return
+    size = 2048 if ctx.quick else 8192
+    tourkit.require(check(ctx, config, size))
+    benchmark(ctx, config, size)
+
+
+SECTION = Section(
+    name="fusion",
+    title="Fusion: bias + GELU in the GEMM epilogue",
+    summary="gelu(A @ B + bias) in one TileLang kernel vs eager PyTorch and torch.compile; traffic saved.",
+    run=run,
+)

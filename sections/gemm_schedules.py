@@ -87,7 +87,7 @@ def default_schedules(family: str) -> list[GemmConfig]:
             GemmConfig(256, 128, 64, 4, 256, True),
             GemmConfig(128, 256, 64, 4, 256, False),  # the same without L2 swizzle
             GemmConfig(128, 128, 64, 4, 256, True),   # a smaller tile: less reuse per byte
-            GemmConfig(128, 256, 64, 4, 384, True),   # three consumer warpgroups
+            GemmConfig(128, 256, 64, 4, 256, True, policy="FullRow"),  # each warpgroup: 64 rows x 256 cols
             GemmConfig(64, 128, 64, 4, 128, True),    # a small tile: far from the tensor-core roofline
             GemmConfig(256, 256, 64, 4, 256, True),   # too much shared memory: skipped on every GPU
         ]
@@ -157,6 +157,24 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
                 C_local[i, j] = 0.5 * x * (1.0 + T.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
 
     @T.macro
+    def tile(A, B, Bias, C, A_shared, B_shared, C_local, Bias_shared, C_shared, bx, by):
+        """One output tile: the pipelined K loop, the epilogue, the store."""
+        if bias:
+            T.copy(Bias[bx * bN], Bias_shared)
+        T.clear(C_local)
+        for k in T.Pipelined(T.ceildiv(K, bK), num_stages=config.num_stages):
+            T.copy(A[by * bM, k * bK], A_shared)
+            T.copy(B[k * bK, bx * bN], B_shared)
+            T.gemm(A_shared, B_shared, C_local, policy=policy)
+
+        epilogue(C_local, Bias_shared)
+        if config.staged_store:  # registers -> shared -> global: coalesced (TMA on Hopper) stores
+            T.copy(C_local, C_shared)
+            T.copy(C_shared, C[by * bM, bx * bN])
+        else:
+            T.copy(C_local, C[by * bM, bx * bN])
+
+    @T.macro
     def body(A, B, Bias, C):
         with T.Kernel(T.ceildiv(N, bN), T.ceildiv(M, bM), threads=config.threads) as (bx, by):
             A_shared = T.alloc_shared((bM, bK), dtype)
@@ -165,21 +183,7 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
             Bias_shared = T.alloc_shared((bN,), dtype) if bias else None
             C_shared = T.alloc_shared((bM, bN), dtype) if config.staged_store else None
             T.use_swizzle(panel_size=config.panel, enable=config.swizzle)
-
-            if bias:
-                T.copy(Bias[bx * bN], Bias_shared)
-            T.clear(C_local)
-            for k in T.Pipelined(T.ceildiv(K, bK), num_stages=config.num_stages):
-                T.copy(A[by * bM, k * bK], A_shared)
-                T.copy(B[k * bK, bx * bN], B_shared)
-                T.gemm(A_shared, B_shared, C_local, policy=policy)
-
-            epilogue(C_local, Bias_shared)
-            if config.staged_store:  # registers -> shared -> global: coalesced (TMA on Hopper) stores
-                T.copy(C_local, C_shared)
-                T.copy(C_shared, C[by * bM, bx * bN])
-            else:
-                T.copy(C_local, C[by * bM, bx * bN])
+            tile(A, B, Bias, C, A_shared, B_shared, C_local, Bias_shared, C_shared, bx, by)
 
     if bias:
         @T.prim_func
@@ -203,9 +207,190 @@ def compile_gemm(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
     return tilelang.compile(func, out_idx=None, target="cuda", pass_configs=dict(pass_configs or {}))
 
 
-def run(ctx):
-    raise SectionSkip("gemm_schedules: the schedule table is being written (the builder above is final)")
+# ---------------------------------------------------------------------------------------------------------
+# The PyTorch reference, the check, the benchmark
+# ---------------------------------------------------------------------------------------------------------
+
+TOLERANCE = 5e-3  # fp16 output: one rounding (~3e-4 relative) on top of fp32 accumulation in another order
+SHAPE_SET = [(4096, 4096, 4096), (16384, 16384, 16384), (8192, 28672, 4096), (8192, 4096, 14336),
+             (1024, 8192, 8192)]
+ODD_SHAPES = [(1000, 1000, 1000), (1001, 1032, 1000)]  # tails in M, N and K
 
 
-SECTION = Section(name="gemm_schedules", title="GEMM schedules", summary="Tiled tensor-core GEMM; schedules vs cuBLAS.",
-                  run=run, needs_gpu=True)
+def gemm_inputs(M: int, N: int, K: int, *, seed: int = 0):
+    import torch
+
+    a = tourkit.random_tensor((M, K), torch.float16, seed=seed)
+    b = tourkit.random_tensor((K, N), torch.float16, seed=seed + 1)
+    return a, b, torch.empty((M, N), dtype=torch.float16, device="cuda")
+
+
+def reference(a, b, bias=None, activation=None):
+    """The same computation in float32 (no TF32) from the same fp16 inputs."""
+    import torch
+
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        out = a.float() @ b.float()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+    if bias is not None:
+        out += bias.float()
+    if activation is not None:
+        out = torch.nn.functional.gelu(out, approximate="tanh" if activation == "gelu_tanh" else "none")
+    return out
+
+
+def check_odd_shapes(ctx, config: GemmConfig) -> list[tourkit.Check]:
+    """Sizes that are not multiples of the tile: TMA / predicated copies handle the ragged edges."""
+    checks = []
+    for M, N, K in ODD_SHAPES:
+        kernel = compile_gemm(M, N, K, config)
+        a, b, c = gemm_inputs(M, N, K, seed=7)
+        result = tourkit.validate(f"{M}x{N}x{K} with {config.label()}", lambda: kernel(a, b, c), c,
+                                  reference(a, b), TOLERANCE)
+        ctx.log(result.line())
+        checks.append(result)
+    try:
+        gemm_program(1000, 1001, 1000, config)
+    except ValueError as exc:
+        ctx.log(f"1000x1001x1000 is rejected: {exc}")
+    return checks
+
+
+def run_schedule_table(ctx, M: int, N: int, K: int, schedules: list[GemmConfig]) -> tuple[GemmConfig, float]:
+    """Compile, check and time each schedule against cuBLAS on one shape. Returns the best and its ratio."""
+    import torch
+
+    a, b, c = gemm_inputs(M, N, K)
+    ref = reference(a, b)
+    c_cublas = torch.empty_like(c)
+    cublas_ms = tourkit.bench_ms(lambda: torch.matmul(a, b, out=c_cublas))
+    cublas_err = tourkit.relative_error(c_cublas, ref)
+    flops = gemm_flops(M, N, K)
+    rows, results = [], []
+    for config in schedules:
+        if not fits(config, ctx.smem_budget):
+            rows.append([config.label(), tourkit.format_bytes(config.smem_bytes()), "skipped", "", "",
+                         f"needs more than the {tourkit.format_bytes(ctx.smem_budget)} a block may use"])
+            continue
+        kernel = compile_gemm(M, N, K, config)
+        result = tourkit.validate(config.label(), lambda: kernel(a, b, c), c, ref, TOLERANCE)
+        tourkit.require([result])
+        ms = tourkit.bench_ms(lambda: kernel(a, b, c))
+        results.append((ms, config))
+        rows.append([config.label(), tourkit.format_bytes(config.smem_bytes()), f"{tourkit.tflops(flops, ms):.0f}",
+                     f"{tourkit.speedup(cublas_ms, ms):.3f}x", tourkit.format_error(result.rel_error), ""])
+    if not results:
+        raise SectionSkip(f"no schedule fits the {ctx.smem_budget} B of shared memory a block may use here")
+    best_ms, best = min(results, key=lambda r: r[0])
+    for row in rows:
+        if row[0] == best.label():
+            row[5] = "<- best"
+    rows.append(["cuBLAS (torch.matmul)", "-", f"{tourkit.tflops(flops, cublas_ms):.0f}", "1.000x",
+                 tourkit.format_error(cublas_err), ""])
+    ctx.log(f"\nC[{M}x{N}] = A[{M}x{K}] @ B[{K}x{N}], fp16 in, fp32 accumulation, fp16 out")
+    ctx.table(["schedule", "smem", "TFLOP/s", "vs cuBLAS", "rel. error", ""], rows)
+    return best, tourkit.speedup(cublas_ms, best_ms)
+
+
+def run_shape_set(ctx, schedules: list[GemmConfig]) -> dict[str, float]:
+    """--full: the best few schedules on the LLM-like shape set, each shape against cuBLAS."""
+    import torch
+
+    rows, ratios = [], {}
+    for M, N, K in SHAPE_SET:
+        a, b, c = gemm_inputs(M, N, K)
+        c_cublas = torch.empty_like(c)
+        cublas_ms = tourkit.bench_ms(lambda: torch.matmul(a, b, out=c_cublas))
+        ref = c_cublas.float()  # cuBLAS as the reference here: an fp32 16384^3 GEMM would dominate the sweep
+        best = None
+        for config in schedules:
+            kernel = compile_gemm(M, N, K, config)
+            tourkit.require([tourkit.validate(config.label(), lambda: kernel(a, b, c), c, ref, TOLERANCE)])
+            ms = tourkit.bench_ms(lambda: kernel(a, b, c))
+            if best is None or ms < best[0]:
+                best = (ms, config)
+        ms, config = best
+        shape = f"{M}x{N}x{K}"
+        ratios[shape] = round(tourkit.speedup(cublas_ms, ms), 3)
+        rows.append([shape, config.label(), f"{tourkit.tflops(gemm_flops(M, N, K), ms):.0f}",
+                     f"{tourkit.tflops(gemm_flops(M, N, K), cublas_ms):.0f}", f"{ratios[shape]:.3f}x"])
+    ctx.log("\nShape set (--full), best of the listed schedules per shape:")
+    ctx.table(["M x N x K", "schedule", "TFLOP/s", "cuBLAS TFLOP/s", "vs cuBLAS"], rows)
+    return ratios
+
+
+def show_generated_code(ctx, source: str, family: str) -> None:
+    pattern = r"tl::wgmma_ss<|tl::wgmma_rs<" if family == "hopper" else r"mma_sync|mma\.sync|ldmatrix"
+    excerpt = tourkit.source_excerpt(source, pattern, context=5, limit=12)
+    if excerpt:
+        ctx.log("\nInside the K loop of the generated CUDA (the tensor-core instructions T.gemm became):")
+        ctx.log(tourkit.indent(excerpt, "  | "))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The lesson
+# ---------------------------------------------------------------------------------------------------------
+
+EXPECTED_MARKERS = {"hopper": ["wgmma", "tma_load", "mbarrier"], "ampere": ["cp_async", "ldmatrix", "mma_sync"],
+                    "ada": ["cp_async", "ldmatrix", "mma_sync"], "turing": ["ldmatrix", "mma_sync"]}
+
+
+def compile_only(ctx, family: str, schedules: list[GemmConfig]) -> None:
+    """Lower every fitting schedule for ctx.arch (nvcc for the default and a ragged size), check the
+    instruction markers and that the shared-memory estimate bounds what the kernel allocates."""
+    fitting = [c for c in schedules if fits(c, ctx.smem_budget)]
+    for c in schedules:
+        if c not in fitting:
+            ctx.log(f"skipped {c.label()}: {tourkit.format_bytes(c.smem_bytes())} > "
+                    f"{tourkit.format_bytes(ctx.smem_budget)} a block may use on {ctx.arch}")
+    size = 2048
+    reports, asked = [], {}
+    for i, config in enumerate(fitting):
+        name = f"{config.label()} @{size}^3"
+        reports.append(tourkit.inspect_kernel(name, gemm_program(size, size, size, config), ctx.arch, nvcc=i == 0))
+        asked[name] = config.threads
+    odd = fitting[0]
+    name = f"{odd.label()} @1000^3"
+    reports.append(tourkit.inspect_kernel(name, gemm_program(1000, 1000, 1000, odd), ctx.arch))
+    asked[name] = odd.threads
+    tourkit.report_kernels(ctx, reports, asked)
+    for report, config in zip(reports, fitting + [odd]):
+        tourkit.require_markers(report, EXPECTED_MARKERS[family])
+        if report.smem_bytes > config.smem_bytes():
+            raise tourkit.ValidationError(f"{report.name}: kernel uses {report.smem_bytes} B of shared memory, "
+                                          f"more than the estimate {config.smem_bytes()} B")
+    if family == "hopper":
+        ctx.log(f"threads as launched include TileLang's producer warpgroup (TMA copies): "
+                f"{reports[0].threads} for {fitting[0].threads} asked")
+    show_generated_code(ctx, reports[0].source, family)
+    ctx.headline(arch=ctx.arch, schedules=len(fitting), markers=",".join(EXPECTED_MARKERS[family]))
+
+
+def run(ctx) -> None:
+    family = tourkit.ARCH_SPECS[ctx.arch].family
+    schedules = default_schedules(family)
+    if ctx.compile_only:
+        compile_only(ctx, family, schedules)
+        return
+
+    size = 2048 if ctx.quick else 8192
+    best, ratio = run_schedule_table(ctx, size, size, size, schedules)
+    tourkit.require(check_odd_shapes(ctx, best))
+    kernel_source = compile_gemm(size, size, size, best).get_kernel_source()
+    show_generated_code(ctx, kernel_source, family)
+    ctx.headline(best=best.label(), vs_cublas=round(ratio, 3))
+    ctx.metric(size=size, best_smem_bytes=best.smem_bytes())
+    if ctx.full:
+        fitting = [c for c in schedules if fits(c, ctx.smem_budget)]
+        ctx.metric(shape_set=run_shape_set(ctx, [best] + [c for c in fitting[:2] if c != best]))
+
+
+SECTION = Section(
+    name="gemm_schedules",
+    title="GEMM schedules: tiles, pipelines and swizzles vs cuBLAS",
+    summary="A tiled fp16 tensor-core GEMM (T.Pipelined + T.gemm); a schedule table vs torch.matmul.",
+    run=run,
+)
