@@ -55,13 +55,14 @@ TUNED_KEYS = ("block_M", "block_N", "block_K", "num_stages", "threads", "swizzle
 SPACES: dict[str, dict[str, dict[str, list]]] = {
     "hopper": {
         "default": {"block_M": [128, 256], "block_N": [128, 256], "block_K": [64], "num_stages": [3, 4],
-                    "threads": [256], "swizzle": [True, False]},
+                    "threads": [128, 256], "swizzle": [True, False]},
+        # threads=384 (three consumer warpgroups) cannot split power-of-two tiles evenly: not searched.
         "full": {"block_M": [64, 128, 256], "block_N": [64, 128, 256], "block_K": [32, 64, 128],
-                 "num_stages": [2, 3, 4, 5], "threads": [128, 256, 384], "swizzle": [True, False]},
+                 "num_stages": [2, 3, 4, 5], "threads": [128, 256], "swizzle": [True, False]},
     },
     "ampere": {
         "default": {"block_M": [128, 256], "block_N": [128, 256], "block_K": [32], "num_stages": [3, 4],
-                    "threads": [256], "swizzle": [True, False]},
+                    "threads": [128, 256], "swizzle": [True, False]},
         "full": {"block_M": [64, 128, 256], "block_N": [64, 128, 256], "block_K": [32, 64],
                  "num_stages": [2, 3, 4], "threads": [128, 256], "swizzle": [True, False]},
     },

@@ -117,15 +117,14 @@ def run_device_print(ctx) -> None:
     x = (torch.arange(PRINT_ROWS * PRINT_COLS, device="cuda", dtype=torch.float32) / 4 - 2).reshape(PRINT_ROWS, PRINT_COLS)
     y = torch.empty_like(x)
     with tourkit.capture_fd_output() as printed:
-        kernel(x, y)
-        torch.cuda.synchronize()  # device printf reaches the host at a synchronization
+        # validate() poisons Y, launches, and synchronizes: device printf reaches the host at a synchronization.
+        check = tourkit.validate("print_demo Y = 2X", lambda: kernel(x, y), y, 2 * x.double(), 1e-6)
     prints = parse_device_prints(printed.text)
     ctx.log(f"captured {len(prints)} device-printed lines from file descriptor 1, for example:")
     for msg in ("shared tile", "fragment x2", "scalar"):
         sample = next((ln for ln in printed.text.splitlines() if f"msg='{msg}'" in ln), f"(no line for {msg!r})")
         ctx.log("  " + sample)
     problems = check_device_prints(prints, x.flatten().tolist())
-    check = tourkit.validate("print_demo Y = 2X", lambda: kernel(x, y), y, 2 * x.double(), 1e-6)
     ctx.log(check.line())
     ctx.metric(device_print_lines=len(prints))
     if problems:
@@ -171,8 +170,22 @@ def marker_kernels(arch: str) -> list[tuple[str, object, int]]:
     size = MARKER_GEMM_SIZE
     gemm_config = gemm_schedule_for(arch)
     kernels = [("gemm " + gemm_config.label(), gemm_program(size, size, size, gemm_config), gemm_config.threads)]
-    # FlashAttention: added here once sections/flash_attention.py exposes its builder (one line).
+    kernels += flash_attention_kernels()
     return kernels
+
+
+FLASH_SHAPE = dict(batch=1, heads=8, seq_len=1024, dim=128, causal=False)
+FLASH_THREADS = 256
+
+
+def flash_attention_kernels() -> list[tuple[str, object, int]]:
+    """The flash_attention section's forward kernel (its builder's default tiles), if that module is there."""
+    try:
+        from sections.flash_attention import flash_attention_forward
+    except ImportError:  # the table then shows the GEMM alone
+        return []
+    func = flash_attention_forward(**FLASH_SHAPE, threads=FLASH_THREADS)
+    return [(f"flash_attention d{FLASH_SHAPE['dim']}", func, FLASH_THREADS)]
 
 
 def inspect_arches(ctx) -> list[str]:
@@ -191,12 +204,14 @@ def requested_threads(arches: list[str]) -> dict[tuple[str, str], int]:
 
 
 def kernel_kind(report: tourkit.KernelReport) -> str:
-    return report.name.split()[0]
+    return {"flash_attention": "flash_attn"}.get(report.name.split()[0], report.name.split()[0])
 
 
 def marker_table(reports: dict[str, list[tourkit.KernelReport]], running_arch: str, asked: dict) -> tuple[list, list]:
     """Rows: markers (and the launch shape); columns: kernel x arch; plus what each marker means."""
-    columns = [(arch, rep) for arch, reps in reports.items() for rep in reps]
+    # Column order: each kernel on every arch side by side.
+    count = min(len(reps) for reps in reports.values())
+    columns = [(arch, reps[i]) for i in range(count) for arch, reps in reports.items()]
     headers = ["marker"] + [f"{kernel_kind(rep)} {arch}{'*' if arch == running_arch else ''}" for arch, rep in columns]
     headers.append("what it is")
     rows = []
@@ -232,7 +247,7 @@ def show_markers(ctx) -> dict[str, list[tourkit.KernelReport]]:
             if rep.threads != asked_threads:
                 ctx.log(f"note: {rep.name} on {arch} launches {rep.threads} threads, the program asked for "
                         f"{asked_threads}: warp specialization added {rep.threads - asked_threads} producer "
-                        f"threads ({(rep.threads - asked_threads) // 32} warps) that only issue TMA copies.")
+                        f"threads ({(rep.threads - asked_threads) // 32} warps) that issue the TMA copies.")
     ctx.metric(markers={f"{rep.name} {arch}": rep.summary() for arch, reps in reports.items() for rep in reps})
     for arch, reps in reports.items():
         for rep in reps:

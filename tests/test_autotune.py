@@ -62,7 +62,7 @@ def test_tuned_function_builds_the_gemm_schedules_program():
     func = autotune.gemm_for_tuning(256, 256, 256, "x", block_M=128, block_N=128, block_K=64, num_stages=2,
                                     threads=128, swizzle=False)
     assert "gemm" in func.script()
-    assert autotune.to_gemm_config(autotune.search_space("hopper")[0]) == GemmConfig(128, 128, 64, 3, 256, True)
+    assert autotune.to_gemm_config(autotune.search_space("hopper")[0]) == GemmConfig(128, 128, 64, 3, 128, True)
     assert len(autotune.builder_hash()) == 16 and autotune.builder_hash() == autotune.builder_hash()
 
 
