@@ -335,6 +335,8 @@ def run(ctx) -> None:
     tourkit.require([check])
     picks = hand_picked(ctx)
     picked_kernels = [(cfg.label(), k) for cfg, k in zip(picks, compile_many(M, N, K, picks)) if k is not None]
+    if not picked_kernels:
+        raise tourkit.ValidationError(f"none of the {len(picks)} hand-picked schedules compiled: nothing to compare")
     times = time_kernels([("winner", kernel)] + picked_kernels, a, b)
     cublas_ms = tourkit.bench_ms(lambda: torch.matmul(a, b))
     best_pick = min((name for name, _ in picked_kernels), key=times.get)
