@@ -21,7 +21,6 @@ that every run shows a real search; `--full` searches the full space.
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import inspect
 import itertools
