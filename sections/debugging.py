@@ -248,6 +248,14 @@ def show_markers(ctx) -> dict[str, list[tourkit.KernelReport]]:
                 ctx.log(f"note: {rep.name} on {arch} launches {rep.threads} threads, the program asked for "
                         f"{asked_threads}: warp specialization added {rep.threads - asked_threads} producer "
                         f"threads ({(rep.threads - asked_threads) // 32} warps) that issue the TMA copies.")
+    gemm_here = reports[ctx.arch][0]
+    excerpt = tourkit.source_excerpt(gemm_here.source, r"tl::(wgmma_\w+|mma_sync)<", context=0, limit=1)
+    if excerpt:
+        ctx.log(f"the tensor-core call in {gemm_here.name}'s CUDA source for {ctx.arch} (M, N, K of one instruction "
+                f"among its template arguments):")
+        for line in excerpt.splitlines():
+            line = line.strip()
+            ctx.log("  " + (line if len(line) <= 110 else line[:109] + "…"))
     ctx.metric(markers={f"{rep.name} {arch}": rep.summary() for arch, reps in reports.items() for rep in reps})
     for arch, reps in reports.items():
         for rep in reps:
