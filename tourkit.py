@@ -389,6 +389,27 @@ def device_copy_gbps(nbytes: int = 1 << 30) -> float:
     return gbps(2 * src.numel(), ms)
 
 
+def bench_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int = 3, **bench_kwargs: Any) -> dict[str, float]:
+    """Median over `rounds` of `bench_ms` for each contender, taking turns (A B C, C B A, A B C, ...).
+
+    A GPU's clock drifts with power and heat during a run (a few percent on an H200 under GEMM load), so
+    timing contenders one after the other hands that drift to whoever runs first. Taking turns gives every
+    contender the same conditions and their ratio is fair. `bench_kwargs` go to `bench_ms`.
+    """
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            times[name].append(bench_ms(fns[name], **bench_kwargs))
+    return {name: _median(ts) for name, ts in times.items()}
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Codegen inspection: what TileLang generated for an architecture
 # ---------------------------------------------------------------------------------------------------------
