@@ -1,11 +1,429 @@
-"""Placeholder: this section is not built yet."""
+"""flash_attention: attention that never writes the S×S score matrix.
 
-from tourkit import Section, SectionSkip
+What you learn: the FlashAttention forward pass in TileLang. A block owns `block_M` query rows of one
+(batch, head); their Q tile sits in shared memory while a `T.Pipelined` loop streams K and V tiles of
+`block_N` keys through shared memory. Per tile: S = Q·Kᵀ with `T.gemm` into a float32 fragment; the
+*online softmax* keeps a running row maximum m and running row sum l, and rescales the output accumulator
+by 2^(m_old − m_new) whenever the maximum grows; P = 2^(S·scale − m) is cast to fp16 and P·V accumulates
+with a second `T.gemm`. The softmax scale 1/√d and log2(e) are folded into one constant so each score
+costs a single FMA and an `exp2`. Memory is O(S·d) instead of O(S²).
+
+Causal attention does half the work twice over: the loop bound is clamped so that tiles entirely above the
+diagonal are never loaded, and the mask is applied only to the tiles that straddle the diagonal (a runtime
+`if` around the masking loop); every other tile runs the unmasked fast path. Sequence lengths that are not a
+multiple of the tile are handled: out-of-range loads read zeros, the last key tile masks its columns
+≥ seq_len, and out-of-range rows are never stored.
+
+Layout is (batch, seq, heads, dim) — BSHD, what most model code holds — in fp16 with float32 accumulation.
+"""
+
+import math
+
+import tilelang
+import tilelang.language as T
+
+import tourkit
+from tourkit import Section
+
+LOG2E = 1.4426950408889634
+HEAD_DIMS = (64, 128)
 
 
-def run(ctx):
-    raise SectionSkip("not implemented yet")
+# ---------------------------------------------------------------------------------------------------------
+# Kernel builder
+# ---------------------------------------------------------------------------------------------------------
 
 
-SECTION = Section(name="flash_attention", title="flash_attention (coming soon)", summary="Not implemented yet.", run=run,
-                  needs_gpu=False)
+def flash_attention_forward(batch: int, heads: int, seq_len: int, dim: int, causal: bool, *, block_M: int = 128,
+                            block_N: int = 128, num_stages: int = 2, threads: int = 256, overlap: bool = False,
+                            dtype: str = "float16"):
+    """Build the forward kernel for one problem shape and one tile configuration.
+
+    overlap=False: the compiler infers the software pipeline from `num_stages` (K/V loads run ahead).
+    overlap=True: a manual schedule (`order`/`stage` on T.Pipelined) issues tile k's Q·Kᵀ before tile k-1's
+    P·V, so the tensor cores work on one tile while the softmax of the other runs on the CUDA cores.
+    """
+    if dim not in HEAD_DIMS:
+        raise ValueError(f"flash_attention: head dim {dim} is not supported (use one of {HEAD_DIMS})")
+    if seq_len < 1:
+        raise ValueError(f"flash_attention: seq_len must be positive, got {seq_len}")
+    shape = (batch, seq_len, heads, dim)
+    scale = LOG2E / math.sqrt(dim)  # softmax(x/√d) via exp2: one FMA per score
+    n_tiles = -(-seq_len // block_N)
+    ragged = seq_len % block_N != 0
+    accum = "float32"
+
+    @T.prim_func
+    def flash_attention_fwd(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype), V: T.Tensor(shape, dtype),
+                            O: T.Tensor(shape, dtype)):
+        with T.Kernel(T.ceildiv(seq_len, block_M), heads, batch, threads=threads) as (bx, by, bz):
+            Q_s = T.alloc_shared((block_M, dim), dtype)
+            K_s = T.alloc_shared((block_N, dim), dtype)
+            V_s = T.alloc_shared((block_N, dim), dtype)
+            O_s = T.alloc_shared((block_M, dim), dtype)
+            scores = T.alloc_fragment((block_M, block_N), accum)
+            probs = T.alloc_fragment((block_M, block_N), dtype)
+            acc_o = T.alloc_fragment((block_M, dim), accum)
+            m = T.alloc_fragment((block_M,), accum)  # running row max (of raw scores)
+            m_prev = T.alloc_fragment((block_M,), accum)
+            rescale = T.alloc_fragment((block_M,), accum)  # 2^((m_prev - m)·scale)
+            row_sum = T.alloc_fragment((block_M,), accum)
+            l = T.alloc_fragment((block_M,), accum)  # running row sum of 2^((s - m)·scale)
+
+            T.copy(Q[bz, bx * block_M:(bx + 1) * block_M, by, :], Q_s)
+            T.fill(acc_o, 0)
+            T.fill(l, 0)
+            T.fill(m, -T.infinity(accum))
+            # Causal: key tiles that start after this block's last query row are all masked: never visit them.
+            last = T.min(n_tiles, T.ceildiv((bx + 1) * block_M, block_N)) if causal else n_tiles
+            for k in T.Pipelined(last, **pipeline_schedule(num_stages, overlap, causal or ragged)):
+                T.copy(K[bz, k * block_N:(k + 1) * block_N, by, :], K_s)
+                T.gemm(Q_s, K_s, scores, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                if causal:
+                    # Only a tile whose last key lies beyond this block's first query straddles the diagonal.
+                    if (k + 1) * block_N > bx * block_M + 1:
+                        for i, j in T.Parallel(block_M, block_N):
+                            scores[i, j] = T.if_then_else(bx * block_M + i >= k * block_N + j, scores[i, j],
+                                                          -T.infinity(accum))
+                elif ragged:
+                    if (k + 1) * block_N > seq_len:  # the last tile: keys past the end read as zeros
+                        for i, j in T.Parallel(block_M, block_N):
+                            scores[i, j] = T.if_then_else(k * block_N + j < seq_len, scores[i, j],
+                                                          -T.infinity(accum))
+                T.copy(m, m_prev)
+                T.reduce_max(scores, m, dim=1, clear=False)  # m = max(m_prev, this tile's row max)
+                for i in T.Parallel(block_M):
+                    rescale[i] = T.exp2((m_prev[i] - m[i]) * scale)
+                for i, j in T.Parallel(block_M, block_N):
+                    scores[i, j] = T.exp2(scores[i, j] * scale - m[i] * scale)
+                T.reduce_sum(scores, row_sum, dim=1)
+                for i in T.Parallel(block_M):
+                    l[i] = l[i] * rescale[i] + row_sum[i]
+                T.copy(scores, probs)
+                for i, j in T.Parallel(block_M, dim):
+                    acc_o[i, j] *= rescale[i]
+                T.copy(V[bz, k * block_N:(k + 1) * block_N, by, :], V_s)
+                T.gemm(probs, V_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
+            for i, j in T.Parallel(block_M, dim):
+                acc_o[i, j] /= l[i]
+            T.copy(acc_o, O_s)
+            T.copy(O_s, O[bz, bx * block_M:(bx + 1) * block_M, by, :])
+
+    return flash_attention_fwd
+
+
+def pipeline_schedule(num_stages: int, overlap: bool, masked: bool) -> dict:
+    """Arguments for T.Pipelined. The loop body's scheduled statements, in source order, are:
+    copy K, gemm QK, [mask], copy m, reduce_max, rescale, exp2, reduce_sum, l update, cast, scale acc_o,
+    copy V, gemm PV. The overlap schedule puts the K copy, QK and the softmax in stage 0 and acc_o's rescale,
+    PV in stage 1 (the V copy runs in stage 0 with K), and emits QK(k) before PV(k-1) and softmax(k)."""
+    if not overlap:
+        return {"num_stages": num_stages}
+    softmax = 8 if masked else 7  # [mask] + copy m .. cast
+    #        copy K, gemm QK, softmax..., scale acc_o, copy V, gemm PV
+    stage = [0, 0] + [0] * softmax + [1, 0, 1]
+    order = [0, 2] + [5 + n for n in range(softmax)] + [3, 1, 4]
+    return {"stage": stage, "order": order}
+
+
+def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int, causal: bool, *,
+                                  block_M: int = 128, block_N: int = 128, num_stages: int = 2, threads: int = 256,
+                                  dtype: str = "float16"):
+    """Hopper variant (the FlashAttention-3 schedule): tensor cores and CUDA cores work at the same time.
+
+    `T.wgmma_gemm` issues a warpgroup MMA and does not wait; `T.wait_wgmma(n)` waits until at most n are in
+    flight. Iteration k issues S = Q·K(k)ᵀ and then O += P(k-1)·V(k-1), waits for the first only, runs the
+    online softmax of tile k on S while P(k-1)·V(k-1) is still running, then waits for it, rescales O and
+    converts S into the next P.
+    """
+    if dim not in HEAD_DIMS:
+        raise ValueError(f"flash_attention: head dim {dim} is not supported (use one of {HEAD_DIMS})")
+    shape = (batch, seq_len, heads, dim)
+    scale = LOG2E / math.sqrt(dim)
+    n_tiles = -(-seq_len // block_N)
+    ragged = seq_len % block_N != 0
+    accum = "float32"
+
+    @T.macro
+    def online_softmax(scores, k, bx, probs, m, m_prev, rescale, row_sum, l):
+        """Mask (only where needed), update m and l, scores <- 2^(scores·scale - m·scale)."""
+        if causal:
+            if (k + 1) * block_N > bx * block_M + 1:
+                for i, j in T.Parallel(block_M, block_N):
+                    scores[i, j] = T.if_then_else(bx * block_M + i >= k * block_N + j, scores[i, j],
+                                                  -T.infinity(accum))
+        else:  # the ragged last tile, and the extra all-masked iteration k = n_tiles
+            if (k + 1) * block_N > seq_len:
+                for i, j in T.Parallel(block_M, block_N):
+                    scores[i, j] = T.if_then_else(k * block_N + j < seq_len, scores[i, j], -T.infinity(accum))
+        T.copy(m, m_prev)
+        T.reduce_max(scores, m, dim=1, clear=False)
+        for i in T.Parallel(block_M):
+            rescale[i] = T.exp2((m_prev[i] - m[i]) * scale)
+        for i, j in T.Parallel(block_M, block_N):
+            scores[i, j] = T.exp2(scores[i, j] * scale - m[i] * scale)
+        T.reduce_sum(scores, row_sum, dim=1)
+        for i in T.Parallel(block_M):
+            l[i] = l[i] * rescale[i] + row_sum[i]
+
+    @T.prim_func
+    def flash_attention_fwd_async(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype), V: T.Tensor(shape, dtype),
+                                  O: T.Tensor(shape, dtype)):
+        with T.Kernel(T.ceildiv(seq_len, block_M), heads, batch, threads=threads) as (bx, by, bz):
+            Q_s = T.alloc_shared((block_M, dim), dtype)
+            K_s = T.alloc_shared((block_N, dim), dtype)
+            V_s = T.alloc_shared((block_N, dim), dtype)
+            O_s = T.alloc_shared((block_M, dim), dtype)
+            scores = T.alloc_fragment((block_M, block_N), accum)
+            probs = T.alloc_fragment((block_M, block_N), dtype)
+            acc_o = T.alloc_fragment((block_M, dim), accum)
+            m = T.alloc_fragment((block_M,), accum)
+            m_prev = T.alloc_fragment((block_M,), accum)
+            rescale = T.alloc_fragment((block_M,), accum)
+            row_sum = T.alloc_fragment((block_M,), accum)
+            l = T.alloc_fragment((block_M,), accum)
+            touch = T.alloc_local((1,), dtype)
+
+            T.copy(Q[bz, bx * block_M:(bx + 1) * block_M, by, :], Q_s)
+            T.fill(acc_o, 0)
+            T.fill(l, 0)
+            T.fill(m, -T.infinity(accum))
+            last = T.min(n_tiles, T.ceildiv((bx + 1) * block_M, block_N)) if causal else n_tiles
+            T.fill(probs, 0)
+            # Iteration k: S(k) = Q·K(k)ᵀ and O += P(k-1)·V(k-1) in flight together, the softmax of S(k) as soon
+            # as S(k) is done. One extra iteration finishes the last P·V; it is branch-free (ptxas serializes
+            # the asynchronous MMAs when it cannot prove which wait retires which MMA): at k = 0, P = 0 meets
+            # V(-1) (zeros), and at k = last every score is masked, which leaves m and l unchanged.
+            for k in T.Pipelined(last + 1, num_stages=num_stages):
+                T.copy(K[bz, k * block_N:(k + 1) * block_N, by, :], K_s)
+                T.copy(V[bz, (k - 1) * block_N:k * block_N, by, :], V_s)
+                T.wgmma_gemm(Q_s, K_s, scores, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                T.wgmma_gemm(probs, V_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
+                T.wait_wgmma(1)  # S(k) is ready; P(k-1)·V(k-1) may still run
+                online_softmax(scores, k, bx, probs, m, m_prev, rescale, row_sum, l)
+                T.wait_wgmma(0)
+                # A read of K_s and V_s after the wait: the producer may refill a buffer only after its last
+                # use, and the asynchronous MMAs use them until the wait (not just until they are issued).
+                touch[0] = K_s[0, 0] + V_s[0, 0]
+                for i, j in T.Parallel(block_M, dim):
+                    acc_o[i, j] *= rescale[i]
+                T.copy(scores, probs)
+            for i, j in T.Parallel(block_M, dim):
+                acc_o[i, j] /= l[i]
+            T.copy(acc_o, O_s)
+            T.copy(O_s, O[bz, bx * block_M:(bx + 1) * block_M, by, :])
+
+    return flash_attention_fwd_async
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Choosing a configuration for the GPU
+# ---------------------------------------------------------------------------------------------------------
+
+# Measured on the H200 (bench/attention_probe.py, 2026-12-02): 128x128 tiles with two warpgroups of consumers
+# beat 128x64 and 192x128 in both modes; the FlashAttention-3 schedule (`flash_attention_forward_async`) wins
+# for causal attention, the compiler-pipelined kernel for the full one.
+HOPPER_CONFIGS = {
+    False: dict(kind="pipelined", block_M=128, block_N=128, num_stages=2, threads=256),
+    True: dict(kind="async", block_M=128, block_N=128, num_stages=2, threads=256),
+}
+# Ampere/Ada/Turing: no wgmma; the largest tiles whose shared memory fits the budget.
+OTHER_CANDIDATES = [(128, 128, 2), (128, 128, 1), (128, 64, 2), (128, 64, 1), (64, 64, 2), (64, 64, 1)]
+
+
+def smem_estimate(dim: int, block_M: int, block_N: int, num_stages: int) -> int:
+    """Bytes of shared memory: Q and O tiles, plus `num_stages` K and V tiles (fp16). TileLang may overlap
+    some of them, so this is an upper bound, which is what a filter wants."""
+    return 2 * dim * (2 * block_M + 2 * num_stages * block_N)
+
+
+def choose_config(dim: int, causal: bool, family: str, smem_budget: int) -> dict:
+    if family == "hopper":
+        cfg = dict(HOPPER_CONFIGS[causal])
+        if smem_estimate(dim, cfg["block_M"], cfg["block_N"], cfg["num_stages"]) <= smem_budget:
+            return cfg
+    for block_M, block_N, stages in OTHER_CANDIDATES:
+        if causal and stages > 1:
+            continue  # tilelang 0.1.15: a cp.async pipeline over the clamped (data-dependent) bound fails codegen
+        if smem_estimate(dim, block_M, block_N, stages) <= smem_budget:
+            return dict(kind="pipelined", block_M=block_M, block_N=block_N, num_stages=stages,
+                        threads=256 if block_M == 128 else 128)
+    raise ValueError(f"flash_attention: no tile configuration fits {smem_budget} bytes of shared memory "
+                     f"for head dim {dim}")
+
+
+def build(batch, heads, seq_len, dim, causal, cfg: dict):
+    kwargs = {k: v for k, v in cfg.items() if k != "kind"}
+    builder = flash_attention_forward_async if cfg["kind"] == "async" else flash_attention_forward
+    return builder(batch, heads, seq_len, dim, causal, **kwargs)
+
+
+def describe(cfg: dict) -> str:
+    schedule = "FA3 async wgmma" if cfg["kind"] == "async" else "compiler pipeline"
+    return f"{cfg['block_M']}x{cfg['block_N']} tiles, {cfg['num_stages']} stages, {cfg['threads']} threads, {schedule}"
+
+
+def compile_attention(batch, heads, seq_len, dim, causal, cfg: dict):
+    """A callable attention(q, k, v) -> o for fp16 BSHD tensors of exactly this shape."""
+    import torch
+
+    kernel = tilelang.compile(build(batch, heads, seq_len, dim, causal, cfg), out_idx=None, target="cuda")
+
+    def attention(q, k, v, o=None):
+        if q.shape != (batch, seq_len, heads, dim) or q.dtype != torch.float16:
+            raise ValueError(f"flash_attention: expected fp16 (batch, seq, heads, dim) = "
+                             f"{(batch, seq_len, heads, dim)}, got {q.dtype} {tuple(q.shape)}")
+        o = torch.empty_like(q) if o is None else o
+        kernel(q, k, v, o)
+        return o
+
+    return attention
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The reference, the check, the benchmark
+# ---------------------------------------------------------------------------------------------------------
+
+
+def sdpa_bshd(q, k, v, causal: bool):
+    """PyTorch's scaled_dot_product_attention on BSHD tensors (it wants BHSD: transpose in and out)."""
+    import torch.nn.functional as F
+
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                          is_causal=causal).transpose(1, 2)
+
+
+def check_attention(batch, heads, seq_len, dim, causal, attention) -> "tourkit.Check":
+    """Our error against a float32 reference must be within 2x of PyTorch's own fp16 error against it."""
+    import torch
+
+    q, k, v = (tourkit.random_tensor((batch, seq_len, heads, dim), torch.float16) for _ in range(3))
+    ref = sdpa_bshd(q.float(), k.float(), v.float(), causal)
+    torch_error = tourkit.relative_error(sdpa_bshd(q, k, v, causal), ref)
+    o = torch.empty_like(q)
+    mode = "causal" if causal else "full"
+    return tourkit.validate(f"attention B{batch} H{heads} S{seq_len} D{dim} {mode} (torch fp16: "
+                            f"{torch_error:.2e})", lambda: attention(q, k, v, o), o, ref, 2.0 * torch_error)
+
+
+def attention_flops(batch, heads, seq_len, dim, causal) -> float:
+    return 4.0 * batch * heads * seq_len * seq_len * dim * (0.5 if causal else 1.0)
+
+
+def bench_attention(batch, heads, seq_len, dim, causal, attention) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    q, k, v = (tourkit.random_tensor((batch, seq_len, heads, dim), torch.float16) for _ in range(3))
+    o = torch.empty_like(q)
+    ours = tourkit.bench_ms(lambda: attention(q, k, v, o))
+    # SDPA timed on its preferred contiguous BHSD layout: the strongest baseline, whatever backend it picks.
+    qh, kh, vh = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    theirs = tourkit.bench_ms(lambda: F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal))
+    flops = attention_flops(batch, heads, seq_len, dim, causal)
+    return {"ms": ours, "tflops": tourkit.tflops(flops, ours), "sdpa_ms": theirs,
+            "sdpa_tflops": tourkit.tflops(flops, theirs)}
+
+
+def peak_memory(batch, heads, seq_len, dim, attention) -> tuple[int, int]:
+    """Peak bytes allocated beyond the inputs: naive attention (S×S scores materialized) vs the kernel."""
+    import torch
+
+    q, k, v = (tourkit.random_tensor((batch, seq_len, heads, dim), torch.float16) for _ in range(3))
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(dim))
+    probs = torch.softmax(scores, dim=-1)
+    del scores
+    out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
+    del probs, out
+    torch.cuda.synchronize()
+    naive = torch.cuda.max_memory_allocated() - base
+    torch.cuda.reset_peak_memory_stats()
+    attention(q, k, v)
+    torch.cuda.synchronize()
+    flash = torch.cuda.max_memory_allocated() - base
+    return naive, flash
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The section
+# ---------------------------------------------------------------------------------------------------------
+
+BENCH_SHAPES = [(4, 32, 4096, 128)]
+FULL_SHAPES = [(4, 32, 4096, 128), (1, 32, 16384, 128)]
+QUICK_SHAPES = [(2, 16, 2048, 128)]
+ODD_SHAPES = [(2, 4, 1000, 64, True), (2, 4, 1000, 64, False), (1, 3, 777, 128, True)]
+
+
+def run_compile_only(ctx) -> None:
+    family = tourkit.ARCH_SPECS[ctx.arch].family
+    reports, asked = [], {}
+    for batch, heads, seq_len, dim, causal in [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True),
+                                                (2, 4, 1000, 64, True)]:
+        cfg = choose_config(dim, causal, family, ctx.smem_budget)
+        name = f"attention S{seq_len} D{dim} {'causal' if causal else 'full'} {cfg['kind']}"
+        ctx.log(f"{name}: {describe(cfg)}")
+        reports.append(tourkit.inspect_kernel(name, build(batch, heads, seq_len, dim, causal, cfg), ctx.arch))
+        asked[name] = cfg["threads"]
+    tourkit.report_kernels(ctx, reports, asked)
+    expected = ["wgmma", "tma_load", "mbarrier"] if family == "hopper" else (
+        ["mma_sync", "ldmatrix", "cp_async"] if family != "turing" else ["mma_sync", "ldmatrix"])
+    for rep in reports:
+        tourkit.require_markers(rep, expected)
+    ctx.headline(kernels=len(reports), arch=ctx.arch)
+
+
+def run(ctx) -> None:
+    if ctx.compile_only:
+        run_compile_only(ctx)
+        return
+    family = ctx.device.family
+    shapes = QUICK_SHAPES if ctx.quick else (FULL_SHAPES if ctx.full else BENCH_SHAPES)
+    checks, rows, ratios = [], [], {}
+    kernels = {}
+    for batch, heads, seq_len, dim in shapes:
+        for causal in (False, True):
+            cfg = choose_config(dim, causal, family, ctx.smem_budget)
+            attention = compile_attention(batch, heads, seq_len, dim, causal, cfg)
+            kernels[(batch, heads, seq_len, dim, causal)] = attention
+            check = check_attention(batch, heads, seq_len, dim, causal, attention)
+            checks.append(check)
+            ctx.log(check.line())
+            if not check.passed:
+                continue
+            r = bench_attention(batch, heads, seq_len, dim, causal, attention)
+            mode = "causal" if causal else "full"
+            ratio = tourkit.speedup(r["sdpa_ms"], r["ms"])
+            ratios[f"S{seq_len}_{mode}"] = round(ratio, 3)
+            rows.append([f"B{batch} H{heads} S{seq_len} D{dim}", mode, describe(cfg), r["ms"], r["tflops"],
+                         r["sdpa_tflops"], f"{ratio:.2f}x"])
+            ctx.metric(**{f"S{seq_len}_{mode}_tflops": r["tflops"], f"S{seq_len}_{mode}_sdpa_tflops": r["sdpa_tflops"]})
+    for batch, heads, seq_len, dim, causal in ODD_SHAPES[:1] if ctx.quick else ODD_SHAPES:
+        cfg = choose_config(dim, causal, family, ctx.smem_budget)
+        attention = compile_attention(batch, heads, seq_len, dim, causal, cfg)
+        check = check_attention(batch, heads, seq_len, dim, causal, attention)
+        checks.append(check)
+        ctx.log(check.line())
+    tourkit.require(checks)
+    ctx.log("")
+    ctx.table(["shape", "mode", "kernel", "ms", "TFLOP/s", "SDPA TFLOP/s", "vs SDPA"], rows)
+
+    # The memory argument: the S×S scores cost O(S²) bytes; the kernel needs nothing beyond its output.
+    batch, heads, seq_len, dim = shapes[-1]
+    naive, flash = peak_memory(batch, heads, seq_len, dim, kernels[(batch, heads, seq_len, dim, False)])
+    ctx.log("")
+    ctx.log(f"peak memory beyond the inputs at B{batch} H{heads} S{seq_len} D{dim}: naive attention "
+            f"{tourkit.format_bytes(naive)} (scores and probabilities, B·H·S² each), this kernel "
+            f"{tourkit.format_bytes(flash)} (the output). Doubling S quadruples the first and doubles the second.")
+    ctx.metric(naive_peak_bytes=naive, flash_peak_bytes=flash)
+    ctx.headline(**{f"vs_sdpa_{k}": v for k, v in ratios.items()})
+
+
+SECTION = Section(
+    name="flash_attention",
+    title="FlashAttention forward: online softmax, causal tiles skipped",
+    summary="Q tile in shared memory, pipelined K/V, exp2 online softmax, FA3-style async wgmma; vs SDPA.",
+    run=run,
+)

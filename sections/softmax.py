@@ -1,11 +1,371 @@
-"""Placeholder: this section is not built yet."""
+"""softmax: a memory-bound row reduction that reads the data once and writes it once.
 
-from tourkit import Section, SectionSkip
+What you learn: how a row lives in a *fragment* (a tile spread over the threads' registers) so that
+`T.reduce_max` and `T.reduce_sum` become warp shuffles plus one small shared-memory exchange; why softmax is
+written with `exp2` and the factor log2(e) folded into one fused multiply-add; and how the same kernel shape
+copes with rows that do not fit the easy case:
+
+* short rows whose width is a multiple of 8 (4096, 8192): several rows per block, each row read straight
+  from global memory into a float32 fragment with 16-byte loads ("rows in registers");
+* rows of odd width (1823): a row starts at an odd address, so a 16-byte load cannot start there. The
+  block instead copies its group of 8 consecutive rows as ONE flat, aligned range (8·1823 halves start on
+  a 16-byte boundary) into shared memory, and reads each row from there into a fragment that is padded to
+  a multiple of the thread count, the padding masked with -inf ("rows staged in shared memory");
+* rows too long for registers (32768): the row is staged in shared memory (64 KiB), then processed in
+  chunks with the *online* formulation: pass 1 keeps a running maximum and a running sum that is rescaled
+  whenever the maximum grows; pass 2 recomputes exp2 per chunk from shared memory and writes. Global memory
+  is still read once and written once.
+
+The benchmark compares against torch.softmax and against a device-to-device copy measured in the same
+run: a copy reads and writes every byte once, which is exactly softmax's traffic, so it is the ceiling.
+"""
 
 
-def run(ctx):
-    raise SectionSkip("not implemented yet")
+import math
+from dataclasses import dataclass
+
+import tilelang
+import tilelang.language as T
+
+import tourkit
+from tourkit import Section
+
+LOG2E = 1.4426950408889634
+BENCH_SHAPES = [(32768, 4096), (16384, 8192), (8192, 32768), (4096, 1823)]
+QUICK_SHAPES = [(4096, 4096), (2048, 1823), (1024, 32768)]
 
 
-SECTION = Section(name="softmax", title="softmax (coming soon)", summary="Not implemented yet.", run=run,
-                  needs_gpu=False)
+# ---------------------------------------------------------------------------------------------------------
+# Kernel builders
+# ---------------------------------------------------------------------------------------------------------
+
+
+def rows_in_registers(M: int, N: int, rows_per_block: int, threads: int, dtype: str = "float16"):
+    """Each block owns `rows_per_block` whole rows, read straight from global memory into a float32
+    fragment: reduce_max → exp2 in place → reduce_sum → scale → store. When N is a multiple of 8 every row
+    starts on a 16-byte boundary and T.copy vectorizes; otherwise the fragment is padded to a multiple of the
+    threads per row, loads are masked (the pad holds -inf) and each thread moves single halves: correct for
+    any (M, N), but not the fast path for odd widths (see rows_staged_in_shared)."""
+    R = rows_per_block
+    if threads % R:
+        raise ValueError(f"softmax: {R} rows per block must divide {threads} threads")
+    aligned = N % 8 == 0
+    per_row = threads // R
+    width = N if aligned else -(-N // per_row) * per_row
+
+    @T.prim_func
+    def softmax_rows_in_registers(X: T.Tensor((M, N), dtype), Y: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(M, R), threads=threads) as bx:
+            x = T.alloc_fragment((R, width), "float32")
+            row_max = T.alloc_fragment((R,), "float32")
+            row_sum = T.alloc_fragment((R,), "float32")
+            if aligned:
+                T.copy(X[bx * R, 0], x)  # the one read: 16-byte vectors, converted to float32 in registers
+            else:
+                T.annotate_layout({x: row_split_layout(R, width, per_row, 1)})
+                for i, j in T.Parallel(R, width):
+                    x[i, j] = T.if_then_else(j < N, T.cast(X[bx * R + i, j], "float32"), -T.infinity("float32"))
+            T.reduce_max(x, row_max, dim=1)
+            for i in T.Parallel(R):
+                row_max[i] = row_max[i] * LOG2E  # exp(x - m) = exp2(x·log2e - m·log2e): one FMA per element
+            for i, j in T.Parallel(R, width):
+                x[i, j] = T.exp2(x[i, j] * LOG2E - row_max[i])
+            T.reduce_sum(x, row_sum, dim=1)
+            for i in T.Parallel(R):
+                row_sum[i] = 1.0 / row_sum[i]  # one division per row, a multiply per element
+            if aligned:
+                for i, j in T.Parallel(R, width):
+                    x[i, j] = x[i, j] * row_sum[i]
+                T.copy(x, Y[bx * R, 0])  # the one write
+            else:
+                for i, j in T.Parallel(R, width):
+                    if j < N:
+                        Y[bx * R + i, j] = T.cast(x[i, j] * row_sum[i], dtype)
+
+    return softmax_rows_in_registers
+
+
+def row_split_layout(rows: int, width: int, threads_per_row: int, vec: int):
+    """Fragment layout for (rows, width): row i belongs to threads [i·t, (i+1)·t); along the row, runs of `vec`
+    consecutive elements go to consecutive threads, so a warp reads 32·vec consecutive elements (16-byte
+    vectors when vec = 8, single halves when the rows are not 16-byte aligned)."""
+    from tilelang.layout import Fragment
+
+    t = threads_per_row
+    return Fragment([rows, width], forward_thread_fn=lambda i, j: i * t + (j // vec) % t,
+                    forward_index_fn=lambda i, j: (j // (vec * t)) * vec + j % vec)
+
+
+def rows_staged_in_shared(M: int, N: int, rows_per_block: int, threads: int, dtype: str = "float16",
+                          bulk_copy: bool = True):
+    """Odd widths: the block's rows are one contiguous range of R·N elements of the flattened tensor; with R a
+    multiple of 8 it starts on a 16-byte boundary, so it is copied to shared memory with wide loads. Each row
+    is then read from shared memory into a fragment padded to a multiple of the threads per row (the pad
+    holds -inf, which adds 0 to the sum), normalized there and written back through shared memory."""
+    R = rows_per_block
+    if threads % R or (R * N) % 8:
+        raise ValueError(f"staged softmax: {R} rows per block must divide {threads} threads and R·N must be a "
+                         f"multiple of 8 (16-byte aligned blocks); got N={N}")
+    per_row = threads // R
+    vec = 8 if N % 8 == 0 else 1  # an odd width puts row starts at odd addresses: no vectors within a row
+    padded = -(-N // (per_row * vec)) * (per_row * vec)
+    flat = M * N
+
+    @T.prim_func
+    def softmax_rows_staged(X: T.Tensor((flat,), dtype), Y: T.Tensor((flat,), dtype)):
+        with T.Kernel(T.ceildiv(M, R), threads=threads) as bx:
+            rows = T.alloc_shared((R * N,), dtype)
+            x = T.alloc_fragment((R, padded), "float32")
+            row_max = T.alloc_fragment((R,), "float32")
+            row_sum = T.alloc_fragment((R,), "float32")
+            T.annotate_layout({x: row_split_layout(R, padded, per_row, vec)})
+            if bulk_copy:  # Hopper: one TMA bulk copy, completion tracked by an mbarrier
+                T.copy(X[bx * R * N:(bx + 1) * R * N], rows, prefer_instruction="tma")
+            else:
+                T.copy(X[bx * R * N:(bx + 1) * R * N], rows)
+            for i, j in T.Parallel(R, padded):
+                x[i, j] = T.if_then_else(j < N, T.cast(rows[i * N + j], "float32"), -T.infinity("float32"))
+            T.reduce_max(x, row_max, dim=1)
+            for i in T.Parallel(R):
+                row_max[i] = row_max[i] * LOG2E
+            for i, j in T.Parallel(R, padded):
+                x[i, j] = T.exp2(x[i, j] * LOG2E - row_max[i])
+            T.reduce_sum(x, row_sum, dim=1)
+            for i in T.Parallel(R):
+                row_sum[i] = 1.0 / row_sum[i]
+            for i, j in T.Parallel(R, padded):
+                if j < N:
+                    rows[i * N + j] = T.cast(x[i, j] * row_sum[i], dtype)
+            T.copy(rows, Y[bx * R * N:(bx + 1) * R * N])
+
+    return softmax_rows_staged
+
+
+def long_rows_online(M: int, N: int, chunk: int, threads: int, dtype: str = "float16", bulk_copy: bool = True):
+    """One row per block, staged whole in shared memory (N·2 bytes); pass 1 walks it in chunks keeping a
+    running max m and a running sum s (s ← s·2^(m_old−m_new) + Σ 2^(x−m_new): the online softmax), pass 2
+    recomputes each chunk's exponentials from shared memory and writes them scaled by 1/s."""
+    if N % chunk:
+        raise ValueError(f"long-row softmax: width {N} is not a multiple of the chunk {chunk}")
+    steps = N // chunk
+
+    @T.prim_func
+    def softmax_long_rows_online(X: T.Tensor((M, N), dtype), Y: T.Tensor((M, N), dtype)):
+        with T.Kernel(M, threads=threads) as bx:
+            row = T.alloc_shared((N,), dtype)
+            x = T.alloc_fragment((chunk,), "float32")
+            chunk_max = T.alloc_fragment((1,), "float32")
+            chunk_sum = T.alloc_fragment((1,), "float32")
+            run_max = T.alloc_fragment((1,), "float32")
+            run_sum = T.alloc_fragment((1,), "float32")
+            if bulk_copy:  # Hopper: one TMA bulk copy, completion tracked by an mbarrier
+                T.copy(X[bx, 0:N], row, prefer_instruction="tma")
+            else:
+                T.copy(X[bx, 0:N], row)
+            T.fill(run_max, -T.infinity("float32"))
+            T.fill(run_sum, 0.0)
+            for c in T.serial(steps):
+                for j in T.Parallel(chunk):
+                    x[j] = T.cast(row[c * chunk + j], "float32") * LOG2E
+                T.reduce_max(x, chunk_max, dim=0)
+                for j in T.Parallel(chunk):
+                    x[j] = T.exp2(x[j] - T.max(chunk_max[0], run_max[0]))
+                T.reduce_sum(x, chunk_sum, dim=0)
+                for i in T.Parallel(1):
+                    run_sum[i] = run_sum[i] * T.exp2(run_max[i] - T.max(chunk_max[i], run_max[i])) + chunk_sum[i]
+                    run_max[i] = T.max(chunk_max[i], run_max[i])
+            for i in T.Parallel(1):
+                run_sum[i] = 1.0 / run_sum[i]
+            for c in T.serial(steps):
+                for j in T.Parallel(chunk):
+                    Y[bx, c * chunk + j] = T.cast(
+                        T.exp2(T.cast(row[c * chunk + j], "float32") * LOG2E - run_max[0]) * run_sum[0], dtype)
+
+    return softmax_long_rows_online
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Choosing a kernel for a shape and a GPU
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SoftmaxPlan:
+    kind: str  # "registers" | "staged" | "online"
+    rows_per_block: int  # or the chunk length for "online"
+    threads: int
+
+    @property
+    def flat(self) -> bool:
+        """The staged kernel addresses the tensor as one flat array (its blocks are flat ranges)."""
+        return self.kind == "staged"
+
+    def describe(self) -> str:
+        if self.kind == "online":
+            return f"online two-pass over a row in shared memory, chunks of {self.rows_per_block}, {self.threads} threads"
+        rows = f"{self.rows_per_block} row{'s' if self.rows_per_block > 1 else ''}/block"
+        where = "staged in shared memory" if self.kind == "staged" else "registers"
+        return f"{where}, {rows}, {self.threads} threads"
+
+
+REGISTER_ROW_LIMIT = 8192  # float32 elements of a row kept in registers by one block (16 per thread at 512)
+PER_THREAD_LIMIT = 64  # float32 elements per thread in the odd-width staged kernel
+
+
+def choose_plan(M: int, N: int, smem_budget: int, family: str = "hopper") -> SoftmaxPlan:
+    """Pick the kernel shape for (M, N) on a GPU family with `smem_budget` bytes of shared memory per block.
+
+    The choices come from the H200 probe (bench/attention_probe.py, 2026-12-02; % of a 1 GiB device copy):
+    4096 wide: staged 1 row/256 threads 97%, registers 95%; 8192: registers 1 row/512 threads 98% (1024
+    threads 62%); 32768: online chunks of 4096 with 512 threads 78%, registers with 1024 threads 74%, the
+    whole row staged 63%; 1823 (a 15 MB problem, one wave of blocks): staged 8 rows 48-49%, masked
+    registers 48%."""
+    if M < 1 or N < 1:
+        raise ValueError(f"softmax: shape ({M}, {N}) must be positive")
+    row_bytes = N * 2
+    aligned = N % 8 == 0
+    if aligned and N <= REGISTER_ROW_LIMIT:
+        if N <= 4096:
+            # Hopper: the staged kernel's bulk (TMA) copies edge out the register kernel's 16-byte loads.
+            return SoftmaxPlan("staged" if family == "hopper" else "registers", 1, 256)
+        return SoftmaxPlan("registers", 1, 512)
+    if aligned:
+        if N % 4096 == 0 and row_bytes + 8192 <= smem_budget:
+            return SoftmaxPlan("online", 4096, 512)
+        if row_bytes + 8192 <= smem_budget and N <= 1024 * PER_THREAD_LIMIT:
+            return SoftmaxPlan("staged", 1, 1024)
+    else:
+        per_row = 1
+        while per_row < 128 and -(-N // per_row) > PER_THREAD_LIMIT:
+            per_row *= 2
+        fits = -(-N // per_row) <= PER_THREAD_LIMIT
+        if fits and M % 8 == 0 and 8 * row_bytes + 8192 <= smem_budget:
+            return SoftmaxPlan("staged", 8, 8 * per_row)  # 8 rows: a 16-byte aligned flat range
+        if N <= REGISTER_ROW_LIMIT:
+            return SoftmaxPlan("registers", 1, 256)  # any M: masked single-half loads
+    raise ValueError(f"softmax: rows of {N} halves are beyond this tour's kernels on this GPU (a row must fit "
+                     f"in {smem_budget} bytes of shared memory; odd widths up to {REGISTER_ROW_LIMIT} or "
+                     f"{128 * PER_THREAD_LIMIT} with rows a multiple of 8)")
+
+
+def build(M: int, N: int, plan: SoftmaxPlan, family: str = "hopper"):
+    if plan.kind == "registers":
+        return rows_in_registers(M, N, plan.rows_per_block, plan.threads)
+    bulk = family == "hopper"
+    if plan.kind == "staged":
+        return rows_staged_in_shared(M, N, plan.rows_per_block, plan.threads, bulk_copy=bulk)
+    return long_rows_online(M, N, plan.rows_per_block, plan.threads, bulk_copy=bulk)
+
+
+def compile_softmax(M: int, N: int, plan: SoftmaxPlan, family: str = "hopper"):
+    """A callable softmax(x) -> y for fp16 (M, N) tensors, compiled for the GPU in use."""
+    import torch
+
+    kernel = tilelang.compile(build(M, N, plan, family), out_idx=None, target="cuda")
+
+    def softmax(x, y=None):
+        y = torch.empty_like(x) if y is None else y
+        if plan.flat:
+            kernel(x.view(-1), y.view(-1))
+        else:
+            kernel(x, y)
+        return y
+
+    return softmax
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The reference, the check, the benchmark
+# ---------------------------------------------------------------------------------------------------------
+
+
+def reference(x):
+    """torch.softmax in float32: the higher-precision reference for an fp16 kernel."""
+    import torch
+
+    return torch.softmax(x.float(), dim=-1)
+
+
+def check_shape(M: int, N: int, plan: SoftmaxPlan, softmax=None, family: str = "hopper") -> "tourkit.Check":
+    import torch
+
+    softmax = softmax or compile_softmax(M, N, plan, family)
+    x = tourkit.random_tensor((M, N), torch.float16, scale=3.0)
+    y = torch.empty_like(x)
+    return tourkit.validate(f"softmax {M}x{N} [{plan.describe()}]", lambda: softmax(x, y), y, reference(x), 5e-3)
+
+
+def bench_shape(M: int, N: int, softmax) -> dict:
+    import torch
+
+    x = tourkit.random_tensor((M, N), torch.float16, scale=3.0)
+    y = torch.empty_like(x)
+    ours = tourkit.bench_ms(lambda: softmax(x, y))
+    theirs = tourkit.bench_ms(lambda: torch.softmax(x, dim=-1))
+    nbytes = 2 * M * N * 2  # one read, one write
+    return {"ms": ours, "gbps": tourkit.gbps(nbytes, ours), "torch_ms": theirs, "torch_gbps": tourkit.gbps(nbytes, theirs)}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The section
+# ---------------------------------------------------------------------------------------------------------
+
+ODD_SHAPES = [(1001, 1823), (1000, 1823), (999, 4096), (37, 32768)]  # correctness only: odd rows and widths
+
+
+def run_compile_only(ctx) -> None:
+    family = tourkit.ARCH_SPECS[ctx.arch].family
+    reports, asked = [], {}
+    for M, N in BENCH_SHAPES + [(1001, 1823)]:
+        plan = choose_plan(M, N, ctx.smem_budget, family)
+        name = f"softmax {M}x{N} {plan.kind}"
+        ctx.log(f"{M}x{N}: {plan.describe()}")
+        reports.append(tourkit.inspect_kernel(name, build(M, N, plan, family), ctx.arch))
+        asked[name] = plan.threads
+    tourkit.report_kernels(ctx, reports, asked)
+    failed = [r for r in reports if r.nvcc.startswith("failed")]
+    if failed:
+        raise tourkit.ValidationError(f"{failed[0].name}: nvcc {failed[0].nvcc}")
+    ctx.headline(kernels=len(reports), arch=ctx.arch)
+
+
+def run(ctx) -> None:
+    if ctx.compile_only:
+        run_compile_only(ctx)
+        return
+    family = ctx.device.family
+    shapes = QUICK_SHAPES if ctx.quick else BENCH_SHAPES
+    copy = tourkit.device_copy_gbps()
+    ctx.log(f"device-to-device copy right now: {copy:.0f} GB/s (read + write: softmax's own traffic, the ceiling)")
+    checks, rows = [], []
+    worst_of_copy = math.inf
+    for M, N in shapes:
+        plan = choose_plan(M, N, ctx.smem_budget, family)
+        softmax = compile_softmax(M, N, plan, family)
+        check = check_shape(M, N, plan, softmax, family)
+        checks.append(check)
+        ctx.log(check.line())
+        if not check.passed:
+            continue
+        r = bench_shape(M, N, softmax)
+        worst_of_copy = min(worst_of_copy, r["gbps"] / copy)
+        rows.append([f"{M}x{N}", plan.describe(), r["ms"], r["gbps"], f"{100 * r['gbps'] / copy:.0f}%",
+                     r["torch_gbps"], f"{tourkit.speedup(r['torch_ms'], r['ms']):.2f}x"])
+        ctx.metric(**{f"softmax_{M}x{N}_gbps": r["gbps"], f"softmax_{M}x{N}_torch_gbps": r["torch_gbps"]})
+    for M, N in ODD_SHAPES if not ctx.quick else ODD_SHAPES[:1]:
+        plan = choose_plan(M, N, ctx.smem_budget, family)
+        check = check_shape(M, N, plan, family=family)
+        checks.append(check)
+        ctx.log(check.line())
+    tourkit.require(checks)
+    ctx.log("")
+    ctx.table(["shape", "kernel", "ms", "GB/s", "of copy", "torch GB/s", "vs torch"], rows)
+    ctx.headline(worst_of_copy=round(worst_of_copy, 3), copy_gbps=round(copy))
+
+
+SECTION = Section(
+    name="softmax",
+    title="Softmax: rows in registers, one read and one write",
+    summary="Row softmax with reduce_max / exp2 / reduce_sum on fragments; odd widths and long rows; GB/s vs copy.",
+    run=run,
+)
