@@ -81,15 +81,18 @@ def gemm_flops(M: int, N: int, K: int) -> int:
 def default_schedules(family: str) -> list[GemmConfig]:
     """Schedules worth comparing on an architecture family: one winner and its instructive neighbours."""
     if family == "hopper":
+        # Measured on an H200 at 8192^3 (2026-12-02, bench/gemm_probe.py): the first two are level with
+        # cuBLAS (0.98-1.05x depending on the GPU's clock drift); each other row changes one knob.
         return [
-            GemmConfig(128, 256, 64, 4, 256, True),   # the usual winner: 2 consumer warpgroups, 128x256 tile
-            GemmConfig(128, 256, 64, 3, 256, True),
-            GemmConfig(256, 128, 64, 4, 256, True),
-            GemmConfig(128, 256, 64, 4, 256, False),  # the same without L2 swizzle
-            GemmConfig(128, 128, 64, 4, 256, True),   # a smaller tile: less reuse per byte
-            GemmConfig(128, 256, 64, 4, 256, True, policy="FullRow"),  # each warpgroup: 64 rows x 256 cols
-            GemmConfig(64, 128, 64, 4, 128, True),    # a small tile: far from the tensor-core roofline
-            GemmConfig(256, 256, 64, 4, 256, True),   # too much shared memory: skipped on every GPU
+            GemmConfig(128, 256, 64, 4, 256, True),    # 2 consumer warpgroups share a 128x256 tile
+            GemmConfig(128, 256, 64, 4, 256, True, panel=8, policy="FullRow"),  # each warpgroup owns full rows
+            GemmConfig(128, 256, 64, 3, 256, True),    # one stage less: less latency hidden (~0.95x of s4)
+            GemmConfig(256, 128, 64, 4, 256, True),    # the transposed tile (won 8192x28672x4096)
+            GemmConfig(128, 256, 64, 4, 256, False),   # no L2 swizzle: ~10% slower at 8192^3
+            GemmConfig(128, 256, 64, 4, 256, True, staged_store=False),  # direct register->global store
+            GemmConfig(128, 128, 64, 4, 256, True),    # a smaller tile: fewer FLOPs per byte loaded
+            GemmConfig(64, 128, 64, 4, 128, True),     # one consumer warpgroup, small tile: ~0.7x
+            GemmConfig(256, 256, 64, 4, 256, True),    # 256 KiB of shared memory: skipped on every GPU
         ]
     if family in ("ampere", "ada"):
         return [
@@ -157,33 +160,30 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
                 C_local[i, j] = 0.5 * x * (1.0 + T.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
 
     @T.macro
-    def tile(A, B, Bias, C, A_shared, B_shared, C_local, Bias_shared, C_shared, bx, by):
-        """One output tile: the pipelined K loop, the epilogue, the store."""
-        if bias:
-            T.copy(Bias[bx * bN], Bias_shared)
-        T.clear(C_local)
-        for k in T.Pipelined(T.ceildiv(K, bK), num_stages=config.num_stages):
-            T.copy(A[by * bM, k * bK], A_shared)
-            T.copy(B[k * bK, bx * bN], B_shared)
-            T.gemm(A_shared, B_shared, C_local, policy=policy)
-
-        epilogue(C_local, Bias_shared)
-        if config.staged_store:  # registers -> shared -> global: coalesced (TMA on Hopper) stores
-            T.copy(C_local, C_shared)
-            T.copy(C_shared, C[by * bM, bx * bN])
-        else:
-            T.copy(C_local, C[by * bM, bx * bN])
-
-    @T.macro
     def body(A, B, Bias, C):
         with T.Kernel(T.ceildiv(N, bN), T.ceildiv(M, bM), threads=config.threads) as (bx, by):
             A_shared = T.alloc_shared((bM, bK), dtype)
             B_shared = T.alloc_shared((bK, bN), dtype)
-            C_local = T.alloc_fragment((bM, bN), accum_dtype)
+            C_local = T.alloc_fragment((bM, bN), accum_dtype)  # the accumulator: registers, never global
             Bias_shared = T.alloc_shared((bN,), dtype) if bias else None
             C_shared = T.alloc_shared((bM, bN), dtype) if config.staged_store else None
             T.use_swizzle(panel_size=config.panel, enable=config.swizzle)
-            tile(A, B, Bias, C, A_shared, B_shared, C_local, Bias_shared, C_shared, bx, by)
+
+            if bias:
+                T.copy(Bias[bx * bN], Bias_shared)
+            T.clear(C_local)
+            # num_stages buffers of A and B: the copies for step k + num_stages - 1 fly while step k computes.
+            for k in T.Pipelined(T.ceildiv(K, bK), num_stages=config.num_stages):
+                T.copy(A[by * bM, k * bK], A_shared)
+                T.copy(B[k * bK, bx * bN], B_shared)
+                T.gemm(A_shared, B_shared, C_local, policy=policy)
+
+            epilogue(C_local, Bias_shared)
+            if config.staged_store:  # registers -> shared -> global: coalesced stores (TMA on Hopper)
+                T.copy(C_local, C_shared)
+                T.copy(C_shared, C[by * bM, bx * bN])
+            else:
+                T.copy(C_local, C[by * bM, bx * bN])
 
     if bias:
         @T.prim_func
@@ -259,65 +259,77 @@ def check_odd_shapes(ctx, config: GemmConfig) -> list[tourkit.Check]:
     return checks
 
 
-def run_schedule_table(ctx, M: int, N: int, K: int, schedules: list[GemmConfig]) -> tuple[GemmConfig, float]:
-    """Compile, check and time each schedule against cuBLAS on one shape. Returns the best and its ratio."""
+def run_schedule_table(ctx, M: int, N: int, K: int, schedules: list[GemmConfig]):
+    """Compile and check each schedule, then time them all and cuBLAS taking turns (bench_interleaved).
+    Returns the best schedule, its ratio to cuBLAS, its TFLOP/s and its compiled kernel."""
     import torch
 
     a, b, c = gemm_inputs(M, N, K)
     ref = reference(a, b)
     c_cublas = torch.empty_like(c)
-    cublas_ms = tourkit.bench_ms(lambda: torch.matmul(a, b, out=c_cublas))
-    cublas_err = tourkit.relative_error(c_cublas, ref)
-    flops = gemm_flops(M, N, K)
-    rows, results = [], []
+    kernels, errors, skipped = {}, {}, {}
     for config in schedules:
         if not fits(config, ctx.smem_budget):
-            rows.append([config.label(), tourkit.format_bytes(config.smem_bytes()), "skipped", "", "",
-                         f"needs more than the {tourkit.format_bytes(ctx.smem_budget)} a block may use"])
+            skipped[config] = f"needs more than the {tourkit.format_bytes(ctx.smem_budget)} a block may use"
             continue
         kernel = compile_gemm(M, N, K, config)
         result = tourkit.validate(config.label(), lambda: kernel(a, b, c), c, ref, TOLERANCE)
         tourkit.require([result])
-        ms = tourkit.bench_ms(lambda: kernel(a, b, c))
-        results.append((ms, config))
-        rows.append([config.label(), tourkit.format_bytes(config.smem_bytes()), f"{tourkit.tflops(flops, ms):.0f}",
-                     f"{tourkit.speedup(cublas_ms, ms):.3f}x", tourkit.format_error(result.rel_error), ""])
-    if not results:
+        kernels[config], errors[config] = kernel, result.rel_error
+    if not kernels:
         raise SectionSkip(f"no schedule fits the {ctx.smem_budget} B of shared memory a block may use here")
-    best_ms, best = min(results, key=lambda r: r[0])
-    for row in rows:
-        if row[0] == best.label():
-            row[5] = "<- best"
+
+    contenders = {"cuBLAS": lambda: torch.matmul(a, b, out=c_cublas)}
+    for config, kernel in kernels.items():
+        contenders[config.label()] = (lambda k: lambda: k(a, b, c))(kernel)
+    ms = tourkit.bench_interleaved(contenders, rounds=3)
+    cublas_ms = ms.pop("cuBLAS")
+    best = min(kernels, key=lambda cfg: ms[cfg.label()])
+    flops = gemm_flops(M, N, K)
+
+    rows = []
+    for config in schedules:
+        if config in skipped:
+            rows.append([config.label(), tourkit.format_bytes(config.smem_bytes()), "skipped", "", "", skipped[config]])
+            continue
+        t = ms[config.label()]
+        rows.append([config.label(), tourkit.format_bytes(config.smem_bytes()), f"{tourkit.tflops(flops, t):.0f}",
+                     f"{tourkit.speedup(cublas_ms, t):.3f}x", tourkit.format_error(errors[config]),
+                     "<- best" if config == best else ""])
     rows.append(["cuBLAS (torch.matmul)", "-", f"{tourkit.tflops(flops, cublas_ms):.0f}", "1.000x",
-                 tourkit.format_error(cublas_err), ""])
-    ctx.log(f"\nC[{M}x{N}] = A[{M}x{K}] @ B[{K}x{N}], fp16 in, fp32 accumulation, fp16 out")
+                 tourkit.format_error(tourkit.relative_error(c_cublas, ref)), ""])
+    ctx.log(f"\nC[{M}x{N}] = A[{M}x{K}] @ B[{K}x{N}], fp16 in, fp32 accumulation, fp16 out "
+            f"(median of 3 turns each, cuBLAS timed in turn with them)")
     ctx.table(["schedule", "smem", "TFLOP/s", "vs cuBLAS", "rel. error", ""], rows)
-    return best, tourkit.speedup(cublas_ms, best_ms)
+    ctx.metric(schedules={cfg.label(): round(tourkit.speedup(cublas_ms, ms[cfg.label()]), 3) for cfg in kernels},
+               cublas_tflops=round(tourkit.tflops(flops, cublas_ms)))
+    return best, tourkit.speedup(cublas_ms, ms[best.label()]), tourkit.tflops(flops, ms[best.label()]), kernels[best]
 
 
 def run_shape_set(ctx, schedules: list[GemmConfig]) -> dict[str, float]:
-    """--full: the best few schedules on the LLM-like shape set, each shape against cuBLAS."""
+    """--full: a few schedules on the LLM-like shape set; the best per shape against cuBLAS."""
     import torch
 
     rows, ratios = [], {}
     for M, N, K in SHAPE_SET:
         a, b, c = gemm_inputs(M, N, K)
         c_cublas = torch.empty_like(c)
-        cublas_ms = tourkit.bench_ms(lambda: torch.matmul(a, b, out=c_cublas))
+        torch.matmul(a, b, out=c_cublas)
         ref = c_cublas.float()  # cuBLAS as the reference here: an fp32 16384^3 GEMM would dominate the sweep
-        best = None
+        contenders = {"cuBLAS": lambda: torch.matmul(a, b, out=c_cublas)}
         for config in schedules:
             kernel = compile_gemm(M, N, K, config)
             tourkit.require([tourkit.validate(config.label(), lambda: kernel(a, b, c), c, ref, TOLERANCE)])
-            ms = tourkit.bench_ms(lambda: kernel(a, b, c))
-            if best is None or ms < best[0]:
-                best = (ms, config)
-        ms, config = best
+            contenders[config.label()] = (lambda k: lambda: k(a, b, c))(kernel)
+        ms = tourkit.bench_interleaved(contenders, rounds=3)
+        cublas_ms = ms.pop("cuBLAS")
+        label = min(ms, key=ms.get)
         shape = f"{M}x{N}x{K}"
-        ratios[shape] = round(tourkit.speedup(cublas_ms, ms), 3)
-        rows.append([shape, config.label(), f"{tourkit.tflops(gemm_flops(M, N, K), ms):.0f}",
-                     f"{tourkit.tflops(gemm_flops(M, N, K), cublas_ms):.0f}", f"{ratios[shape]:.3f}x"])
-    ctx.log("\nShape set (--full), best of the listed schedules per shape:")
+        ratios[shape] = round(tourkit.speedup(cublas_ms, ms[label]), 3)
+        flops = gemm_flops(M, N, K)
+        rows.append([shape, label, f"{tourkit.tflops(flops, ms[label]):.0f}", f"{tourkit.tflops(flops, cublas_ms):.0f}",
+                     f"{ratios[shape]:.3f}x"])
+    ctx.log("\nShape set (--full), the best of the listed schedules per shape:")
     ctx.table(["M x N x K", "schedule", "TFLOP/s", "cuBLAS TFLOP/s", "vs cuBLAS"], rows)
     return ratios
 
@@ -328,6 +340,9 @@ def show_generated_code(ctx, source: str, family: str) -> None:
     if excerpt:
         ctx.log("\nInside the K loop of the generated CUDA (the tensor-core instructions T.gemm became):")
         ctx.log(tourkit.indent(excerpt, "  | "))
+    if family == "hopper" and "warpgroup_wait<0>" in source:
+        ctx.log("Each K step issues a batch of wgmma and waits for it (warpgroup_wait<0>) before handing the "
+                "stage's buffers back to the producer warpgroup.")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -369,6 +384,12 @@ def compile_only(ctx, family: str, schedules: list[GemmConfig]) -> None:
     ctx.headline(arch=ctx.arch, schedules=len(fitting), markers=",".join(EXPECTED_MARKERS[family]))
 
 
+def shape_set_schedules(schedules: list[GemmConfig], smem_budget: int) -> list[GemmConfig]:
+    """The --full shape sweep tries the first four fitting schedules of the table (each table lists
+    first the ones that win on some shape)."""
+    return [c for c in schedules if fits(c, smem_budget)][:4]
+
+
 def run(ctx) -> None:
     family = tourkit.ARCH_SPECS[ctx.arch].family
     schedules = default_schedules(family)
@@ -377,15 +398,13 @@ def run(ctx) -> None:
         return
 
     size = 2048 if ctx.quick else 8192
-    best, ratio = run_schedule_table(ctx, size, size, size, schedules)
+    best, ratio, best_tflops, best_kernel = run_schedule_table(ctx, size, size, size, schedules)
     tourkit.require(check_odd_shapes(ctx, best))
-    kernel_source = compile_gemm(size, size, size, best).get_kernel_source()
-    show_generated_code(ctx, kernel_source, family)
-    ctx.headline(best=best.label(), vs_cublas=round(ratio, 3))
+    show_generated_code(ctx, best_kernel.get_kernel_source(), family)
+    ctx.headline(best=best.label(), tflops=round(best_tflops), vs_cublas=round(ratio, 3))
     ctx.metric(size=size, best_smem_bytes=best.smem_bytes())
     if ctx.full:
-        fitting = [c for c in schedules if fits(c, ctx.smem_budget)]
-        ctx.metric(shape_set=run_shape_set(ctx, [best] + [c for c in fitting[:2] if c != best]))
+        ctx.metric(shape_set=run_shape_set(ctx, shape_set_schedules(schedules, ctx.smem_budget)))
 
 
 SECTION = Section(

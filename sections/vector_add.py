@@ -32,8 +32,10 @@ class AddConfig:
         return f"{self.threads} threads x {self.elems_per_thread} elems"
 
 
-# The default first; then the neighbours the table compares (set from measurements on an H200).
-SCHEDULES = [AddConfig(256, 8), AddConfig(128, 8), AddConfig(512, 4), AddConfig(256, 16), AddConfig(1024, 4)]
+# The default first, then the neighbours the table compares. On an H200 (2026-12-02, 2^28 float32) all of
+# them move 4.30-4.37 TB/s, level with torch.add and above a plain copy_: one 16-byte access per thread
+# and array is enough; more elements per thread do not help a streaming kernel.
+SCHEDULES = [AddConfig(256, 4), AddConfig(1024, 4), AddConfig(128, 8), AddConfig(256, 16), AddConfig(512, 8)]
 DEFAULT = SCHEDULES[0]
 
 
@@ -109,31 +111,30 @@ def benchmark(ctx, n: int) -> None:
     a, b = tourkit.random_tensor((n,), torch.float32), tourkit.random_tensor((n,), torch.float32)
     c, c_torch = torch.empty_like(a), torch.empty_like(a)
     nbytes = 3 * n * a.element_size()  # two vectors read, one written
-    torch_ms = tourkit.bench_ms(lambda: torch.add(a, b, out=c_torch))
-    copy_gbps = tourkit.device_copy_gbps()
-    rows, best = [], None
+    contenders = {"torch.add(a, b)": lambda: torch.add(a, b, out=c_torch)}
     for config in SCHEDULES:
         kernel = compile_vector_add(n, config)
-        check = tourkit.validate(f"{config.label()} N={n}", lambda: kernel(a, b, c), c, a + b, tolerance=0.0)
-        tourkit.require([check])
-        ms = tourkit.bench_ms(lambda: kernel(a, b, c))
-        bw = tourkit.gbps(nbytes, ms)
-        rows.append([config.label(), config.block_size, -(-n // config.block_size), f"{ms:.3f}", f"{bw:.0f}",
-                     f"{tourkit.speedup(torch_ms, ms):.3f}x", f"{bw / copy_gbps:.1%}"])
-        if best is None or ms < best[1]:
-            best = (config, ms)
-    torch_gbps = tourkit.gbps(nbytes, torch_ms)
-    rows.append(["torch.add(a, b)", "-", "-", f"{torch_ms:.3f}", f"{torch_gbps:.0f}", "1.000x",
-                 f"{torch_gbps / copy_gbps:.1%}"])
-    ctx.log(f"\nN = {n} float32 ({tourkit.format_bytes(nbytes)} moved per call); device copy {copy_gbps:.0f} GB/s")
+        tourkit.require([tourkit.validate(f"{config.label()} N={n}", lambda: kernel(a, b, c), c, a + b, 0.0)])
+        contenders[config.label()] = (lambda k: lambda: k(a, b, c))(kernel)
+    copy_gbps = tourkit.device_copy_gbps()
+    ms = tourkit.bench_interleaved(contenders, rounds=3)  # taking turns: the GPU clock drifts
+    torch_ms = ms["torch.add(a, b)"]
+    rows = []
+    for name, t in ms.items():
+        config = next((c for c in SCHEDULES if c.label() == name), None)
+        bw = tourkit.gbps(nbytes, t)
+        rows.append([name, config.block_size if config else "-", -(-n // config.block_size) if config else "-",
+                     f"{t:.3f}", f"{bw:.0f}", f"{tourkit.speedup(torch_ms, t):.3f}x", f"{bw / copy_gbps:.1%}"])
+    ctx.log(f"\nN = {n} float32 ({tourkit.format_bytes(nbytes)} moved per call); "
+            f"device copy (torch copy_) {copy_gbps:.0f} GB/s; median of 3 turns each")
     ctx.table(["schedule", "block", "blocks", "ms", "GB/s", "vs torch", "of copy"], rows)
-    config, ms = best
-    best_gbps = tourkit.gbps(nbytes, ms)
-    ctx.log(f"best: {config.label()}")
-    ctx.headline(gbps=round(best_gbps), vs_torch=round(tourkit.speedup(torch_ms, ms), 3),
+    best = min(SCHEDULES, key=lambda cfg: ms[cfg.label()])
+    best_gbps = tourkit.gbps(nbytes, ms[best.label()])
+    ctx.log(f"best: {best.label()}")
+    ctx.headline(gbps=round(best_gbps), vs_torch=round(tourkit.speedup(torch_ms, ms[best.label()]), 3),
                  of_copy=round(best_gbps / copy_gbps, 3))
-    ctx.metric(n=n, torch_gbps=round(torch_gbps), copy_gbps=round(copy_gbps), best_schedule=config.label(),
-               schedules=[{"schedule": r[0], "ms": float(r[3]), "gbps": float(r[4])} for r in rows])
+    ctx.metric(n=n, torch_gbps=round(tourkit.gbps(nbytes, torch_ms)), copy_gbps=round(copy_gbps),
+               best_schedule=best.label(), gbps={name: round(tourkit.gbps(nbytes, t)) for name, t in ms.items()})
 
 
 def show_generated_code(ctx, source: str) -> None:
@@ -170,7 +171,7 @@ def run(ctx) -> None:
         compile_only(ctx)
         return
     ctx.log(f"grid: ceil(N / {DEFAULT.block_size}) blocks of {DEFAULT.threads} threads, "
-            f"{DEFAULT.elems_per_thread} consecutive float32 per thread")
+            f"{DEFAULT.elems_per_thread} consecutive float32 per thread (one 16-byte access per array)")
     tourkit.require(check(ctx, DEFAULT, check_sizes(ctx)))
     show_generated_code(ctx, compile_vector_add(2**20).get_kernel_source())
     benchmark(ctx, bench_size(ctx))
