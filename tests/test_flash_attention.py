@@ -1,0 +1,137 @@
+"""flash_attention: config choice (CPU), kernels lower and nvcc-compile for sm_80 and sm_90a with the expected
+instructions (CPU), correctness against SDPA incl. causal and odd lengths (GPU)."""
+
+import pytest
+
+import tourkit
+from sections import flash_attention as FA
+
+HOPPER = tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Configuration choice (no compiler)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_hopper_uses_async_schedule_for_causal_only():
+    assert FA.choose_config(128, True, "hopper", HOPPER)["kind"] == "async"
+    assert FA.choose_config(128, False, "hopper", HOPPER)["kind"] == "pipelined"
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_75"])
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_other_archs_fit_shared_memory(arch, dim, causal):
+    spec = tourkit.ARCH_SPECS[arch]
+    cfg = FA.choose_config(dim, causal, spec.family, spec.smem_per_block_optin)
+    assert cfg["kind"] == "pipelined"
+    assert FA.smem_estimate(dim, cfg["block_M"], cfg["block_N"], cfg["num_stages"]) <= spec.smem_per_block_optin
+    if causal:
+        assert cfg["num_stages"] == 1
+
+
+def test_tiny_shared_memory_is_rejected_clearly():
+    with pytest.raises(ValueError, match="shared memory"):
+        FA.choose_config(128, False, "ampere", 16 * 1024)
+
+
+@pytest.mark.parametrize("dim", [32, 96, 256])
+def test_unsupported_head_dim_is_rejected(dim):
+    with pytest.raises(ValueError, match="head dim"):
+        FA.flash_attention_forward(1, 1, 128, dim, False)
+
+
+def test_flops_halve_when_causal():
+    assert FA.attention_flops(4, 32, 4096, 128, True) * 2 == FA.attention_flops(4, 32, 4096, 128, False)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Lowering and nvcc (no GPU): a ragged length (1000) so the masking paths are compiled too
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=["sm_80", "sm_90a"])
+def reports(request):
+    arch = request.param
+    spec = tourkit.ARCH_SPECS[arch]
+    out = {}
+    for causal in (False, True):
+        cfg = FA.choose_config(128, causal, spec.family, spec.smem_per_block_optin)
+        out[causal] = tourkit.inspect_kernel(f"attention causal={causal}", FA.build(2, 4, 1000, 128, causal, cfg), arch)
+    return arch, out
+
+
+def test_expected_instructions(reports):
+    arch, reps = reports
+    expected = ["wgmma", "tma_load", "mbarrier"] if arch == "sm_90a" else ["mma_sync", "ldmatrix", "cp_async"]
+    for rep in reps.values():
+        tourkit.require_markers(rep, expected)  # also fails when nvcc failed
+
+
+def test_exponentials_use_exp2_and_scores_stay_on_chip(reports):
+    _, reps = reports
+    for rep in reps.values():
+        assert "exp2f" in rep.source
+        assert rep.smem_bytes < 232448
+
+
+def test_causal_loop_bound_is_clamped(reports):
+    # The causal kernel's key loop runs to min(n_tiles, ceil((bx+1)·bM / bN)): it depends on blockIdx.x.
+    arch, reps = reports
+    import re
+
+    loops = re.findall(r"for \(int k\w* = 0; k\w* < ([^;]+);", reps[True].source)
+    assert any("blockIdx.x" in bound for bound in loops), loops
+    assert not any("blockIdx.x" in bound for bound in re.findall(r"for \(int k\w* = 0; k\w* < ([^;]+);",
+                                                                   reps[False].source))
+
+
+def test_section_runs_in_compile_only_mode():
+    import tilelang_tour
+
+    run = tilelang_tour.main(["--only", "flash_attention", "--compile-only", "--arch", "sm_80"])
+    assert run.results[0].status == "passed", run.results[0].error_message
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Correctness on a GPU: error within 2x of PyTorch's own fp16 error against a float32 reference
+# ---------------------------------------------------------------------------------------------------------
+
+SHAPES = [(2, 4, 1000, 64), (1, 3, 777, 128), (2, 4, 1024, 64), (1, 2, 129, 128), (1, 2, 5, 64)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_matches_sdpa(shape, causal):
+    device = tourkit.detect_device()
+    cfg = FA.choose_config(shape[3], causal, device.family, device.smem_per_block_optin)
+    attention = FA.compile_attention(*shape, causal, cfg)
+    check = FA.check_attention(*shape, causal, attention)
+    assert check.passed, check.line()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_both_hopper_schedules_match_sdpa(causal):
+    device = tourkit.detect_device()
+    if device.family != "hopper":
+        pytest.skip("the async wgmma schedule is Hopper-only")
+    for kind in ("pipelined", "async"):
+        cfg = dict(FA.HOPPER_CONFIGS[causal], kind=kind)
+        attention = FA.compile_attention(1, 3, 777, 128, causal, cfg)
+        check = FA.check_attention(1, 3, 777, 128, causal, attention)
+        assert check.passed, (kind, check.line())
+
+
+@pytest.mark.gpu
+def test_wrong_shape_is_rejected():
+    import torch
+
+    device = tourkit.detect_device()
+    cfg = FA.choose_config(64, False, device.family, device.smem_per_block_optin)
+    attention = FA.compile_attention(1, 2, 128, 64, False, cfg)
+    q = torch.zeros(1, 2, 128, 64, dtype=torch.float16, device="cuda")  # BHSD instead of BSHD
+    with pytest.raises(ValueError, match="expected fp16"):
+        attention(q, q, q)

@@ -1,0 +1,135 @@
+"""softmax: plan choice (CPU), kernels lower and nvcc-compile for sm_80 and sm_90a (CPU), correctness (GPU)."""
+
+import pytest
+
+import tourkit
+from sections import softmax as S
+
+HOPPER = tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin
+AMPERE_86 = tourkit.ARCH_SPECS["sm_86"].smem_per_block_optin
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Plan choice (no compiler)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_plans_for_the_benchmark_shapes_on_hopper():
+    kinds = {shape: S.choose_plan(*shape, HOPPER, "hopper").kind for shape in S.BENCH_SHAPES}
+    assert kinds == {(32768, 4096): "staged", (16384, 8192): "registers", (8192, 32768): "online",
+                     (4096, 1823): "staged"}
+
+
+def test_odd_width_needs_rows_in_groups_of_eight_for_the_staged_kernel():
+    assert S.choose_plan(1000, 1823, HOPPER).kind == "staged"
+    assert S.choose_plan(1000, 1823, HOPPER).rows_per_block == 8
+    assert S.choose_plan(1001, 1823, HOPPER).kind == "registers"  # 1001 rows: masked loads, any M
+
+
+def test_staged_odd_width_keeps_per_thread_work_bounded():
+    plan = S.choose_plan(64, 8191, HOPPER)
+    per_row = plan.threads // plan.rows_per_block
+    assert plan.kind == "staged" and -(-8191 // per_row) <= S.PER_THREAD_LIMIT
+
+
+def test_long_rows_are_filtered_by_shared_memory():
+    assert S.choose_plan(100, 65536, HOPPER).kind == "online"  # 128 KiB row fits 227 KiB
+    with pytest.raises(ValueError, match="shared memory"):
+        S.choose_plan(100, 65536, AMPERE_86)  # 128 KiB row does not fit 99 KiB
+
+
+def test_non_hopper_uses_registers_for_short_rows():
+    assert S.choose_plan(32768, 4096, AMPERE_86, "ampere").kind == "registers"
+
+
+@pytest.mark.parametrize("shape", [(0, 128), (128, 0)])
+def test_bad_shapes_raise_a_clear_error(shape):
+    with pytest.raises(ValueError, match="softmax"):
+        S.choose_plan(*shape, HOPPER)
+
+
+def test_staged_kernel_rejects_unaligned_row_groups():
+    with pytest.raises(ValueError, match="16-byte"):
+        S.rows_staged_in_shared(1000, 1823, 4, 128)  # 4·1823 halves: not a multiple of 8
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Lowering and nvcc (no GPU): each kernel variant once per arch
+# ---------------------------------------------------------------------------------------------------------
+
+VARIANTS = {"registers": (16384, 8192), "staged": (4096, 1823), "online": (8192, 32768)}
+
+
+@pytest.fixture(scope="module", params=["sm_80", "sm_90a"])
+def reports(request):
+    arch = request.param
+    family = tourkit.ARCH_SPECS[arch].family
+    out = {}
+    for kind, (M, N) in VARIANTS.items():
+        plan = S.choose_plan(M, N, tourkit.ARCH_SPECS[arch].smem_per_block_optin, family)
+        assert plan.kind == kind
+        out[kind] = tourkit.inspect_kernel(f"softmax {kind}", S.build(M, N, plan, family), arch)
+    return arch, out
+
+
+def test_kernels_compile_with_nvcc(reports):
+    arch, reps = reports
+    for kind, rep in reps.items():
+        if tourkit.find_nvcc() is not None:
+            assert rep.nvcc == "compiled", (arch, kind, rep.nvcc)
+
+
+def test_reductions_are_in_registers_and_exponentials_use_exp2(reports):
+    _, reps = reports
+    for rep in reps.values():
+        assert "AllReduce" in rep.source  # T.reduce_* over fragments: shuffles + a small exchange
+        assert "exp2f" in rep.source or "ex2" in rep.source
+
+
+def test_hopper_stages_rows_with_bulk_copies(reports):
+    arch, reps = reports
+    if arch == "sm_90a":
+        tourkit.require_markers(reps["staged"], ["tma_load", "mbarrier"])
+        tourkit.require_markers(reps["online"], ["tma_load", "mbarrier"])
+    else:
+        assert reps["staged"].markers["tma_load"] == 0
+
+
+def test_odd_width_fragment_is_padded_not_whole_row_per_thread(reports):
+    # 8 rows of 1823 over 256 threads: 32 threads per row, 57 floats each (not 1823 per thread).
+    _, reps = reports
+    assert "float x[57];" in reps["staged"].source
+
+
+def test_section_runs_in_compile_only_mode():
+    import tilelang_tour
+
+    run = tilelang_tour.main(["--only", "softmax", "--compile-only", "--arch", "sm_80"])
+    assert run.results[0].status == "passed", run.results[0].error_message
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Correctness on a GPU
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(256, 4096), (64, 8192), (16, 32768), (1000, 1823), (1001, 1823), (37, 4096),
+                                   (999, 3000), (37, 32768)])
+def test_softmax_matches_torch(shape):
+    device = tourkit.detect_device()
+    M, N = shape
+    plan = S.choose_plan(M, N, device.smem_per_block_optin, device.family)
+    check = S.check_shape(M, N, plan, family=device.family)
+    assert check.passed, check.line()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind,args", [("registers", (1001, 1823, 1, 256)), ("staged", (1000, 1823, 8, 256)),
+                                       ("online", (37, 32768, 4096, 512))])
+def test_each_kernel_variant_matches_torch(kind, args):
+    device = tourkit.detect_device()
+    M, N, p, t = args
+    plan = S.SoftmaxPlan(kind, p, t)
+    check = S.check_shape(M, N, plan, family=device.family)
+    assert check.passed, check.line()
