@@ -42,7 +42,8 @@ def softmax_jobs(quick=False):
         elif N == 8192:
             v += [("reg", 1, 512), ("reg", 1, 1024), ("staged", 1, 512), ("staged", 1, 1024)]
         elif N == 32768:
-            v += [("reg", 1, 1024), ("staged", 1, 1024), ("online", 4096, 512), ("online", 8192, 1024)]
+            v += [("reg", 1, 1024), ("staged", 1, 1024), ("online", 4096, 512), ("online", 8192, 1024),
+                  ("online", 2048, 256), ("online", 4096, 256), ("online", 8192, 512)]
         else:
             v += [("staged", 8, 256), ("staged", 16, 512), ("staged", 8, 128), ("reg", 2, 256)]
         for kind, p, t in v:
@@ -69,6 +70,15 @@ FA_CONFIGS = [
     ("async 128x128 s1", "flash_attention_forward_async", dict(block_M=128, block_N=128, num_stages=1, threads=256)),
     ("async 128x64 s2", "flash_attention_forward_async", dict(block_M=128, block_N=64, num_stages=2, threads=256)),
     ("async 128x64 s3", "flash_attention_forward_async", dict(block_M=128, block_N=64, num_stages=3, threads=256)),
+    # nvcc --use_fast_math (TileLang's TL_ENABLE_FAST_MATH): exp2f becomes a bare ex2.approx.ftz
+    ("128x128 s2 t256 fm", "flash_attention_forward", dict(block_M=128, block_N=128, num_stages=2, threads=256,
+                                                           fast_math=True)),
+    ("128x128 s1 t256 fm", "flash_attention_forward", dict(block_M=128, block_N=128, num_stages=1, threads=256,
+                                                           fast_math=True)),
+    ("192x128 s2 t384 fm", "flash_attention_forward", dict(block_M=192, block_N=128, num_stages=2, threads=384,
+                                                           fast_math=True)),
+    ("async 128x128 s2 fm", "flash_attention_forward_async", dict(block_M=128, block_N=128, num_stages=2,
+                                                                  threads=256, fast_math=True)),
 ]
 
 
@@ -93,7 +103,12 @@ def build(job):
     import importlib
 
     mod = importlib.import_module(job["module"])
-    return getattr(mod, job["builder"])(*job["args"], **job["kwargs"])
+    kwargs = {k: v for k, v in job["kwargs"].items() if k != "fast_math"}
+    return getattr(mod, job["builder"])(*job["args"], **kwargs)
+
+
+def job_pass_configs(job):
+    return {"tl.enable_fast_math": True} if job["kwargs"].get("fast_math") else {}
 
 
 def compile_job(job, target="cuda"):
@@ -103,8 +118,8 @@ def compile_job(job, target="cuda"):
     if target.startswith("sm_"):  # no GPU here: compile for a named arch
         import tourkit
 
-        return tourkit.compile_for_arch(func, target)
-    return tilelang.compile(func, out_idx=None, target=target)
+        return tourkit.compile_for_arch(func, target, pass_configs=job_pass_configs(job))
+    return tilelang.compile(func, out_idx=None, target=target, pass_configs=job_pass_configs(job))
 
 
 def _worker(job, target):

@@ -253,21 +253,29 @@ def choose_config(dim: int, causal: bool, family: str, smem_budget: int) -> dict
 
 
 def build(batch, heads, seq_len, dim, causal, cfg: dict):
-    kwargs = {k: v for k, v in cfg.items() if k != "kind"}
+    kwargs = {k: v for k, v in cfg.items() if k not in ("kind", "fast_math")}
     builder = flash_attention_forward_async if cfg["kind"] == "async" else flash_attention_forward
     return builder(batch, heads, seq_len, dim, causal, **kwargs)
 
 
+def pass_configs(cfg: dict) -> dict:
+    """fast_math: nvcc --use_fast_math, so exp2f becomes a bare ex2.approx.ftz (no denormal fix-up code)."""
+    return {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True} if cfg.get("fast_math") else {}
+
+
 def describe(cfg: dict) -> str:
     schedule = "FA3 async wgmma" if cfg["kind"] == "async" else "compiler pipeline"
-    return f"{cfg['block_M']}x{cfg['block_N']} tiles, {cfg['num_stages']} stages, {cfg['threads']} threads, {schedule}"
+    fast = ", fast math" if cfg.get("fast_math") else ""
+    return (f"{cfg['block_M']}x{cfg['block_N']} tiles, {cfg['num_stages']} stages, {cfg['threads']} threads, "
+            f"{schedule}{fast}")
 
 
 def compile_attention(batch, heads, seq_len, dim, causal, cfg: dict):
     """A callable attention(q, k, v) -> o for fp16 BSHD tensors of exactly this shape."""
     import torch
 
-    kernel = tilelang.compile(build(batch, heads, seq_len, dim, causal, cfg), out_idx=None, target="cuda")
+    kernel = tilelang.compile(build(batch, heads, seq_len, dim, causal, cfg), out_idx=None, target="cuda",
+                              pass_configs=pass_configs(cfg))
 
     def attention(q, k, v, o=None):
         if q.shape != (batch, seq_len, heads, dim) or q.dtype != torch.float16:
@@ -277,6 +285,7 @@ def compile_attention(batch, heads, seq_len, dim, causal, cfg: dict):
         kernel(q, k, v, o)
         return o
 
+    attention.source = kernel.get_kernel_source()
     return attention
 
 
@@ -316,10 +325,11 @@ def bench_attention(batch, heads, seq_len, dim, causal, attention) -> dict:
 
     q, k, v = (tourkit.random_tensor((batch, seq_len, heads, dim), torch.float16) for _ in range(3))
     o = torch.empty_like(q)
-    ours = tourkit.bench_ms(lambda: attention(q, k, v, o))
     # SDPA timed on its preferred contiguous BHSD layout: the strongest baseline, whatever backend it picks.
     qh, kh, vh = (t.transpose(1, 2).contiguous() for t in (q, k, v))
-    theirs = tourkit.bench_ms(lambda: F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal))
+    times = tourkit.bench_interleaved({"ours": lambda: attention(q, k, v, o),
+                                       "sdpa": lambda: F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal)})
+    ours, theirs = times["ours"], times["sdpa"]
     flops = attention_flops(batch, heads, seq_len, dim, causal)
     return {"ms": ours, "tflops": tourkit.tflops(flops, ours), "sdpa_ms": theirs,
             "sdpa_tflops": tourkit.tflops(flops, theirs)}
@@ -333,13 +343,17 @@ def peak_memory(batch, heads, seq_len, dim, attention) -> tuple[int, int]:
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(dim))
-    probs = torch.softmax(scores, dim=-1)
-    del scores
-    out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
-    del probs, out
-    torch.cuda.synchronize()
-    naive = torch.cuda.max_memory_allocated() - base
+    try:
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(dim))
+        probs = torch.softmax(scores, dim=-1)
+        del scores
+        out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
+        del probs, out
+        torch.cuda.synchronize()
+        naive = torch.cuda.max_memory_allocated() - base
+    except torch.cuda.OutOfMemoryError:  # the argument, made by the GPU itself
+        naive = -1
+        torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     attention(q, k, v)
     torch.cuda.synchronize()
@@ -357,6 +371,19 @@ QUICK_SHAPES = [(2, 16, 2048, 128)]
 ODD_SHAPES = [(2, 4, 1000, 64, True), (2, 4, 1000, 64, False), (1, 3, 777, 128, True)]
 
 
+def show_generated(ctx, source: str) -> None:
+    """Where the two GEMMs meet: on Hopper the asynchronous wgmma waits, elsewhere the mma.sync loop."""
+    for pattern, what in ((r"wait_wgmma<1>", "the FA3 schedule: wait for Q·Kᵀ only, P·V still in flight"),
+                          (r"wgmma_rs", "P·V with P read from registers (wgmma_rs)"),
+                          (r"mma_sync|mma\.sync", "warp-level tensor-core MMA")):
+        excerpt = tourkit.source_excerpt(source, pattern, context=4, limit=10)
+        if excerpt:
+            ctx.log("")
+            ctx.log(f"generated CUDA, {what}:")
+            ctx.log(tourkit.indent(excerpt, "  "))
+            return
+
+
 def run_compile_only(ctx) -> None:
     family = tourkit.ARCH_SPECS[ctx.arch].family
     reports, asked = [], {}
@@ -365,9 +392,11 @@ def run_compile_only(ctx) -> None:
         cfg = choose_config(dim, causal, family, ctx.smem_budget)
         name = f"attention S{seq_len} D{dim} {'causal' if causal else 'full'} {cfg['kind']}"
         ctx.log(f"{name}: {describe(cfg)}")
-        reports.append(tourkit.inspect_kernel(name, build(batch, heads, seq_len, dim, causal, cfg), ctx.arch))
+        reports.append(tourkit.inspect_kernel(name, build(batch, heads, seq_len, dim, causal, cfg), ctx.arch,
+                                              pass_configs=pass_configs(cfg)))
         asked[name] = cfg["threads"]
     tourkit.report_kernels(ctx, reports, asked)
+    show_generated(ctx, reports[1].source)
     expected = ["wgmma", "tma_load", "mbarrier"] if family == "hopper" else (
         ["mma_sync", "ldmatrix", "cp_async"] if family != "turing" else ["mma_sync", "ldmatrix"])
     for rep in reports:
@@ -409,13 +438,15 @@ def run(ctx) -> None:
     tourkit.require(checks)
     ctx.log("")
     ctx.table(["shape", "mode", "kernel", "ms", "TFLOP/s", "SDPA TFLOP/s", "vs SDPA"], rows)
+    show_generated(ctx, kernels[(*shapes[-1], True)].source)
 
     # The memory argument: the S×S scores cost O(S²) bytes; the kernel needs nothing beyond its output.
     batch, heads, seq_len, dim = shapes[-1]
     naive, flash = peak_memory(batch, heads, seq_len, dim, kernels[(batch, heads, seq_len, dim, False)])
     ctx.log("")
+    naive_text = "ran out of memory" if naive < 0 else tourkit.format_bytes(naive)
     ctx.log(f"peak memory beyond the inputs at B{batch} H{heads} S{seq_len} D{dim}: naive attention "
-            f"{tourkit.format_bytes(naive)} (scores and probabilities, B·H·S² each), this kernel "
+            f"{naive_text} (scores and probabilities, B·H·S² each), this kernel "
             f"{tourkit.format_bytes(flash)} (the output). Doubling S quadruples the first and doubles the second.")
     ctx.metric(naive_peak_bytes=naive, flash_peak_bytes=flash)
     ctx.headline(**{f"vs_sdpa_{k}": v for k, v in ratios.items()})
