@@ -1,7 +1,8 @@
 """Probe for the softmax and flash_attention sections: validate every kernel variant and time it against the
 PyTorch path (torch.softmax, SDPA) and a device copy measured in the same run, on the H200 target shapes.
 
-    python bench/attention_probe.py [--out DIR] [--quick] [--compile-only ARCH]
+    python bench/attention_probe.py [--out DIR] [--quick] [--compile-only ARCH] [--preset next] [--filter TEXT]
+    (on the device: bash .device/run python bench/attention_probe.py --out $OUT --workers 15)
 
 All kernels are compiled first in parallel worker processes (which fill TileLang's on-disk kernel cache),
 then the main process loads them from the cache, validates and times them. A failing variant is reported
@@ -337,11 +338,18 @@ def main(argv=None):
     ap.add_argument("--only", choices=["softmax", "fa"], default=None)
     ap.add_argument("--precompile-only", metavar="TARGET", help="test the parallel compile path (no GPU), "
                     "e.g. sm_90a")
+    ap.add_argument("--preset", choices=["next"], default=None, help="next: the follow-up set (see code)")
     ap.add_argument("--filter", default="", help="only jobs whose key contains this")
     ap.add_argument("--limit", type=int, default=0, help="only the first N jobs of each family")
     args = ap.parse_args(argv)
     sm_jobs = list(softmax_jobs(args.quick)) if args.only in (None, "softmax") else []
     fa_j = list(fa_jobs(args.quick)) if args.only in (None, "fa") else []
+    if args.preset == "next":
+        # What the first H200 run (notes/probe_attn_1.log) left open: fast math for FlashAttention against the two
+        # defaults, and the long-row softmax variants. About 30 kernels; fits a 150 s call.
+        keep_fa = ("128x128 s2 t256", "async 128x128 s2", "fm")
+        fa_j = [j for j in fa_j if j["family"] == "fa" and any(k in j["config"] for k in keep_fa)]
+        sm_jobs = [j for j in sm_jobs if j["family"] == "softmax" and j["shape"][1] in (32768, 1823)]
     if args.filter:
         sm_jobs = [j for j in sm_jobs if args.filter in j["key"]]
         fa_j = [j for j in fa_j if args.filter in j["key"]]
