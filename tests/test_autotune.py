@@ -108,6 +108,16 @@ def test_tune_selects_and_caches_in_memory_on_disk_and_across_processes(fake_gpu
     assert child["best"] == best and child["timed"] == 0 and child["seconds"] < 2.0
 
 
+def test_time_kernels_times_every_contender_in_turns(monkeypatch):
+    calls = []
+    monkeypatch.setattr(tourkit, "bench_ms", lambda fn, **kw: (calls.append(fn()), float(len(calls)))[1])
+    named = [("winner", lambda a, b: "w"), ("pick", lambda a, b: "p")]
+    times = autotune.time_kernels(named, 1, 2, extra={"cuBLAS": lambda: "c"})
+    assert set(times) == {"winner", "pick", "cuBLAS"}
+    assert calls.count("w") == calls.count("p") == calls.count("c") >= 3  # every contender, every round
+    assert calls[:3] == ["w", "p", "c"] and calls[3:6] == ["c", "p", "w"]  # turns alternate direction
+
+
 def test_section_compile_only_through_runner():
     import tilelang_tour
 
