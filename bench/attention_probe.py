@@ -44,21 +44,27 @@ def softmax_jobs(quick=False):
             v += [("reg", 1, 512), ("reg", 1, 1024), ("staged", 1, 512), ("staged", 1, 1024)]
         elif N == 32768:
             v += [("reg", 1, 1024), ("staged", 1, 1024), ("online", 4096, 512), ("online", 8192, 1024),
-                  ("online", 2048, 256), ("online", 4096, 256), ("online", 8192, 512)]
+                  ("online", 2048, 256), ("online", 4096, 256), ("online", 8192, 512),
+                  ("thread", 0, 256), ("thread", 0, 512), ("thread", 0, 1024)]
         else:
             v += [("staged", 8, 256), ("staged", 16, 512), ("staged", 8, 128), ("reg", 2, 256)]
         for kind, p, t in v:
-            builder = {"reg": "rows_in_registers", "staged": "rows_staged_in_shared", "online": "long_rows_online"}[kind]
+            builder = {"reg": "rows_in_registers", "staged": "rows_staged_in_shared", "online": "long_rows_online",
+                       "thread": "long_rows_thread_online"}[kind]
             key = f"softmax {M}x{N} {kind} {'chunk' if kind == 'online' else 'R'}={p} T={t}"
-            yield dict(key=key, module="sections.softmax", builder=builder, args=(M, N, p, t), kwargs={},
+            args = (M, N, t) if kind == "thread" else (M, N, p, t)
+            yield dict(key=key, module="sections.softmax", builder=builder, args=args, kwargs={},
                        family="softmax", shape=(M, N), kind=kind)
         v = []
     # odd row counts and widths: correctness only
     for (M, N, kind, p, t) in [(1001, 1823, "reg", 2, 256), (1000, 1823, "staged", 8, 256), (999, 4096, "reg", 1, 256),
-                               (37, 32768, "online", 4096, 512), (64, 8192, "staged", 1, 512)]:
-        builder = {"reg": "rows_in_registers", "staged": "rows_staged_in_shared", "online": "long_rows_online"}[kind]
+                               (37, 32768, "online", 4096, 512), (64, 8192, "staged", 1, 512),
+                               (37, 32768, "thread", 0, 512), (5, 65536, "thread", 0, 1024)]:
+        builder = {"reg": "rows_in_registers", "staged": "rows_staged_in_shared", "online": "long_rows_online",
+                   "thread": "long_rows_thread_online"}[kind]
+        args = (M, N, t) if kind == "thread" else (M, N, p, t)
         yield dict(key=f"softmax-odd {M}x{N} {kind} {p} {t}", module="sections.softmax", builder=builder,
-                   args=(M, N, p, t), kwargs={}, family="softmax-odd", shape=(M, N), kind=kind)
+                   args=args, kwargs={}, family="softmax-odd", shape=(M, N), kind=kind)
 
 
 FA_CONFIGS = [
@@ -349,7 +355,8 @@ def main(argv=None):
         # defaults, and the long-row softmax variants. About 30 kernels; fits a 150 s call.
         keep_fa = ("128x128 s2 t256", "async 128x128 s2", "fm")
         fa_j = [j for j in fa_j if j["family"] == "fa" and any(k in j["config"] for k in keep_fa)]
-        sm_jobs = [j for j in sm_jobs if j["family"] == "softmax" and j["shape"][1] in (32768, 1823)]
+        sm_jobs = [j for j in sm_jobs if (j["family"] == "softmax" and j["shape"][1] in (32768, 1823))
+                   or j["kind"] == "thread"]
     if args.filter:
         sm_jobs = [j for j in sm_jobs if args.filter in j["key"]]
         fa_j = [j for j in fa_j if args.filter in j["key"]]

@@ -95,6 +95,11 @@ def test_hopper_stages_rows_with_bulk_copies(reports):
         assert reps["staged"].markers["tma_load"] == 0
 
 
+def test_per_thread_online_kernel_reduces_across_threads_only_twice():
+    rep = tourkit.inspect_kernel("per-thread online", S.long_rows_thread_online(64, 32768, 512), "sm_90a", nvcc=False)
+    assert rep.source.count("AllReduce<") == 2  # not two per chunk: the chunk loop stays inside each thread
+
+
 def test_odd_width_fragment_is_padded_not_whole_row_per_thread(reports):
     # 8 rows of 1823 over 256 threads: 32 threads per row, 57 floats each (not 1823 per thread).
     _, reps = reports
@@ -126,7 +131,7 @@ def test_softmax_matches_torch(shape):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind,args", [("registers", (1001, 1823, 1, 256)), ("staged", (1000, 1823, 8, 256)),
-                                       ("online", (37, 32768, 4096, 512))])
+                                       ("online", (37, 32768, 4096, 512)), ("online-per-thread", (37, 32768, 0, 512))])
 def test_each_kernel_variant_matches_torch(kind, args):
     device = tourkit.detect_device()
     M, N, p, t = args
