@@ -48,11 +48,12 @@ TileLang quick reference (tilelang 0.1.15; import tilelang, tilelang.language as
   device print      T.print(A_s, msg="A tile")                          # from a kernel, to the process stdout
   jit               @tilelang.jit(out_idx=[-1], pass_configs={"tl.disable_tma_lower": True})
   compile directly  kernel = tilelang.compile(prim_func, out_idx=[2], target="cuda")
-  autotune          @tilelang.autotune(configs=[{"block_M": 128, ...}, ...], warmup=3, rep=20)
+  autotune          @tilelang.autotune(configs=[{"block_M": 128, ...}, ...], warmup=3, rep=20)  # counts, not ms
   inspect           kernel.get_kernel_source()   kernel.get_profiler().do_bench()
   validate          kernel.get_profiler().assert_allclose(ref_fn, rtol=1e-2, atol=1e-2)
   kernel cache      TILELANG_CACHE_DIR=~/.tilelang/cache   TILELANG_DISABLE_CACHE=1   (or tilelang.disable_cache())
-  debug env         TILELANG_PRINT_ON_COMPILATION=1   TILELANG_PASS_DIFF=terminal (IR diff per lowering pass)
+  debug env         TILELANG_PRINT_ON_COMPILATION=0 (silence the compile log)   TL_LOWER_TRACE=terminal
+                    (IR diff per lowering pass; read when tilelang is imported)   pass_configs={"tl.enable_dump_ir": True}
   no GPU            with Target({"kind": "cuda", "arch": "sm_90a"}) as t: tilelang.lower(f, target=t)
 """.strip("\n")
 
