@@ -87,6 +87,13 @@ FA_CONFIGS = [
                                                            fast_math=True)),
     ("async 128x128 s2 fm", "flash_attention_forward_async", dict(block_M=128, block_N=128, num_stages=2,
                                                                   threads=256, fast_math=True)),
+    # heaviest (last) query blocks launched first: matters for causal only
+    ("128x128 s2 t256 fm hf", "flash_attention_forward", dict(block_M=128, block_N=128, num_stages=2, threads=256,
+                                                              fast_math=True, heavy_first=True)),
+    ("async 128x128 s2 fm hf", "flash_attention_forward_async", dict(block_M=128, block_N=128, num_stages=2,
+                                                                     threads=256, fast_math=True, heavy_first=True)),
+    ("async 128x128 s2 hf", "flash_attention_forward_async", dict(block_M=128, block_N=128, num_stages=2,
+                                                                  threads=256, heavy_first=True)),
 ]
 
 
@@ -95,13 +102,15 @@ def fa_jobs(quick=False):
     for (B, H, S, D) in shapes:
         for causal in (False, True):
             for name, builder, kw in FA_CONFIGS:
+                if kw.get("heavy_first") and not causal:
+                    continue
                 yield dict(key=f"fa B{B} S{S} D{D} {'causal' if causal else 'full'} {name}",
                            module="sections.flash_attention", builder=builder, args=(B, H, S, D, causal), kwargs=kw,
                            family="fa", shape=(B, H, S, D), causal=causal, config=name)
     # odd lengths and head dim 64: correctness only (two configurations)
     for (B, H, S, D) in [(2, 4, 1000, 64), (1, 3, 777, 128), (2, 4, 1024, 64)]:
         for causal in (False, True):
-            for name, builder, kw in (FA_CONFIGS[0], FA_CONFIGS[3], FA_CONFIGS[4], FA_CONFIGS[6]):
+            for name, builder, kw in (FA_CONFIGS[0], FA_CONFIGS[3], FA_CONFIGS[4], FA_CONFIGS[6], FA_CONFIGS[-2]):
                 yield dict(key=f"fa-odd B{B} H{H} S{S} D{D} {'causal' if causal else 'full'} {name}",
                            module="sections.flash_attention", builder=builder, args=(B, H, S, D, causal),
                            kwargs=kw, family="fa-odd", shape=(B, H, S, D), causal=causal, config=name)
@@ -354,8 +363,9 @@ def main(argv=None):
     if args.preset == "next":
         # What the first H200 run (notes/probe_attn_1.log) left open: fast math for FlashAttention against the two
         # defaults, and the long-row softmax variants. About 30 kernels; fits a 150 s call.
-        keep_fa = ("128x128 s2 t256", "async 128x128 s2", "fm")
-        fa_j = [j for j in fa_j if j["family"] == "fa" and any(k in j["config"] for k in keep_fa)]
+        keep_fa = ("128x128 s2 t256", "async 128x128 s2", "fm", "hf")
+        fa_j = [j for j in fa_j if (j["family"] == "fa" and any(k in j["config"] for k in keep_fa))
+                or (j["family"] == "fa-odd" and "hf" in j["config"])]
         sm_jobs = [j for j in sm_jobs if (j["family"] == "softmax" and j["shape"][1] in (32768, 1823))
                    or j["kind"] in ("thread", "persist")]
     if args.filter:

@@ -36,12 +36,14 @@ HEAD_DIMS = (64, 128)
 
 def flash_attention_forward(batch: int, heads: int, seq_len: int, dim: int, causal: bool, *, block_M: int = 128,
                             block_N: int = 128, num_stages: int = 2, threads: int = 256, overlap: bool = False,
-                            dtype: str = "float16"):
+                            heavy_first: bool = False, dtype: str = "float16"):
     """Build the forward kernel for one problem shape and one tile configuration.
 
     overlap=False: the compiler infers the software pipeline from `num_stages` (K/V loads run ahead).
     overlap=True: a manual schedule (`order`/`stage` on T.Pipelined) issues tile k's Q·Kᵀ before tile k-1's
     P·V, so the tensor cores work on one tile while the softmax of the other runs on the CUDA cores.
+    heavy_first=True (causal): launch the last query blocks, which have the most key tiles, first, so the
+    short ones fill the tail of the grid.
     """
     if dim not in HEAD_DIMS:
         raise ValueError(f"flash_attention: head dim {dim} is not supported (use one of {HEAD_DIMS})")
@@ -52,11 +54,13 @@ def flash_attention_forward(batch: int, heads: int, seq_len: int, dim: int, caus
     n_tiles = -(-seq_len // block_N)
     ragged = seq_len % block_N != 0
     accum = "float32"
+    n_query_blocks = -(-seq_len // block_M)
 
     @T.prim_func
     def flash_attention_fwd(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype), V: T.Tensor(shape, dtype),
                             O: T.Tensor(shape, dtype)):
-        with T.Kernel(T.ceildiv(seq_len, block_M), heads, batch, threads=threads) as (bx, by, bz):
+        with T.Kernel(n_query_blocks, heads, batch, threads=threads) as (launch_x, by, bz):
+            bx = n_query_blocks - 1 - launch_x if heavy_first else launch_x
             Q_s = T.alloc_shared((block_M, dim), dtype)
             K_s = T.alloc_shared((block_N, dim), dtype)
             V_s = T.alloc_shared((block_N, dim), dtype)
@@ -128,7 +132,7 @@ def pipeline_schedule(num_stages: int, overlap: bool, masked: bool) -> dict:
 
 def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int, causal: bool, *,
                                   block_M: int = 128, block_N: int = 128, num_stages: int = 2, threads: int = 256,
-                                  dtype: str = "float16"):
+                                  heavy_first: bool = False, dtype: str = "float16"):
     """Hopper variant (the FlashAttention-3 schedule): tensor cores and CUDA cores work at the same time.
 
     `T.wgmma_gemm` issues a warpgroup MMA and does not wait; `T.wait_wgmma(n)` waits until at most n are in
@@ -143,6 +147,7 @@ def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int
     n_tiles = -(-seq_len // block_N)
     ragged = seq_len % block_N != 0
     accum = "float32"
+    n_query_blocks = -(-seq_len // block_M)
 
     @T.macro
     def online_softmax(scores, k, bx, probs, m, m_prev, rescale, row_sum, l):
@@ -169,7 +174,8 @@ def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int
     @T.prim_func
     def flash_attention_fwd_async(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype), V: T.Tensor(shape, dtype),
                                   O: T.Tensor(shape, dtype)):
-        with T.Kernel(T.ceildiv(seq_len, block_M), heads, batch, threads=threads) as (bx, by, bz):
+        with T.Kernel(n_query_blocks, heads, batch, threads=threads) as (launch_x, by, bz):
+            bx = n_query_blocks - 1 - launch_x if heavy_first else launch_x
             Q_s = T.alloc_shared((block_M, dim), dtype)
             K_s = T.alloc_shared((block_N, dim), dtype)
             V_s = T.alloc_shared((block_N, dim), dtype)
