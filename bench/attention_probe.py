@@ -87,6 +87,9 @@ FA_CONFIGS = [
                                                            fast_math=True)),
     ("async 128x128 s2 fm", "flash_attention_forward_async", dict(block_M=128, block_N=128, num_stages=2,
                                                                   threads=256, fast_math=True)),
+    # manual T.Pipelined order/stage schedule (QK(k) before PV(k-1)); lowers to cp.async without warp specialization
+    ("128x128 ovl fm", "flash_attention_forward", dict(block_M=128, block_N=128, num_stages=2, threads=256,
+                                                       overlap=True, fast_math=True)),
     # heaviest (last) query blocks launched first: matters for causal only
     ("128x128 s2 t256 fm hf", "flash_attention_forward", dict(block_M=128, block_N=128, num_stages=2, threads=256,
                                                               fast_math=True, heavy_first=True)),
