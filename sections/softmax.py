@@ -96,6 +96,14 @@ def row_split_layout(rows: int, width: int, threads_per_row: int, vec: int):
                     forward_index_fn=lambda i, j: (j // (vec * t)) * vec + j % vec)
 
 
+def staged_vector_width(N: int, per_row: int) -> int:
+    """Elements each thread moves per shared-memory access in the staged kernels. 16-byte vectors only when
+    they tile the row exactly: the generated vector read of the padded tail is not masked (only its use is),
+    so a padded row with vectors reads past the shared buffer (seen on the H200: 999x3000 faulted). An odd
+    width also puts row starts at odd addresses. Otherwise single elements, each load masked."""
+    return 8 if N % (per_row * 8) == 0 else 1
+
+
 def rows_staged_in_shared(M: int, N: int, rows_per_block: int, threads: int, dtype: str = "float16",
                           bulk_copy: bool = True):
     """Odd widths: the block's rows are one contiguous range of R·N elements of the flattened tensor; with R a
@@ -107,7 +115,7 @@ def rows_staged_in_shared(M: int, N: int, rows_per_block: int, threads: int, dty
         raise ValueError(f"staged softmax: {R} rows per block must divide {threads} threads and R·N must be a "
                          f"multiple of 8 (16-byte aligned blocks); got N={N}")
     per_row = threads // R
-    vec = 8 if N % 8 == 0 else 1  # an odd width puts row starts at odd addresses: no vectors within a row
+    vec = staged_vector_width(N, per_row)
     padded = -(-N // (per_row * vec)) * (per_row * vec)
     flat = M * N
 
@@ -151,7 +159,7 @@ def rows_staged_persistent(M: int, N: int, rows_per_block: int, threads: int, bl
         raise ValueError(f"staged softmax: {R} rows per block must divide {threads} threads and R·N must be a "
                          f"multiple of 8 (16-byte aligned blocks); got N={N}")
     per_row = threads // R
-    vec = 8 if N % 8 == 0 else 1
+    vec = staged_vector_width(N, per_row)
     padded = -(-N // (per_row * vec)) * (per_row * vec)
     flat = M * N
     groups = -(-M // R)

@@ -1,5 +1,7 @@
 """softmax: plan choice (CPU), kernels lower and nvcc-compile for sm_80 and sm_90a (CPU), correctness (GPU)."""
 
+import re
+
 import pytest
 
 import tourkit
@@ -138,3 +140,18 @@ def test_each_kernel_variant_matches_torch(kind, args):
     plan = S.SoftmaxPlan(kind, p, t)
     check = S.check_shape(M, N, plan, family=device.family)
     assert check.passed, check.line()
+
+
+def _unmasked_vector_reads_of_shared_rows(source: str) -> int:
+    """16-byte reads from the staged `rows` buffer, as the generated CUDA spells them."""
+    return len(re.findall(r"=\s*\*\(uint4\*\)\(\(\(half_t\*\)rows\)", source))
+
+
+@pytest.mark.parametrize("M, N, exact", [(999, 3000, False), (64, 4096, True)])
+def test_staged_kernel_reads_no_vector_past_a_padded_row(M, N, exact):
+    # Regression (H200, 2026-12-02): 999x3000 padded its row to 4096 and read it back with unmasked 16-byte
+    # vectors, past the 6000-byte shared buffer: an illegal address. Vectors only when they tile the row.
+    assert S.staged_vector_width(N, 256) == (8 if exact else 1)
+    rep = tourkit.inspect_kernel("staged", S.rows_staged_in_shared(M, N, 1, 256), "sm_90a", nvcc=False)
+    reads = _unmasked_vector_reads_of_shared_rows(rep.source)
+    assert (reads > 0) == exact  # the exact width keeps its fast vector path (the control)
