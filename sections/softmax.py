@@ -149,50 +149,6 @@ def rows_staged_in_shared(M: int, N: int, rows_per_block: int, threads: int, dty
     return softmax_rows_staged
 
 
-def rows_staged_persistent(M: int, N: int, rows_per_block: int, threads: int, blocks: int, num_stages: int = 2,
-                           dtype: str = "float16"):
-    """rows_staged_in_shared for small problems: `blocks` persistent blocks each walk over several groups of
-    rows in a T.Pipelined loop, so the bulk load of the next group overlaps the softmax and the store of this
-    one (a one-wave launch cannot overlap its loads with its stores)."""
-    R = rows_per_block
-    if threads % R or (R * N) % 8:
-        raise ValueError(f"staged softmax: {R} rows per block must divide {threads} threads and R·N must be a "
-                         f"multiple of 8 (16-byte aligned blocks); got N={N}")
-    per_row = threads // R
-    vec = staged_vector_width(N, per_row)
-    padded = -(-N // (per_row * vec)) * (per_row * vec)
-    flat = M * N
-    groups = -(-M // R)
-
-    @T.prim_func
-    def softmax_rows_staged_persistent(X: T.Tensor((flat,), dtype), Y: T.Tensor((flat,), dtype)):
-        with T.Kernel(blocks, threads=threads) as bx:
-            rows = T.alloc_shared((R * N,), dtype)
-            out = T.alloc_shared((R * N,), dtype)
-            x = T.alloc_fragment((R, padded), "float32")
-            row_max = T.alloc_fragment((R,), "float32")
-            row_sum = T.alloc_fragment((R,), "float32")
-            T.annotate_layout({x: row_split_layout(R, padded, per_row, vec)})
-            for it in T.Pipelined(T.ceildiv(groups - bx, blocks), num_stages=num_stages):
-                T.copy(X[(bx + it * blocks) * R * N:(bx + it * blocks + 1) * R * N], rows)
-                for i, j in T.Parallel(R, padded):
-                    x[i, j] = T.if_then_else(j < N, T.cast(rows[i * N + j], "float32"), -T.infinity("float32"))
-                T.reduce_max(x, row_max, dim=1)
-                for i in T.Parallel(R):
-                    row_max[i] = row_max[i] * LOG2E
-                for i, j in T.Parallel(R, padded):
-                    x[i, j] = T.exp2(x[i, j] * LOG2E - row_max[i])
-                T.reduce_sum(x, row_sum, dim=1)
-                for i in T.Parallel(R):
-                    row_sum[i] = 1.0 / row_sum[i]
-                for i, j in T.Parallel(R, padded):
-                    if j < N:
-                        out[i * N + j] = T.cast(x[i, j] * row_sum[i], dtype)
-                T.copy(out, Y[(bx + it * blocks) * R * N:(bx + it * blocks + 1) * R * N])
-
-    return softmax_rows_staged_persistent
-
-
 def long_rows_online(M: int, N: int, chunk: int, threads: int, dtype: str = "float16", bulk_copy: bool = True):
     """One row per block, staged whole in shared memory (N·2 bytes); pass 1 walks it in chunks keeping a
     running max m and a running sum s (s ← s·2^(m_old−m_new) + Σ 2^(x−m_new): the online softmax), pass 2
