@@ -385,5 +385,5 @@ SECTION = Section(
     title="Autotuning the GEMM",
     summary="tilelang.autotune over tile sizes, stages, threads, swizzle; shared-memory filter; cached re-tune.",
     run=run,
-    needs_gpu=False,
+    needs_gpu=True,
 )

@@ -458,5 +458,5 @@ SECTION = Section(
     title="Debugging and looking inside kernels",
     summary="T.print captured from the device, instruction markers sm_80 vs sm_90a, the profiler, IR per pass.",
     run=run,
-    needs_gpu=False,
+    needs_gpu=True,
 )

@@ -237,3 +237,19 @@ def test_a_section_module_that_fails_to_import_is_isolated():
 def test_results_are_plain_serializable_data():
     run = tilelang_tour.main(["--only", "vector_add"], loader=fake_loader({}))
     json.dumps(run.to_dict())  # raises if anything is not plain data
+
+
+@pytest.mark.skipif(tourkit.detect_device() is not None, reason="this machine has a GPU")
+def test_real_tour_without_gpu_skips_every_gpu_section_with_the_reason(monkeypatch, tmp_path):
+    monkeypatch.undo()  # the real tilelang probe, the real sections
+    path = tmp_path / "run.json"
+    run = tilelang_tour.main(["--json", str(path)])
+    assert run.exit_code == 0
+    assert [r.name for r in run.results] == SECTION_NAMES
+    assert run.results[0].status == "passed"
+    for result in run.results[1:]:
+        assert result.status == "skipped", result.name
+        assert "--compile-only" in result.skip_reason
+    data = json.loads(path.read_text())
+    assert [s["status"] for s in data["sections"]] == ["passed"] + ["skipped"] * 7
+    assert data["environment"]["tilelang"] == tourkit.TILELANG_PIN
