@@ -359,12 +359,13 @@ def main(argv: Sequence[str] | None = None, *, loader=load_section) -> TourRun |
     _progress["total"] = len(names)
     for index, name in enumerate(names, 1):
         _progress["index"] = index
-        if name != "env_check" and tilelang_probe is None:
-            tilelang_probe = tourkit.probe_tilelang_import()
         try:
+            if name != "env_check" and tilelang_probe is None:
+                tilelang_probe = tourkit.probe_tilelang_import()
             result = run_section(name, options, device, tilelang_probe if name != "env_check" else None, loader)
-        except _Interrupted as stop:
-            results.append(stop.result)
+        except (_Interrupted, KeyboardInterrupt) as stop:  # Ctrl-C inside a section, or between sections
+            if isinstance(stop, _Interrupted):
+                results.append(stop.result)
             interrupted = True
             print(f"\n■ interrupted during {name}", flush=True)
             break

@@ -253,3 +253,14 @@ def test_real_tour_without_gpu_skips_every_gpu_section_with_the_reason(monkeypat
     data = json.loads(path.read_text())
     assert [s["status"] for s in data["sections"]] == ["passed"] + ["skipped"] * 7
     assert data["environment"]["tilelang"] == tourkit.TILELANG_PIN
+
+
+def test_keyboard_interrupt_outside_a_section_still_prints_the_summary(monkeypatch, capsys):
+    def interrupted_probe(timeout=120.0):
+        raise KeyboardInterrupt  # e.g. Ctrl-C while the tilelang import probe runs
+
+    monkeypatch.setattr(tourkit, "probe_tilelang_import", interrupted_probe)
+    run = tilelang_tour.main(["--only", "env_check,vector_add"], loader=fake_loader({}))
+    assert run.exit_code == 130
+    assert [r.status for r in run.results] == ["passed"]
+    assert "Summary" in capsys.readouterr().out
