@@ -46,7 +46,8 @@ TileLang quick reference (tilelang 0.1.15; import tilelang, tilelang.language as
   math              T.exp2(x), T.log2(x), T.max(a, b), T.if_then_else(c, a, b)
   L2 swizzle        T.use_swizzle(panel_size=10)                        # rasterize blocks for L2 reuse
   device print      T.print(A_s, msg="A tile")                          # from a kernel, to the process stdout
-  jit               @tilelang.jit(out_idx=[-1], pass_configs={"tl.disable_tma_lower": True})
+  copy options      T.copy(A[by * bM, 0], A_s, disable_tma=True)       # Hopper: a plain copy instead of TMA
+  jit               @tilelang.jit(out_idx=[-1], pass_configs={"tl.enable_fast_math": True})
   compile directly  kernel = tilelang.compile(prim_func, out_idx=[2], target="cuda")
   autotune          @tilelang.autotune(configs=[{"block_M": 128, ...}, ...], warmup=3, rep=20)  # counts, not ms
   inspect           kernel.get_kernel_source()   kernel.get_profiler().do_bench()
