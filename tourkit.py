@@ -510,6 +510,24 @@ def compile_for_arch(func, arch: str, pass_configs: dict[str, Any] | None = None
         return tilelang.compile(func, out_idx=out_idx, target=target, pass_configs=dict(pass_configs or {}))
 
 
+def compile_many(programs, *, target="cuda", out_idx=None, pass_configs: dict[str, Any] | None = None) -> list:
+    """Compile several prim_funcs at once: lowering runs in threads and each nvcc is its own process, so on a
+    16-core machine ten kernels cost about one. Each kernel also lands in TileLang's kernel cache, so a later
+    `tilelang.compile` of the same program (same target, out_idx and pass configs) returns in milliseconds:
+    a section can compile everything it plans up front and keep its code in lesson order. Returns the
+    kernels, None where one failed (the section's own compile of it then raises the real error)."""
+    from tilelang.jit import par_compile
+
+    programs = list(programs)
+    if not programs:
+        return []
+    try:
+        return par_compile(programs, out_idx=out_idx, target=target, pass_configs=dict(pass_configs or {}),
+                           ignore_error=True)
+    except Exception:  # only a speed-up: the caller compiles (and reports) each kernel itself
+        return [None] * len(programs)
+
+
 def inspect_kernel(name: str, func, arch: str, *, pass_configs: dict[str, Any] | None = None,
                    nvcc: bool = True) -> KernelReport:
     """Lower `func` for `arch`, count the instruction markers, read shared memory and the launch shape,

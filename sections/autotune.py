@@ -231,12 +231,8 @@ def hand_picked(ctx) -> list[GemmConfig]:
 
 
 def compile_many(M: int, N: int, K: int, configs: list[GemmConfig], target="cuda") -> list:
-    """Compile schedules in parallel (threads: lowering releases the GIL, nvcc is a subprocess); a
-    schedule that fails to compile gives None."""
-    from tilelang.jit import par_compile
-
-    funcs = [gemm_program(M, N, K, c) for c in configs]
-    return par_compile(funcs, out_idx=[-1], target=target, ignore_error=True)
+    """Compile schedules in parallel (tourkit.compile_many); a schedule that fails to compile gives None."""
+    return tourkit.compile_many([gemm_program(M, N, K, c) for c in configs], out_idx=[-1], target=target)
 
 
 def time_kernels(named: list[tuple[str, object]], a, b, extra: dict | None = None) -> dict[str, float]:

@@ -1,0 +1,87 @@
+"""Sections compile their kernels up front with tourkit.compile_many; their own compile calls must then come
+from TileLang's kernel cache. A mismatch (other target, out_idx or pass configs) would silently compile twice.
+
+The sections compile for target "cuda" (the local GPU). Without a GPU that means sm_50, which nvcc 13 refuses,
+so these tests read "cuda" as sm_90a for both the parallel and the section's own compile."""
+
+import sys
+import time
+
+import pytest
+import tilelang
+import tilelang.jit  # noqa: F401  (the module; `tilelang.jit` the attribute is the decorator)
+
+import tourkit
+from sections import flash_attention as FA
+from sections import softmax as S
+from sections import vector_add as V
+from sections.gemm_schedules import GemmConfig, compile_gemm, gemm_program
+
+JIT_MODULE = sys.modules["tilelang.jit"]
+CACHE_HIT_S = 1.0  # a cache hit takes milliseconds; an nvcc compile takes seconds
+
+
+@pytest.fixture
+def cuda_means_sm_90a(monkeypatch, tmp_path):
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path))  # cold: nothing from earlier runs
+    original = JIT_MODULE.compile
+
+    def compile_for_sm_90a(*args, target=None, **kwargs):
+        if target in ("cuda", None):
+            target = tourkit.cuda_target("sm_90a")
+        with target:
+            return original(*args, target=target, **kwargs)
+
+    monkeypatch.setattr(JIT_MODULE, "compile", compile_for_sm_90a)
+    monkeypatch.setattr(tilelang, "compile", compile_for_sm_90a)
+
+
+def timed(fn):
+    started = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - started
+
+
+def test_compile_many_returns_kernels_in_order(cuda_means_sm_90a):
+    kernels = tourkit.compile_many([V.vector_add_program(1000), V.vector_add_program(2000)])
+    assert [k is not None for k in kernels] == [True, True]
+    # the tail guard of N=1000 (one block, 250 float4 accesses) belongs to the first kernel only
+    assert "< 250)" in kernels[0].get_kernel_source()
+    assert "< 250)" not in kernels[1].get_kernel_source()
+
+
+def test_compile_many_gives_none_for_a_kernel_that_fails(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no compiler today")
+
+    monkeypatch.setattr(JIT_MODULE, "par_compile", broken)
+    assert tourkit.compile_many([V.vector_add_program(1000)]) == [None]
+
+
+def test_vector_add_compiles_once(cuda_means_sm_90a):
+    tourkit.compile_many([V.vector_add_program(1000)])
+    _, seconds = timed(lambda: V.compile_vector_add(1000))
+    assert seconds < CACHE_HIT_S
+
+
+def test_gemm_compiles_once(cuda_means_sm_90a):
+    config = GemmConfig(128, 128, 64, 3, 256, True)
+    tourkit.compile_many([gemm_program(256, 256, 256, config, bias=True, activation="gelu")])
+    _, seconds = timed(lambda: compile_gemm(256, 256, 256, config, bias=True, activation="gelu"))
+    assert seconds < CACHE_HIT_S
+
+
+def test_softmax_compiles_once(cuda_means_sm_90a):
+    plan = S.choose_plan(64, 4096, tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin, "hopper")
+    tourkit.compile_many([S.build(64, 4096, plan, "hopper")])
+    _, seconds = timed(lambda: S.compile_softmax(64, 4096, plan, "hopper"))
+    assert seconds < CACHE_HIT_S
+
+
+def test_flash_attention_compiles_once_with_its_pass_configs(cuda_means_sm_90a):
+    budget = tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin
+    cfg = FA.choose_config(64, True, "hopper", budget)
+    assert FA.pass_configs(cfg), "causal attention on Hopper compiles with fast math: the case under test"
+    FA.precompile([(1, 2, 256, 64, True)], "hopper", budget)
+    _, seconds = timed(lambda: FA.compile_attention(1, 2, 256, 64, True, cfg))
+    assert seconds < CACHE_HIT_S
