@@ -26,3 +26,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def stop_after_a_device_fault(request):
+    """A kernel that faults (illegal address) leaves the CUDA context unusable: every later GPU test in the
+    process would fail for that reason alone and bury the real one. Stop the run at the first such test."""
+    yield
+    if "gpu" not in request.keywords or not _has_cuda_gpu():
+        return
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+    except Exception as exc:
+        pytest.exit(f"the CUDA context is broken after {request.node.nodeid} ({type(exc).__name__}: {exc}); "
+                    f"stopping: the GPU tests after it cannot run in this process", returncode=1)
