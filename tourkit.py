@@ -549,6 +549,23 @@ def inspect_kernel(name: str, func, arch: str, *, pass_configs: dict[str, Any] |
                         nvcc_status, source)
 
 
+def inspect_kernels(jobs: Sequence[tuple], *, nvcc: bool = True) -> list[KernelReport]:
+    """inspect_kernel for many (name, prim_func, arch[, pass_configs]) jobs at once, reports in job order.
+    Threads suffice: lowering spends its time in C++, each nvcc is its own process, and TVM keeps the
+    target and pass-config context per thread."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(job):
+        name, func, arch, *rest = job
+        return inspect_kernel(name, func, arch, pass_configs=rest[0] if rest else None, nvcc=nvcc)
+
+    jobs = list(jobs)
+    if len(jobs) <= 1:
+        return [one(job) for job in jobs]
+    with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
+        return list(pool.map(one, jobs))
+
+
 def report_kernels(ctx: TourContext, reports: Sequence[KernelReport], requested_threads: dict[str, int] | None = None) -> None:
     """Print the compile-only table: markers found, shared memory, threads as launched, nvcc status."""
     rows = []

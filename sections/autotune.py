@@ -254,8 +254,8 @@ def compile_only(ctx, kept: list[dict]) -> None:
     sample = kept if ctx.full else kept[:: max(1, len(kept) // 3)][:3]
     ctx.log(f"compile-only: building {len(sample)} of the {len(kept)} remaining configurations for {ctx.arch}"
             f"{'' if ctx.full else ' (a sample; --full builds all)'}; timing them needs a GPU")
-    reports = [tourkit.inspect_kernel(to_gemm_config(c).label(), gemm_program(size, size, size, to_gemm_config(c)),
-                                      ctx.arch) for c in sample]
+    reports = tourkit.inspect_kernels([(to_gemm_config(c).label(), gemm_program(size, size, size, to_gemm_config(c)),
+                                        ctx.arch) for c in sample])
     tourkit.report_kernels(ctx, reports, {r.name: to_gemm_config(c).threads for r, c in zip(reports, sample)})
     failed = [r for r in reports if r.nvcc.startswith("failed")]
     for rep in reports:

@@ -195,14 +195,10 @@ def inspect_arches(ctx) -> list[str]:
 
 
 def inspect_all(arches: list[str]) -> dict[str, list[tourkit.KernelReport]]:
-    """Lower and nvcc-compile every (kernel, arch) in parallel threads (lowering releases the GIL, nvcc is a
-    subprocess)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    jobs = [(arch, name, func) for arch in arches for name, func, _ in marker_kernels(arch)]
-    with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
-        done = list(pool.map(lambda job: tourkit.inspect_kernel(job[1], job[2], job[0]), jobs))
-    return {arch: [rep for (a, _, _), rep in zip(jobs, done) if a == arch] for arch in arches}
+    """Lower and nvcc-compile every (kernel, arch) at once (tourkit.inspect_kernels)."""
+    jobs = [(name, func, arch) for arch in arches for name, func, _ in marker_kernels(arch)]
+    done = tourkit.inspect_kernels(jobs)
+    return {arch: [rep for (_, _, a), rep in zip(jobs, done) if a == arch] for arch in arches}
 
 
 def requested_threads(arches: list[str]) -> dict[tuple[str, str], int]:

@@ -404,15 +404,15 @@ def show_generated(ctx, source: str) -> None:
 
 def run_compile_only(ctx) -> None:
     family = tourkit.ARCH_SPECS[ctx.arch].family
-    reports, asked = [], {}
+    jobs, asked = [], {}
     for batch, heads, seq_len, dim, causal in [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True),
                                                 (2, 4, 1000, 64, True)]:
         cfg = choose_config(dim, causal, family, ctx.smem_budget)
         name = f"attention S{seq_len} D{dim} {'causal' if causal else 'full'} {cfg['kind']}"
         ctx.log(f"{name}: {describe(cfg)}")
-        reports.append(tourkit.inspect_kernel(name, build(batch, heads, seq_len, dim, causal, cfg), ctx.arch,
-                                              pass_configs=pass_configs(cfg)))
+        jobs.append((name, build(batch, heads, seq_len, dim, causal, cfg), ctx.arch, pass_configs(cfg)))
         asked[name] = cfg["threads"]
+    reports = tourkit.inspect_kernels(jobs)
     tourkit.report_kernels(ctx, reports, asked)
     show_generated(ctx, reports[1].source)
     expected = ["wgmma", "tma_load", "mbarrier"] if family == "hopper" else (

@@ -151,10 +151,9 @@ def benchmark(ctx, config: GemmConfig, size: int, kernel) -> None:
 def compile_only(ctx, config: GemmConfig) -> None:
     family = tourkit.ARCH_SPECS[ctx.arch].family
     expected = ["wgmma", "tma_load", "mbarrier"] if family == "hopper" else ["ldmatrix", "mma_sync"]
-    reports = []
-    for activation, M in (("gelu", 2048), ("gelu_tanh", 1000)):
-        func = gemm_program(M, M, M, config, bias=True, activation=activation)
-        reports.append(tourkit.inspect_kernel(f"gemm+bias+{activation} @{M}^3", func, ctx.arch))
+    reports = tourkit.inspect_kernels(
+        [(f"gemm+bias+{activation} @{M}^3", gemm_program(M, M, M, config, bias=True, activation=activation), ctx.arch)
+         for activation, M in (("gelu", 2048), ("gelu_tanh", 1000))])
     tourkit.report_kernels(ctx, reports, {r.name: config.threads for r in reports})
     for report, math_fn in zip(reports, ("erf", "tanh")):
         tourkit.require_markers(report, expected)

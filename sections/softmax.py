@@ -396,13 +396,14 @@ def show_generated(ctx, source: str) -> None:
 
 def run_compile_only(ctx) -> None:
     family = tourkit.ARCH_SPECS[ctx.arch].family
-    reports, asked = [], {}
+    jobs, asked = [], {}
     for M, N in BENCH_SHAPES + [(1001, 1823)]:
         plan = choose_plan(M, N, ctx.smem_budget, family)
         name = f"softmax {M}x{N} {plan.kind}"
         ctx.log(f"{M}x{N}: {plan.describe()}")
-        reports.append(tourkit.inspect_kernel(name, build(M, N, plan, family), ctx.arch))
+        jobs.append((name, build(M, N, plan, family), ctx.arch))
         asked[name] = plan.threads
+    reports = tourkit.inspect_kernels(jobs)
     tourkit.report_kernels(ctx, reports, asked)
     show_generated(ctx, reports[0].source)
     failed = [r for r in reports if r.nvcc.startswith("failed")]

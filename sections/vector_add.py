@@ -152,7 +152,7 @@ def show_generated_code(ctx, source: str) -> None:
 
 def compile_only(ctx) -> None:
     """Build the aligned and the ragged variant for ctx.arch and show what TileLang generated."""
-    reports = [tourkit.inspect_kernel(f"vector_add N={n}", vector_add_program(n), ctx.arch) for n in (2**20, 2**20 + 3)]
+    reports = tourkit.inspect_kernels([(f"vector_add N={n}", vector_add_program(n), ctx.arch) for n in (2**20, 2**20 + 3)])
     tourkit.report_kernels(ctx, reports, {r.name: DEFAULT.threads for r in reports})
     for report in reports:
         if report.nvcc.startswith("failed"):

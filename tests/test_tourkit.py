@@ -136,3 +136,12 @@ def test_probe_survives_an_aborting_import(monkeypatch, tmp_path):
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     ok, reason = tourkit.probe_tilelang_import()
     assert not ok and "signal" in reason
+
+
+def test_inspect_kernels_keeps_job_order_and_per_job_arch():
+    from sections.vector_add import vector_add_program
+
+    jobs = [("a", vector_add_program(1000), "sm_80"), ("b", vector_add_program(2**20), "sm_90a")]
+    reports = tourkit.inspect_kernels(jobs, nvcc=False)
+    assert [(r.name, r.arch, r.nvcc) for r in reports] == [("a", "sm_80", "not asked"), ("b", "sm_90a", "not asked")]
+    assert reports[0].grid == (1, 1, 1) and reports[1].grid == (1024, 1, 1)
