@@ -12,7 +12,6 @@ and skipped, never fatal. Prints a compact table per kernel family and writes pr
 import argparse
 import concurrent.futures as cf
 import json
-import math
 import os
 import sys
 import time
@@ -318,34 +317,21 @@ def run_fa(jobs, errors, results):
 
 
 def run_memory(results, jobs_by_config):
-    """Peak memory: naive attention (scores materialized) vs the kernel, B=1 H=32 S=16384 D=128."""
+    """Peak memory: naive attention (scores materialized) vs the kernel, B=1 H=32 S=16384 D=128, measured by
+    the section's own peak_memory."""
     import torch
     import tourkit
+    from sections.flash_attention import peak_memory
 
     B, H, S, D = 1, 32, 16384, 128
     job = jobs_by_config
     if job is None:
         return
-    q, k, v = (tourkit.random_tensor((B, S, H, D), torch.float16) for _ in range(3))
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(D)
-    probs = torch.softmax(scores, dim=-1)
-    del scores
-    out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
-    del probs, out
-    torch.cuda.synchronize()
-    naive_peak = torch.cuda.max_memory_allocated() - base
     kernel = compile_job(job)
-    torch.cuda.reset_peak_memory_stats()
-    o = torch.empty_like(q)
-    kernel(q, k, v, o)
-    torch.cuda.synchronize()
-    fa_peak = torch.cuda.max_memory_allocated() - base
+    naive_peak, fa_peak = peak_memory(B, H, S, D, lambda q, k, v: kernel(q, k, v, torch.empty_like(q)))
     results["memory"] = dict(shape=[B, H, S, D], naive_peak_bytes=naive_peak, kernel_peak_bytes=fa_peak)
     log(f"memory B{B} H{H} S{S} D{D}: naive attention peak {tourkit.format_bytes(naive_peak)} above inputs, "
-        f"flash kernel {tourkit.format_bytes(fa_peak)} (the output only)")
+        f"flash kernel peak {tourkit.format_bytes(fa_peak)}")
 
 
 def main(argv=None):
