@@ -427,6 +427,16 @@ MARKERS: dict[str, tuple[str, str]] = {
 }
 
 
+# What a tensor-core kernel (GEMM, fused GEMM, attention) must show per architecture family: Hopper's wgmma fed
+# by TMA under mbarriers; Ampere/Ada's mma.sync fed by cp.async and ldmatrix; Turing has no cp.async.
+TENSOR_CORE_MARKERS: dict[str, list[str]] = {
+    "hopper": ["wgmma", "tma_load", "mbarrier"],
+    "ampere": ["cp_async", "ldmatrix", "mma_sync"],
+    "ada": ["cp_async", "ldmatrix", "mma_sync"],
+    "turing": ["ldmatrix", "mma_sync"],
+}
+
+
 def count_markers(source: str) -> dict[str, int]:
     return {name: len(re.findall(pattern, source)) for name, (pattern, _) in MARKERS.items()}
 

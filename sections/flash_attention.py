@@ -415,10 +415,8 @@ def run_compile_only(ctx) -> None:
     reports = tourkit.inspect_kernels(jobs)
     tourkit.report_kernels(ctx, reports, asked)
     show_generated(ctx, reports[1].source)
-    expected = ["wgmma", "tma_load", "mbarrier"] if family == "hopper" else (
-        ["mma_sync", "ldmatrix", "cp_async"] if family != "turing" else ["mma_sync", "ldmatrix"])
     for rep in reports:
-        tourkit.require_markers(rep, expected)
+        tourkit.require_markers(rep, tourkit.TENSOR_CORE_MARKERS[family])
     ctx.headline(kernels=len(reports), arch=ctx.arch)
 
 

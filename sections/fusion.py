@@ -150,7 +150,7 @@ def benchmark(ctx, config: GemmConfig, size: int, kernel) -> None:
 
 def compile_only(ctx, config: GemmConfig) -> None:
     family = tourkit.ARCH_SPECS[ctx.arch].family
-    expected = ["wgmma", "tma_load", "mbarrier"] if family == "hopper" else ["ldmatrix", "mma_sync"]
+    expected = tourkit.TENSOR_CORE_MARKERS[family]
     reports = tourkit.inspect_kernels(
         [(f"gemm+bias+{activation} @{M}^3", gemm_program(M, M, M, config, bias=True, activation=activation), ctx.arch)
          for activation, M in (("gelu", 2048), ("gelu_tanh", 1000))])

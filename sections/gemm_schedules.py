@@ -350,10 +350,6 @@ def show_generated_code(ctx, source: str, family: str) -> None:
 # The lesson
 # ---------------------------------------------------------------------------------------------------------
 
-EXPECTED_MARKERS = {"hopper": ["wgmma", "tma_load", "mbarrier"], "ampere": ["cp_async", "ldmatrix", "mma_sync"],
-                    "ada": ["cp_async", "ldmatrix", "mma_sync"], "turing": ["ldmatrix", "mma_sync"]}
-
-
 def compile_only(ctx, family: str, schedules: list[GemmConfig]) -> None:
     """Lower every fitting schedule for ctx.arch (nvcc for the default and a ragged size), check the
     instruction markers and that the shared-memory estimate bounds what the kernel allocates."""
@@ -372,7 +368,7 @@ def compile_only(ctx, family: str, schedules: list[GemmConfig]) -> None:
     asked = {name: config.threads for (name, _, _), config in zip(table + [ragged], fitting + [odd])}
     tourkit.report_kernels(ctx, reports, asked)
     for report, config in zip(reports, fitting + [odd]):
-        tourkit.require_markers(report, EXPECTED_MARKERS[family])
+        tourkit.require_markers(report, tourkit.TENSOR_CORE_MARKERS[family])
         if report.smem_bytes > config.smem_bytes():
             raise tourkit.ValidationError(f"{report.name}: kernel uses {report.smem_bytes} B of shared memory, "
                                           f"more than the estimate {config.smem_bytes()} B")
@@ -380,7 +376,7 @@ def compile_only(ctx, family: str, schedules: list[GemmConfig]) -> None:
         ctx.log(f"threads as launched include TileLang's producer warpgroup (TMA copies): "
                 f"{reports[0].threads} for {fitting[0].threads} asked")
     show_generated_code(ctx, reports[0].source, family)
-    ctx.headline(arch=ctx.arch, schedules=len(fitting), markers=",".join(EXPECTED_MARKERS[family]))
+    ctx.headline(arch=ctx.arch, schedules=len(fitting), markers=",".join(tourkit.TENSOR_CORE_MARKERS[family]))
 
 
 def shape_set_schedules(schedules: list[GemmConfig], smem_budget: int) -> list[GemmConfig]:
