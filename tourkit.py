@@ -528,6 +528,7 @@ def compile_many(programs, *, target="cuda", out_idx=None, pass_configs: dict[st
     kernels, None where one failed (the section's own compile of it then raises the real error)."""
     from tilelang.jit import par_compile
 
+    _quiet_memory_cache_hits()
     programs = list(programs)
     if not programs:
         return []
@@ -536,6 +537,23 @@ def compile_many(programs, *, target="cuda", out_idx=None, pass_configs: dict[st
                            ignore_error=True)
     except Exception:  # only a speed-up: the caller compiles (and reports) each kernel itself
         return [None] * len(programs)
+
+
+class _DropMemoryCacheHits:
+    """A logging filter for TileLang's 'Found kernel ... in memory cache' warning: after compile_many, every
+    section's tilelang.compile of the same program is such a hit, by design, and the advice in the warning
+    (use @tilelang.jit) does not apply to prim_funcs built per problem size."""
+
+    def filter(self, record) -> bool:
+        return "in memory cache" not in record.getMessage()
+
+
+def _quiet_memory_cache_hits() -> None:
+    import logging
+
+    logger = logging.getLogger("tilelang.cache.kernel_cache")
+    if not any(isinstance(f, _DropMemoryCacheHits) for f in logger.filters):
+        logger.addFilter(_DropMemoryCacheHits())
 
 
 def inspect_kernel(name: str, func, arch: str, *, pass_configs: dict[str, Any] | None = None,

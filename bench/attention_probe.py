@@ -96,6 +96,21 @@ FA_CONFIGS = [
                                                                      threads=256, fast_math=True, heavy_first=True)),
     ("async 128x128 s2 hf", "flash_attention_forward_async", dict(block_M=128, block_N=128, num_stages=2,
                                                                   threads=256, heavy_first=True)),
+    # wider key tiles (FlashAttention-3 uses 128x176 for non-causal head dim 128): fewer, longer iterations;
+    # 2 stages of 176-wide K and V tiles still fit 227 KiB
+    ("128x176 s2 t256", "flash_attention_forward", dict(block_M=128, block_N=176, num_stages=2, threads=256)),
+    ("128x176 s2 t256 fm", "flash_attention_forward", dict(block_M=128, block_N=176, num_stages=2, threads=256,
+                                                           fast_math=True)),
+    ("128x160 s2 t256", "flash_attention_forward", dict(block_M=128, block_N=160, num_stages=2, threads=256)),
+    ("128x192 s1 t256", "flash_attention_forward", dict(block_M=128, block_N=192, num_stages=1, threads=256)),
+    ("async 128x176 s2 fm", "flash_attention_forward_async", dict(block_M=128, block_N=176, num_stages=2,
+                                                                  threads=256, fast_math=True)),
+    ("async 128x176 s2", "flash_attention_forward_async", dict(block_M=128, block_N=176, num_stages=2,
+                                                               threads=256)),
+    ("async 128x176 s2 fm hf", "flash_attention_forward_async", dict(block_M=128, block_N=176, num_stages=2,
+                                                                     threads=256, fast_math=True, heavy_first=True)),
+    ("128x176 s2 t256 fm hf", "flash_attention_forward", dict(block_M=128, block_N=176, num_stages=2, threads=256,
+                                                              fast_math=True, heavy_first=True)),
 ]
 
 
@@ -257,51 +272,53 @@ def run_fa(jobs, errors, results):
         torch_err = tourkit.relative_error(torch_out, ref)
         del torch_out
         flops = 4 * B * H * S * S * D * (0.5 if causal else 1.0)
-        sdpa_ms = None
-        if family == "fa":
-            qh, kh, vh = (t.transpose(1, 2).contiguous() for t in (q, k, v))
-            sdpa_ms = tourkit.bench_ms(lambda: F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal))
-            del qh, kh, vh
-            log(f"SDPA B{B} H{H} S{S} D{D} {'causal' if causal else 'full'}: {sdpa_ms:.3f} ms "
-                f"{tourkit.tflops(flops, sdpa_ms):.0f} TFLOP/s; torch fp16 rel err {torch_err:.2e}")
-            results["sdpa"].append(dict(shape=[B, H, S, D], causal=causal, ms=sdpa_ms,
-                                        tflops=tourkit.tflops(flops, sdpa_ms), torch_rel_error=torch_err))
         o = torch.empty_like(q)
+        timed = {}  # key -> (launch, record); timed together with SDPA, taking turns, after validation
         for job in group:
             key = job["key"]
             rec = dict(key=key, shape=[B, H, S, D], causal=causal, config=job["config"], torch_rel_error=torch_err)
+            results["fa"].append(rec)
             if key in errors:
                 rec["error"] = "compile: " + errors[key]
-                rows.append([key, "-", "-", "-", "-", rec["error"][:60]])
-                results["fa"].append(rec)
-                log("  " + " | ".join(rows[-1]))
+                log(f"  {key}: {rec['error'][:200]}")
                 continue
             try:
                 kernel = compile_job(job)
-                launch = lambda: kernel(q, k, v, o)
+                launch = (lambda kern: lambda: kern(q, k, v, o))(kernel)
                 tol = max(2.0 * torch_err, 1e-4)
                 check = tourkit.validate(key, launch, o, ref, tol)
                 rec.update(rel_error=check.rel_error, ok=check.passed, tolerance=tol)
-                # run it again on fresh data? the same inputs twice must give the same result (races show here)
+                # the same inputs twice must give the same result (races show here)
                 o2 = o.clone()
                 launch()
                 torch.cuda.synchronize()
                 rec["repeatable"] = bool(torch.equal(o, o2))
                 del o2
+                log(f"  {key}: err {check.rel_error:.2e} (torch {torch_err:.2e}) "
+                    f"{'ok' if check.passed else 'FAILED'}{'' if rec['repeatable'] else ' NOT REPEATABLE'}")
                 if family == "fa" and check.passed:
-                    ms = tourkit.bench_ms(launch)
-                    rec.update(ms=ms, tflops=tourkit.tflops(flops, ms), sdpa_ms=sdpa_ms, vs_sdpa=sdpa_ms / ms)
-                    rows.append([key, f"{check.rel_error:.2e}/{torch_err:.2e}", f"{ms:.3f}", f"{rec['tflops']:.0f}",
-                                 f"x{rec['vs_sdpa']:.3f}", "repeatable" if rec["repeatable"] else "NOT REPEATABLE"])
-                else:
-                    rows.append([key, f"{check.rel_error:.2e}/{torch_err:.2e}", "-", "-", "-",
-                                 ("ok" if check.passed else "FAILED") + ("" if rec["repeatable"] else " NOT REPEATABLE")])
+                    timed[key] = (launch, rec)
             except Exception as exc:
                 rec["error"] = tourkit.one_line(exc)
-                rows.append([key, "-", "-", "-", "-", rec["error"][:80]])
+                log(f"  {key}: {rec['error'][:200]}")
                 traceback.print_exc()
-            results["fa"].append(rec)
-            log("  " + " | ".join(rows[-1]))
+        if timed:
+            qh, kh, vh = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+            contenders = {"sdpa": lambda: F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal)}
+            contenders.update({key: launch for key, (launch, _) in timed.items()})
+            ms = tourkit.bench_interleaved(contenders, rounds=3)
+            sdpa_ms = ms.pop("sdpa")
+            del qh, kh, vh
+            log(f"SDPA B{B} H{H} S{S} D{D} {'causal' if causal else 'full'}: {sdpa_ms:.3f} ms "
+                f"{tourkit.tflops(flops, sdpa_ms):.0f} TFLOP/s (timed in turns with the kernels below)")
+            results["sdpa"].append(dict(shape=[B, H, S, D], causal=causal, ms=sdpa_ms,
+                                        tflops=tourkit.tflops(flops, sdpa_ms), torch_rel_error=torch_err))
+            for key, (_, rec) in timed.items():
+                rec.update(ms=ms[key], tflops=tourkit.tflops(flops, ms[key]), sdpa_ms=sdpa_ms,
+                           vs_sdpa=sdpa_ms / ms[key])
+                rows.append([key, f"{rec['rel_error']:.2e}/{torch_err:.2e}", f"{ms[key]:.3f}",
+                             f"{rec['tflops']:.0f}", f"x{rec['vs_sdpa']:.3f}",
+                             "repeatable" if rec["repeatable"] else "NOT REPEATABLE"])
         del q, k, v, o, ref
         torch.cuda.empty_cache()
     log(tourkit.format_table(["flash attention", "err/torch err", "ms", "TFLOP/s", "vs SDPA", "note"], rows))
@@ -343,8 +360,10 @@ def main(argv=None):
     ap.add_argument("--only", choices=["softmax", "fa"], default=None)
     ap.add_argument("--precompile-only", metavar="TARGET", help="test the parallel compile path (no GPU), "
                     "e.g. sm_90a")
-    ap.add_argument("--preset", choices=["next"], default=None, help="next: the follow-up set (see code)")
+    ap.add_argument("--preset", choices=["next", "wide"], default=None,
+                    help="next: the follow-up set; wide: 176/160/192-wide key tiles against the defaults (see code)")
     ap.add_argument("--filter", default="", help="only jobs whose key contains this")
+    ap.add_argument("--list", action="store_true", help="print the jobs' keys and stop")
     ap.add_argument("--limit", type=int, default=0, help="only the first N jobs of each family")
     args = ap.parse_args(argv)
     sm_jobs = list(softmax_jobs(args.quick)) if args.only in (None, "softmax") else []
@@ -357,11 +376,26 @@ def main(argv=None):
                 or (j["family"] == "fa-odd" and "hf" in j["config"])]
         sm_jobs = [j for j in sm_jobs if (j["family"] == "softmax" and j["shape"][1] in (32768, 1823))
                    or j["kind"] == "thread"]
+    if args.preset == "wide":
+        # Wider key tiles against the section's two defaults (128x128 s2 for full, async fm hf for causal);
+        # the 4096x1823 softmax variants. Odd lengths validate the wide tiles (ragged last tile).
+        full = ("128x128 s2 t256", "async 128x128 s2 fm", "128x176 s2 t256", "128x176 s2 t256 fm", "128x160 s2 t256",
+                "128x192 s1 t256", "async 128x176 s2 fm", "async 128x176 s2")
+        causal = ("async 128x128 s2 fm hf", "async 128x176 s2 fm hf", "async 128x176 s2 fm", "128x176 s2 t256 fm hf")
+        fa_j = [j for j in fa_j if j["family"] == "fa" and j["config"] in (causal if j["causal"] else full)]
+        fa_j += [dict(j, key=f"fa-odd B2 H4 S1000 D128 {'causal' if j['causal'] else 'full'} {j['config']}",
+                      family="fa-odd", args=(2, 4, 1000, 128, j["causal"]), shape=(2, 4, 1000, 128))
+                 for j in fa_j if j["shape"][2] == 4096 and "x128 " not in j["config"]]
+        sm_jobs = [j for j in sm_jobs if j["shape"][1] == 1823]
     if args.filter:
         sm_jobs = [j for j in sm_jobs if args.filter in j["key"]]
         fa_j = [j for j in fa_j if args.filter in j["key"]]
     if args.limit:
         sm_jobs, fa_j = sm_jobs[:args.limit], fa_j[:args.limit]
+    if args.list:
+        for job in sm_jobs + fa_j:
+            log(job["key"])
+        return
     if args.precompile_only:
         precompile(sm_jobs + fa_j, args.precompile_only, args.workers)
         return

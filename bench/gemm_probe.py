@@ -64,6 +64,18 @@ FUSED_CONFIGS = [BASE, FULLROW, TALL]
 SHAPE_CONFIGS = [BASE, FULLROW, TALL, GemmConfig(128, 256, 64, 3, 256, True)]
 SHAPE_SET = [(4096, 4096, 4096), (16384, 16384, 16384), (8192, 28672, 4096), (8192, 4096, 14336), (1024, 8192, 8192)]
 ODD_SHAPES = [(1000, 1000, 1000), (1001, 1032, 1000), (1000, 1000, 1000 + 8 * 9)]
+# --preset persistent: one block per SM walking the tiles (the producer warps load the next tile while the
+# consumers store this one) against the non-persistent defaults; bigger K steps.
+PERSISTENT = [
+    GemmConfig(128, 256, 64, 3, 256, True, panel=8, persistent=132),
+    GemmConfig(128, 256, 64, 4, 256, True, panel=8, staged_store=False, persistent=132),
+    GemmConfig(256, 128, 64, 3, 256, True, panel=8, persistent=132),
+    GemmConfig(128, 256, 64, 3, 256, True, panel=16, persistent=132),
+    GemmConfig(128, 256, 64, 3, 256, True, panel=8, policy="FullRow", persistent=132),
+    GemmConfig(128, 256, 64, 3, 256, True, panel=4, persistent=132),
+]
+PERSISTENT_GEMM_8192 = [BASE, FULLROW, GemmConfig(128, 256, 64, 3, 256, True), GemmConfig(128, 256, 128, 2, 256, True),
+                        GemmConfig(128, 256, 64, 4, 256, True, panel=8)] + PERSISTENT
 ADD_CONFIGS = [(128, 4), (128, 8), (128, 16), (256, 4), (256, 8), (256, 16), (512, 4), (512, 8), (1024, 4), (1024, 8)]
 ADD_N = 2**28
 
@@ -85,6 +97,10 @@ def compile_jobs(args) -> list[tuple]:
         jobs.append(("add", ADD_N, AddConfig(t, e)))
     for n in (1, 1000, 2**20 + 3, 10**7 + 1):
         jobs.append(("add", n, AddConfig(256, 8)))
+    if args.preset:
+        jobs = [j for j in jobs if j[0] == "gemm"]
+        return jobs + [("gemm", M, N, K, c, False, None) for M, N, K in SHAPE_SET for c in SHAPE_CONFIGS
+                       if not args.no_shapes]
     # What the sections (--quick) and the GPU tests compile, so that phase "tour" finds them in the cache.
     from sections.gemm_schedules import default_schedules, fits
     for c in default_schedules("hopper"):
@@ -236,7 +252,7 @@ def gemm_8192_phase(failed):
     # favour whoever runs first after an idle moment).
     best.sort(key=lambda r: r[0])
     contenders = {"cuBLAS": lambda: torch.matmul(a, b, out=cc)}
-    for _, cfg in best[:4]:
+    for _, cfg in best[:6]:
         contenders[cfg.label()] = (lambda k: lambda: k(a, b, c))(compile_gemm(M, N, K, cfg))
     ms = tourkit.bench_interleaved(contenders, rounds=5)
     for name, t in ms.items():
@@ -310,8 +326,10 @@ def fusion_phase(compiled):
         rows.append([f"torch.compile {mode} (compile {entry['compile_s']:.0f}s)", f"{ms:.4f}",
                      f"{tourkit.tflops(flops, ms):.0f}", tourkit.format_error(err)])
     # the main contenders again, taking turns
-    k = compile_gemm(M, N, K, BASE, bias=True, activation="gelu")
-    contenders = {"fused gelu base": lambda: k(a, b, bias, c), "eager gelu": lambda: fusion.eager(a, b, bias)}
+    contenders = {"eager gelu": lambda: fusion.eager(a, b, bias)}
+    for cfg in FUSED_CONFIGS:
+        k = compile_gemm(M, N, K, cfg, bias=True, activation="gelu")
+        contenders[f"fused gelu {cfg.label()}"] = (lambda k: lambda: k(a, b, bias, c))(k)
     for mode, entry in compiled.items():
         contenders[f"torch.compile {mode}"] = (lambda f: lambda: f(a, b, bias))(entry["fn"])
     for name, t in tourkit.bench_interleaved(contenders, rounds=5).items():
@@ -381,7 +399,15 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--no-shapes", action="store_true")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument("--preset", choices=["persistent"], help="persistent: persistent-kernel GEMMs against the "
+                        "defaults (8192^3, fused, odd sizes, shape set); no vector_add, no tour phase")
     args = parser.parse_args()
+    if args.preset == "persistent":
+        global GEMM_8192, FUSED_CONFIGS, SHAPE_CONFIGS, ADD_CONFIGS
+        GEMM_8192 = PERSISTENT_GEMM_8192
+        FUSED_CONFIGS = [BASE, PERSISTENT[0], PERSISTENT[1], PERSISTENT[2]]
+        SHAPE_CONFIGS = [BASE, TALL, PERSISTENT[0], PERSISTENT[2]]
+        ADD_CONFIGS = []
     left = lambda: args.budget_s - (time.time() - START)  # noqa: E731
 
     import torch
@@ -419,6 +445,8 @@ def main() -> int:
               ("fusion", lambda: fusion_phase(compiled)), ("odd", lambda: odd_phase(failed)),
               ("shapes", lambda: shape_phase(failed)), ("tour", lambda: tour_phase(left))]
     for name, phase in phases:
+        if args.preset and name in ("vector_add", "tour"):
+            continue
         if name == "shapes" and args.no_shapes:
             continue
         if left() < 20:

@@ -47,6 +47,7 @@ class GemmConfig:
     panel: int = 10
     policy: str = "Square"
     staged_store: bool = True
+    persistent: int = 0  # > 0: a persistent kernel of this many blocks (one per SM) walking the tiles
 
     def smem_bytes(self, dtype_bytes: int = 2) -> int:
         """Shared memory this schedule needs: `num_stages` copies of the A and B tiles, and the C tile
@@ -66,6 +67,8 @@ class GemmConfig:
             text += f" {self.policy}"
         if not self.staged_store:
             text += " direct"
+        if self.persistent:
+            text += f" persistent{self.persistent}"
         return text
 
 
@@ -160,30 +163,45 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
                 C_local[i, j] = 0.5 * x * (1.0 + T.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
 
     @T.macro
+    def tile(A, B, Bias, C, bx, by, A_shared, B_shared, C_local, Bias_shared, C_shared):
+        """One block_M x block_N tile of C: the pipelined K loop, the epilogue, the store."""
+        if bias:
+            T.copy(Bias[bx * bN], Bias_shared)
+        T.clear(C_local)
+        # num_stages buffers of A and B: the copies for step k + num_stages - 1 fly while step k computes.
+        for k in T.Pipelined(T.ceildiv(K, bK), num_stages=config.num_stages):
+            T.copy(A[by * bM, k * bK], A_shared)
+            T.copy(B[k * bK, bx * bN], B_shared)
+            T.gemm(A_shared, B_shared, C_local, policy=policy)
+
+        epilogue(C_local, Bias_shared)
+        if config.staged_store:  # registers -> shared -> global: coalesced stores (TMA on Hopper)
+            T.copy(C_local, C_shared)
+            T.copy(C_shared, C[by * bM, bx * bN])
+        else:
+            T.copy(C_local, C[by * bM, bx * bN])
+
+    def buffers():
+        return (T.alloc_shared((bM, bK), dtype), T.alloc_shared((bK, bN), dtype),
+                T.alloc_fragment((bM, bN), accum_dtype),  # the accumulator: registers, never global
+                T.alloc_shared((bN,), dtype) if bias else None,
+                T.alloc_shared((bM, bN), dtype) if config.staged_store else None)
+
+    @T.macro
     def body(A, B, Bias, C):
-        with T.Kernel(T.ceildiv(N, bN), T.ceildiv(M, bM), threads=config.threads) as (bx, by):
-            A_shared = T.alloc_shared((bM, bK), dtype)
-            B_shared = T.alloc_shared((bK, bN), dtype)
-            C_local = T.alloc_fragment((bM, bN), accum_dtype)  # the accumulator: registers, never global
-            Bias_shared = T.alloc_shared((bN,), dtype) if bias else None
-            C_shared = T.alloc_shared((bM, bN), dtype) if config.staged_store else None
-            T.use_swizzle(panel_size=config.panel, enable=config.swizzle)
-
-            if bias:
-                T.copy(Bias[bx * bN], Bias_shared)
-            T.clear(C_local)
-            # num_stages buffers of A and B: the copies for step k + num_stages - 1 fly while step k computes.
-            for k in T.Pipelined(T.ceildiv(K, bK), num_stages=config.num_stages):
-                T.copy(A[by * bM, k * bK], A_shared)
-                T.copy(B[k * bK, bx * bN], B_shared)
-                T.gemm(A_shared, B_shared, C_local, policy=policy)
-
-            epilogue(C_local, Bias_shared)
-            if config.staged_store:  # registers -> shared -> global: coalesced stores (TMA on Hopper)
-                T.copy(C_local, C_shared)
-                T.copy(C_shared, C[by * bM, bx * bN])
-            else:
-                T.copy(C_local, C[by * bM, bx * bN])
+        if config.persistent:
+            # One block per SM; each walks the tiles with a stride of the grid size, in groups of `panel`
+            # rows for L2 reuse. The producer warps run ahead into the next tile while the consumers store.
+            with T.Kernel(config.persistent, threads=config.threads) as block_id:
+                A_shared, B_shared, C_local, Bias_shared, C_shared = buffers()
+                for by, bx in T.Persistent([T.ceildiv(M, bM), T.ceildiv(N, bN)], config.persistent, block_id,
+                                           group_size=config.panel):
+                    tile(A, B, Bias, C, bx, by, A_shared, B_shared, C_local, Bias_shared, C_shared)
+        else:
+            with T.Kernel(T.ceildiv(N, bN), T.ceildiv(M, bM), threads=config.threads) as (bx, by):
+                A_shared, B_shared, C_local, Bias_shared, C_shared = buffers()
+                T.use_swizzle(panel_size=config.panel, enable=config.swizzle)
+                tile(A, B, Bias, C, bx, by, A_shared, B_shared, C_local, Bias_shared, C_shared)
 
     if bias:
         @T.prim_func

@@ -62,7 +62,7 @@ def test_tuned_function_builds_the_gemm_schedules_program():
     func = autotune.gemm_for_tuning(256, 256, 256, "x", block_M=128, block_N=128, block_K=64, num_stages=2,
                                     threads=128, swizzle=False)
     assert "gemm" in func.script()
-    assert autotune.to_gemm_config(autotune.search_space("hopper")[0]) == GemmConfig(128, 128, 64, 3, 128, True)
+    assert autotune.to_gemm_config(autotune.search_space("hopper")[0]) == GemmConfig(128, 128, 64, 3, 256, True)
     assert len(autotune.builder_hash()) == 16 and autotune.builder_hash() == autotune.builder_hash()
 
 
@@ -116,6 +116,34 @@ def test_time_kernels_times_every_contender_in_turns(monkeypatch):
     assert set(times) == {"winner", "pick", "cuBLAS"}
     assert calls.count("w") == calls.count("p") == calls.count("c") >= 3  # every contender, every round
     assert calls[:3] == ["w", "p", "c"] and calls[3:6] == ["c", "p", "w"]  # turns alternate direction
+
+
+def _fake_timed_run(monkeypatch, ms_by_result):
+    """bench_ms that 'times' a contender by what it returns: kernels here return their own latency."""
+    monkeypatch.setattr(tourkit, "bench_ms", lambda fn, **kw: ms_by_result(fn()))
+
+
+def test_verify_winner_ranks_the_whole_space_and_measures_the_gap(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch, "matmul", lambda a, b: 1.00)  # cuBLAS: 1.00 ms
+    _fake_timed_run(monkeypatch, float)
+    space = autotune.search_space("hopper")[:4]
+    latency = [1.10, 0.95, 0.96, 1.30]  # the fastest is space[1]; the autotuner picked space[2]
+    candidates = [(c, (lambda a, b, t=t: t)) for c, t in zip(space, latency)]
+    ctx = tourkit.TourContext(echo=False)
+    autotune.verify_winner(ctx, 64, 64, 64, space[2], lambda a, b: 0.96, candidates, [("pick", lambda a, b: 0.99)],
+                           None, None)
+    assert ctx.metrics["fastest_in_space"] == autotune.to_gemm_config(space[1]).label()
+    assert ctx.metrics["winner_gap_to_fastest"] == pytest.approx(0.96 / 0.95 - 1)
+    assert ctx.headlines["vs_cublas"] == pytest.approx(round(1.0 / 0.96, 3))
+    assert ctx.metrics["vs_best_hand_picked"] == pytest.approx(0.99 / 0.96)
+    assert len(ctx.metrics["space_retimed"]) == 4
+    assert any("within 2%" in line for line in ctx.report)
+    # a winner 5% off the fastest is called out
+    ctx = tourkit.TourContext(echo=False)
+    autotune.verify_winner(ctx, 64, 64, 64, space[0], lambda a, b: 1.0, candidates, [("pick", lambda a, b: 0.99)],
+                           None, None)
+    assert any("MORE than 2%" in line for line in ctx.report)
 
 
 def test_section_compile_only_through_runner():

@@ -70,7 +70,7 @@ def test_print_kernel_codegen_has_three_guarded_prints():
 @pytest.fixture(scope="module")
 def marker_reports():
     arches = ["sm_80", "sm_90a"]
-    return arches, debugging.inspect_all(arches)
+    return arches, debugging.inspect_all(arches, nvcc_arches=["sm_90a"])  # as on an H200: nvcc for its arch only
 
 
 def test_markers_sm80_and_sm90a(marker_reports):
@@ -82,6 +82,14 @@ def test_markers_sm80_and_sm90a(marker_reports):
     gemm90 = reports["sm_90a"][0]
     assert gemm80.markers["wgmma"] == 0 and gemm80.markers["tma_load"] == 0
     assert gemm90.markers["mma_sync"] == 0 and gemm90.markers["cp_async"] == 0
+
+
+def test_only_the_named_arches_go_through_nvcc(marker_reports):
+    _, reports = marker_reports
+    kinds = {arch: [debugging.kernel_kind(rep) for rep in reps] for arch, reps in reports.items()}
+    assert kinds["sm_80"] == kinds["sm_90a"] == ["gemm", "flash_attn"]  # job order kept
+    assert all(rep.nvcc == "not asked" for rep in reports["sm_80"])
+    assert all(rep.nvcc == "compiled" or rep.nvcc.startswith("not run") for rep in reports["sm_90a"])
 
 
 def test_warp_specialization_launches_more_threads_than_asked(marker_reports):

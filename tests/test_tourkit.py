@@ -145,3 +145,28 @@ def test_inspect_kernels_keeps_job_order_and_per_job_arch():
     reports = tourkit.inspect_kernels(jobs, nvcc=False)
     assert [(r.name, r.arch, r.nvcc) for r in reports] == [("a", "sm_80", "not asked"), ("b", "sm_90a", "not asked")]
     assert reports[0].grid == (1, 1, 1) and reports[1].grid == (1024, 1, 1)
+
+
+def test_memory_cache_hit_warnings_are_dropped_and_others_kept():
+    import logging
+
+    class Keep(logging.Handler):  # on the logger itself: tilelang's loggers may not propagate to the root
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.records = []
+
+        def emit(self, record):
+            self.records.append(record)
+
+    tourkit._quiet_memory_cache_hits()
+    tourkit._quiet_memory_cache_hits()  # idempotent: one filter
+    logger = logging.getLogger("tilelang.cache.kernel_cache")
+    assert sum(isinstance(f, tourkit._DropMemoryCacheHits) for f in logger.filters) == 1
+    keep = Keep()
+    logger.addHandler(keep)
+    try:
+        logger.warning("Found kernel '%s' in memory cache. For better performance, ...", "gemm")
+        logger.warning("something else went wrong")
+    finally:
+        logger.removeHandler(keep)
+    assert [r.getMessage() for r in keep.records] == ["something else went wrong"]
