@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
@@ -520,23 +521,51 @@ def compile_for_arch(func, arch: str, pass_configs: dict[str, Any] | None = None
         return tilelang.compile(func, out_idx=out_idx, target=target, pass_configs=dict(pass_configs or {}))
 
 
-def compile_many(programs, *, target="cuda", out_idx=None, pass_configs: dict[str, Any] | None = None) -> list:
-    """Compile several prim_funcs at once: lowering runs in threads and each nvcc is its own process, so on a
-    16-core machine ten kernels cost about one. Each kernel also lands in TileLang's kernel cache, so a later
-    `tilelang.compile` of the same program (same target, out_idx and pass configs) returns in milliseconds:
-    a section can compile everything it plans up front and keep its code in lesson order. Returns the
-    kernels, None where one failed (the section's own compile of it then raises the real error)."""
-    from tilelang.jit import par_compile
+def compile_many(programs, *, target="cuda", out_idx=None, pass_configs: dict[str, Any] | None = None,
+                 log: Callable[[str], None] | None = None) -> list:
+    """Compile several prim_funcs at once, in threads (as tilelang.jit.par_compile does): lowering spends its
+    time in C++ and each nvcc is its own process, so on a 16-core machine ten kernels cost about one. Each
+    kernel also lands in TileLang's kernel cache, so a later `tilelang.compile` of the same program (same
+    target, out_idx and pass configs) returns in milliseconds: a section can compile everything it plans up
+    front and keep its code in lesson order. TileLang's per-kernel compile log is held back meanwhile (it
+    would interleave); `log` gets one line instead. Returns the kernels, None where one failed (the
+    section's own compile of it then raises the real error)."""
+    import logging
+    from concurrent.futures import ThreadPoolExecutor
+
+    import tilelang
 
     _quiet_memory_cache_hits()
     programs = list(programs)
     if not programs:
         return []
+
+    def one(func):
+        try:
+            return tilelang.compile(func, out_idx=out_idx, target=target, pass_configs=dict(pass_configs or {}))
+        except Exception:  # only a speed-up: the caller compiles (and reports) each kernel itself
+            return None
+
+    started = time.perf_counter()
+    compile_log, quiet = logging.getLogger("tilelang.jit.kernel"), _DropCompileProgress()
+    compile_log.addFilter(quiet)
     try:
-        return par_compile(programs, out_idx=out_idx, target=target, pass_configs=dict(pass_configs or {}),
-                           ignore_error=True)
-    except Exception:  # only a speed-up: the caller compiles (and reports) each kernel itself
-        return [None] * len(programs)
+        with ThreadPoolExecutor(max_workers=min(len(programs), os.cpu_count() or 1)) as pool:
+            kernels = list(pool.map(one, programs))
+    finally:
+        compile_log.removeFilter(quiet)
+    if log is not None:
+        built = sum(k is not None for k in kernels)
+        log(f"compiled {built} of {len(programs)} kernels in parallel in {time.perf_counter() - started:.1f} s "
+            f"(or loaded them from TileLang's kernel cache)")
+    return kernels
+
+
+class _DropCompileProgress:
+    """Drops TileLang's 'begins/completes to compile kernel' lines while compile_many runs."""
+
+    def filter(self, record) -> bool:
+        return "to compile kernel" not in record.getMessage()
 
 
 class _DropMemoryCacheHits:

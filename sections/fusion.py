@@ -175,7 +175,7 @@ def run(ctx) -> None:
         return
     size = 2048 if ctx.quick else 8192
     tourkit.compile_many([gemm_program(m, m, m, config, bias=True, activation=activation)
-                          for m in (size, 1000) for activation in APPROXIMATE])  # all at once, then cached
+                          for m in (size, 1000) for activation in APPROXIMATE], log=ctx.log)  # then cached
     checks, kernels = check(ctx, config, size)
     tourkit.require(checks)
     benchmark(ctx, config, size, kernels[(size, "gelu")])

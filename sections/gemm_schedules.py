@@ -53,11 +53,13 @@ class GemmConfig:
         """Shared memory this schedule needs: `num_stages` copies of the A and B tiles, and the C tile
         that stages the store. TileLang's shared-memory planner lets the C tile reuse the A/B buffers
         (their lifetimes end with the K loop), so the kernel needs the larger of the two, plus a bias
-        tile and alignment. A safe upper bound of the lowered kernel's buffer (the tests check it)."""
+        tile and alignment; a persistent kernel needs their sum. A safe upper bound of the lowered kernel's buffer (the tests check it)."""
         stages = max(1, self.num_stages)
         pipeline = stages * (self.block_M * self.block_K + self.block_K * self.block_N) * dtype_bytes
         c_tile = self.block_M * self.block_N * dtype_bytes if self.staged_store else 0
         bias_tile = self.block_N * dtype_bytes
+        if self.persistent:  # the loop over tiles keeps every buffer alive: no reuse
+            return pipeline + c_tile + bias_tile + 1024
         return max(pipeline, c_tile) + bias_tile + 1024
 
     def label(self) -> str:
@@ -81,8 +83,9 @@ def gemm_flops(M: int, N: int, K: int) -> int:
     return 2 * M * N * K
 
 
-def default_schedules(family: str) -> list[GemmConfig]:
-    """Schedules worth comparing on an architecture family: one winner and its instructive neighbours."""
+def default_schedules(family: str, sm_count: int = 132) -> list[GemmConfig]:
+    """Schedules worth comparing on an architecture family: one winner and its instructive neighbours.
+    `sm_count` sizes the persistent kernel's grid (132 on an H100 SXM / H200)."""
     if family == "hopper":
         # Measured on an H200 at 8192^3 (2026-12-02, bench/gemm_probe.py): the first two are level with
         # cuBLAS (0.98-1.05x depending on the GPU's clock drift); each other row changes one knob.
@@ -95,6 +98,9 @@ def default_schedules(family: str) -> list[GemmConfig]:
             GemmConfig(128, 256, 64, 4, 256, True, staged_store=False),  # direct register->global store
             GemmConfig(128, 128, 64, 4, 256, True),    # a smaller tile: fewer FLOPs per byte loaded
             GemmConfig(64, 128, 64, 4, 128, True),     # one consumer warpgroup, small tile: ~0.7x
+            # A persistent kernel (one block per SM walks the tiles): the producer loads the next tile during
+            # the store, but TileLang 0.1.15 gives up the warpgroup register split (setmaxnreg) here: ~0.95x.
+            GemmConfig(128, 256, 64, 3, 256, True, panel=8, policy="FullRow", persistent=sm_count),
             GemmConfig(256, 256, 64, 4, 256, True),    # 256 KiB of shared memory: skipped on every GPU
         ]
     if family in ("ampere", "ada"):
@@ -329,7 +335,7 @@ def run_shape_set(ctx, schedules: list[GemmConfig]) -> dict[str, float]:
     import torch
 
     rows, ratios = [], {}
-    tourkit.compile_many([gemm_program(M, N, K, c) for M, N, K in SHAPE_SET for c in schedules])
+    tourkit.compile_many([gemm_program(M, N, K, c) for M, N, K in SHAPE_SET for c in schedules], log=ctx.log)
     for M, N, K in SHAPE_SET:
         a, b, c = gemm_inputs(M, N, K)
         c_cublas = torch.empty_like(c)
@@ -405,14 +411,14 @@ def shape_set_schedules(schedules: list[GemmConfig], smem_budget: int) -> list[G
 
 def run(ctx) -> None:
     family = tourkit.ARCH_SPECS[ctx.arch].family
-    schedules = default_schedules(family)
+    schedules = default_schedules(family, ctx.device.sm_count if ctx.device else 132)
     if ctx.compile_only:
         compile_only(ctx, family, schedules)
         return
 
     size = 2048 if ctx.quick else 8192
     fitting = [c for c in schedules if fits(c, ctx.smem_budget)]
-    tourkit.compile_many([gemm_program(size, size, size, c) for c in fitting])  # all at once, then cached
+    tourkit.compile_many([gemm_program(size, size, size, c) for c in fitting], log=ctx.log)  # then cached
     best, ratio, best_tflops, best_kernel = run_schedule_table(ctx, size, size, size, schedules)
     tourkit.require(check_odd_shapes(ctx, best))
     show_generated_code(ctx, best_kernel.get_kernel_source(), family)

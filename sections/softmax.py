@@ -421,7 +421,7 @@ def run(ctx) -> None:
     odd_shapes = ODD_SHAPES if not ctx.quick else ODD_SHAPES[:1]
     # Every kernel below, compiled at once; compile_softmax then finds each in TileLang's cache.
     tourkit.compile_many([build(M, N, choose_plan(M, N, ctx.smem_budget, family), family)
-                          for M, N in list(shapes) + list(odd_shapes)])
+                          for M, N in list(shapes) + list(odd_shapes)], log=ctx.log)
     copy = tourkit.device_copy_gbps()
     ctx.log(f"device-to-device copy right now: {copy:.0f} GB/s (read + write: softmax's own traffic, the ceiling)")
     checks, rows, sources = [], [], []

@@ -173,7 +173,7 @@ def run(ctx) -> None:
     # Every kernel this lesson launches, compiled at once (the compiles below then come from the cache).
     n = bench_size(ctx)
     tourkit.compile_many([vector_add_program(size) for size in check_sizes(ctx) + [2**20]]
-                         + [vector_add_program(n, config) for config in SCHEDULES])
+                         + [vector_add_program(n, config) for config in SCHEDULES], log=ctx.log)
     ctx.log(f"grid: ceil(N / {DEFAULT.block_size}) blocks of {DEFAULT.threads} threads, "
             f"{DEFAULT.elems_per_thread} consecutive float32 per thread (one 16-byte access per array)")
     tourkit.require(check(ctx, DEFAULT, check_sizes(ctx)))

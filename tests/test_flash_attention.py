@@ -14,9 +14,20 @@ HOPPER = tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin
 # ---------------------------------------------------------------------------------------------------------
 
 
-def test_hopper_uses_async_schedule_for_causal_only():
-    assert FA.choose_config(128, True, "hopper", HOPPER)["kind"] == "async"
-    assert FA.choose_config(128, False, "hopper", HOPPER)["kind"] == "pipelined"
+def test_hopper_configs_per_mode_and_head_dim():
+    full, causal = FA.choose_config(128, False, "hopper", HOPPER), FA.choose_config(128, True, "hopper", HOPPER)
+    assert full["kind"] == causal["kind"] == "async" and full["fast_math"] and causal["heavy_first"]
+    assert (full["block_N"], causal["block_N"]) == (176, 128)  # wide key tiles for full attention only
+    assert FA.choose_config(64, False, "hopper", HOPPER)["kind"] == "pipelined"
+    assert FA.choose_config(64, True, "hopper", HOPPER)["kind"] == "async"
+
+
+def test_wide_tiles_fit_only_because_the_output_reuses_the_kv_buffers():
+    cfg = FA.HOPPER_CONFIGS[(False, 128)]
+    tiles = (128, cfg["block_M"], cfg["block_N"], cfg["num_stages"])
+    assert FA.smem_estimate(*tiles) > HOPPER >= FA.smem_estimate(*tiles, output_reuses_kv=True)
+    # a smaller budget (an sm_80-class GPU) falls back to a pipelined configuration that fits
+    assert FA.choose_config(128, False, "hopper", 160 * 1024)["kind"] == "pipelined"
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_75"])
@@ -60,6 +71,16 @@ def reports(request):
         cfg = FA.choose_config(128, causal, spec.family, spec.smem_per_block_optin)
         out[causal] = tourkit.inspect_kernel(f"attention causal={causal}", FA.build(2, 4, 1000, 128, causal, cfg), arch)
     return arch, out
+
+
+def test_hopper_kernels_use_no_more_shared_memory_than_estimated(reports):
+    arch, reps = reports
+    if arch != "sm_90a":
+        pytest.skip("the output-reuses-K/V estimate describes the warp-specialized Hopper kernels")
+    for causal, rep in reps.items():
+        cfg = FA.choose_config(128, causal, "hopper", HOPPER)
+        estimate = FA.smem_estimate(128, cfg["block_M"], cfg["block_N"], cfg["num_stages"], output_reuses_kv=True)
+        assert estimate <= rep.smem_bytes <= estimate + 1024, (causal, rep.smem_bytes, estimate)  # + barriers
 
 
 def test_expected_instructions(reports):
@@ -119,7 +140,7 @@ def test_both_hopper_schedules_match_sdpa(causal):
     if device.family != "hopper":
         pytest.skip("the async wgmma schedule is Hopper-only")
     for kind in ("pipelined", "async"):
-        cfg = dict(FA.HOPPER_CONFIGS[causal], kind=kind)
+        cfg = dict(FA.HOPPER_CONFIGS[(causal, 128)], kind=kind)
         attention = FA.compile_attention(1, 3, 777, 128, causal, cfg)
         check = FA.check_attention(1, 3, 777, 128, causal, attention)
         assert check.passed, (kind, check.line())
