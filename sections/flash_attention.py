@@ -34,6 +34,76 @@ HEAD_DIMS = (64, 128)
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _check_shape(seq_len: int, dim: int) -> None:
+    if dim not in HEAD_DIMS:
+        raise ValueError(f"flash_attention: head dim {dim} is not supported (use one of {HEAD_DIMS})")
+    if seq_len < 1:
+        raise ValueError(f"flash_attention: seq_len must be positive, got {seq_len}")
+
+
+def _buffers(block_M: int, block_N: int, dim: int, dtype: str, accum: str):
+    """Everything one block holds: Q, K, V and O tiles in shared memory; scores, probabilities, the output
+    accumulator and the per-row softmax state in registers (fragments)."""
+    return (T.alloc_shared((block_M, dim), dtype), T.alloc_shared((block_N, dim), dtype),
+            T.alloc_shared((block_N, dim), dtype), T.alloc_shared((block_M, dim), dtype),
+            T.alloc_fragment((block_M, block_N), accum), T.alloc_fragment((block_M, block_N), dtype),
+            T.alloc_fragment((block_M, dim), accum),
+            # m: running row max (of raw scores); rescale: 2^((m_prev - m)·scale); l: running row sum
+            T.alloc_fragment((block_M,), accum), T.alloc_fragment((block_M,), accum),
+            T.alloc_fragment((block_M,), accum), T.alloc_fragment((block_M,), accum),
+            T.alloc_fragment((block_M,), accum))
+
+
+def _online_softmax(block_M: int, block_N: int, seq_len: int, scale: float, causal: bool, mask_tail: bool,
+                    accum: str):
+    """The macro both kernels run on each tile of scores: mask only where needed, m = max(m_prev, row max),
+    rescale = 2^((m_prev - m)·scale), scores <- 2^(scores·scale - m·scale), l = l·rescale + row sum."""
+
+    @T.macro
+    def online_softmax(scores, k, bx, m, m_prev, rescale, row_sum, l):
+        if causal:
+            # Only a tile whose last key lies beyond this block's first query straddles the diagonal.
+            if (k + 1) * block_N > bx * block_M + 1:
+                for i, j in T.Parallel(block_M, block_N):
+                    scores[i, j] = T.if_then_else(bx * block_M + i >= k * block_N + j, scores[i, j],
+                                                  -T.infinity(accum))
+        elif mask_tail:
+            if (k + 1) * block_N > seq_len:  # the last tile: keys past the end read as zeros
+                for i, j in T.Parallel(block_M, block_N):
+                    scores[i, j] = T.if_then_else(k * block_N + j < seq_len, scores[i, j], -T.infinity(accum))
+        T.copy(m, m_prev)
+        T.reduce_max(scores, m, dim=1, clear=False)  # m = max(m_prev, this tile's row max)
+        for i in T.Parallel(block_M):
+            rescale[i] = T.exp2((m_prev[i] - m[i]) * scale)
+        for i, j in T.Parallel(block_M, block_N):
+            scores[i, j] = T.exp2(scores[i, j] * scale - m[i] * scale)
+        T.reduce_sum(scores, row_sum, dim=1)
+        for i in T.Parallel(block_M):
+            l[i] = l[i] * rescale[i] + row_sum[i]
+
+    return online_softmax
+
+
+def _start_and_finish(block_M: int, dim: int, accum: str):
+    """The two macros around the loop: load the Q tile and reset the state; normalize O by l and store it."""
+
+    @T.macro
+    def start(Q, Q_s, acc_o, l, m, bx, by, bz):
+        T.copy(Q[bz, bx * block_M:(bx + 1) * block_M, by, :], Q_s)
+        T.fill(acc_o, 0)
+        T.fill(l, 0)
+        T.fill(m, -T.infinity(accum))
+
+    @T.macro
+    def finish(O, O_s, acc_o, l, bx, by, bz):
+        for i, j in T.Parallel(block_M, dim):
+            acc_o[i, j] /= l[i]
+        T.copy(acc_o, O_s)
+        T.copy(O_s, O[bz, bx * block_M:(bx + 1) * block_M, by, :])
+
+    return start, finish
+
+
 def flash_attention_forward(batch: int, heads: int, seq_len: int, dim: int, causal: bool, *, block_M: int = 128,
                             block_N: int = 128, num_stages: int = 2, threads: int = 256, overlap: bool = False,
                             heavy_first: bool = False, dtype: str = "float16"):
@@ -45,73 +115,37 @@ def flash_attention_forward(batch: int, heads: int, seq_len: int, dim: int, caus
     heavy_first=True (causal): launch the last query blocks, which have the most key tiles, first, so the
     short ones fill the tail of the grid.
     """
-    if dim not in HEAD_DIMS:
-        raise ValueError(f"flash_attention: head dim {dim} is not supported (use one of {HEAD_DIMS})")
-    if seq_len < 1:
-        raise ValueError(f"flash_attention: seq_len must be positive, got {seq_len}")
+    _check_shape(seq_len, dim)
     shape = (batch, seq_len, heads, dim)
     scale = LOG2E / math.sqrt(dim)  # softmax(x/√d) via exp2: one FMA per score
     n_tiles = -(-seq_len // block_N)
     ragged = seq_len % block_N != 0
     accum = "float32"
     n_query_blocks = -(-seq_len // block_M)
+    online_softmax = _online_softmax(block_M, block_N, seq_len, scale, causal, ragged, accum)
+    start, finish = _start_and_finish(block_M, dim, accum)
 
     @T.prim_func
     def flash_attention_fwd(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype), V: T.Tensor(shape, dtype),
                             O: T.Tensor(shape, dtype)):
         with T.Kernel(n_query_blocks, heads, batch, threads=threads) as (launch_x, by, bz):
             bx = n_query_blocks - 1 - launch_x if heavy_first else launch_x
-            Q_s = T.alloc_shared((block_M, dim), dtype)
-            K_s = T.alloc_shared((block_N, dim), dtype)
-            V_s = T.alloc_shared((block_N, dim), dtype)
-            O_s = T.alloc_shared((block_M, dim), dtype)
-            scores = T.alloc_fragment((block_M, block_N), accum)
-            probs = T.alloc_fragment((block_M, block_N), dtype)
-            acc_o = T.alloc_fragment((block_M, dim), accum)
-            m = T.alloc_fragment((block_M,), accum)  # running row max (of raw scores)
-            m_prev = T.alloc_fragment((block_M,), accum)
-            rescale = T.alloc_fragment((block_M,), accum)  # 2^((m_prev - m)·scale)
-            row_sum = T.alloc_fragment((block_M,), accum)
-            l = T.alloc_fragment((block_M,), accum)  # running row sum of 2^((s - m)·scale)
+            Q_s, K_s, V_s, O_s, scores, probs, acc_o, m, m_prev, rescale, row_sum, l = _buffers(
+                block_M, block_N, dim, dtype, accum)
 
-            T.copy(Q[bz, bx * block_M:(bx + 1) * block_M, by, :], Q_s)
-            T.fill(acc_o, 0)
-            T.fill(l, 0)
-            T.fill(m, -T.infinity(accum))
+            start(Q, Q_s, acc_o, l, m, bx, by, bz)
             # Causal: key tiles that start after this block's last query row are all masked: never visit them.
             last = T.min(n_tiles, T.ceildiv((bx + 1) * block_M, block_N)) if causal else n_tiles
             for k in T.Pipelined(last, **pipeline_schedule(num_stages, overlap, causal or ragged)):
                 T.copy(K[bz, k * block_N:(k + 1) * block_N, by, :], K_s)
                 T.gemm(Q_s, K_s, scores, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                if causal:
-                    # Only a tile whose last key lies beyond this block's first query straddles the diagonal.
-                    if (k + 1) * block_N > bx * block_M + 1:
-                        for i, j in T.Parallel(block_M, block_N):
-                            scores[i, j] = T.if_then_else(bx * block_M + i >= k * block_N + j, scores[i, j],
-                                                          -T.infinity(accum))
-                elif ragged:
-                    if (k + 1) * block_N > seq_len:  # the last tile: keys past the end read as zeros
-                        for i, j in T.Parallel(block_M, block_N):
-                            scores[i, j] = T.if_then_else(k * block_N + j < seq_len, scores[i, j],
-                                                          -T.infinity(accum))
-                T.copy(m, m_prev)
-                T.reduce_max(scores, m, dim=1, clear=False)  # m = max(m_prev, this tile's row max)
-                for i in T.Parallel(block_M):
-                    rescale[i] = T.exp2((m_prev[i] - m[i]) * scale)
-                for i, j in T.Parallel(block_M, block_N):
-                    scores[i, j] = T.exp2(scores[i, j] * scale - m[i] * scale)
-                T.reduce_sum(scores, row_sum, dim=1)
-                for i in T.Parallel(block_M):
-                    l[i] = l[i] * rescale[i] + row_sum[i]
+                online_softmax(scores, k, bx, m, m_prev, rescale, row_sum, l)
                 T.copy(scores, probs)
                 for i, j in T.Parallel(block_M, dim):
                     acc_o[i, j] *= rescale[i]
                 T.copy(V[bz, k * block_N:(k + 1) * block_N, by, :], V_s)
                 T.gemm(probs, V_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
-            for i, j in T.Parallel(block_M, dim):
-                acc_o[i, j] /= l[i]
-            T.copy(acc_o, O_s)
-            T.copy(O_s, O[bz, bx * block_M:(bx + 1) * block_M, by, :])
+            finish(O, O_s, acc_o, l, bx, by, bz)
 
     return flash_attention_fwd
 
@@ -140,59 +174,26 @@ def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int
     online softmax of tile k on S while P(k-1)·V(k-1) is still running, then waits for it, rescales O and
     converts S into the next P.
     """
-    if dim not in HEAD_DIMS:
-        raise ValueError(f"flash_attention: head dim {dim} is not supported (use one of {HEAD_DIMS})")
+    _check_shape(seq_len, dim)
     shape = (batch, seq_len, heads, dim)
     scale = LOG2E / math.sqrt(dim)
     n_tiles = -(-seq_len // block_N)
     accum = "float32"
     n_query_blocks = -(-seq_len // block_M)
-
-    @T.macro
-    def online_softmax(scores, k, bx, probs, m, m_prev, rescale, row_sum, l):
-        """Mask (only where needed), update m and l, scores <- 2^(scores·scale - m·scale)."""
-        if causal:
-            if (k + 1) * block_N > bx * block_M + 1:
-                for i, j in T.Parallel(block_M, block_N):
-                    scores[i, j] = T.if_then_else(bx * block_M + i >= k * block_N + j, scores[i, j],
-                                                  -T.infinity(accum))
-        else:  # the ragged last tile, and the extra all-masked iteration k = n_tiles
-            if (k + 1) * block_N > seq_len:
-                for i, j in T.Parallel(block_M, block_N):
-                    scores[i, j] = T.if_then_else(k * block_N + j < seq_len, scores[i, j], -T.infinity(accum))
-        T.copy(m, m_prev)
-        T.reduce_max(scores, m, dim=1, clear=False)
-        for i in T.Parallel(block_M):
-            rescale[i] = T.exp2((m_prev[i] - m[i]) * scale)
-        for i, j in T.Parallel(block_M, block_N):
-            scores[i, j] = T.exp2(scores[i, j] * scale - m[i] * scale)
-        T.reduce_sum(scores, row_sum, dim=1)
-        for i in T.Parallel(block_M):
-            l[i] = l[i] * rescale[i] + row_sum[i]
+    # mask_tail always: the ragged last tile, and the extra all-masked iteration k = n_tiles below
+    online_softmax = _online_softmax(block_M, block_N, seq_len, scale, causal, True, accum)
+    start, finish = _start_and_finish(block_M, dim, accum)
 
     @T.prim_func
     def flash_attention_fwd_async(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype), V: T.Tensor(shape, dtype),
                                   O: T.Tensor(shape, dtype)):
         with T.Kernel(n_query_blocks, heads, batch, threads=threads) as (launch_x, by, bz):
             bx = n_query_blocks - 1 - launch_x if heavy_first else launch_x
-            Q_s = T.alloc_shared((block_M, dim), dtype)
-            K_s = T.alloc_shared((block_N, dim), dtype)
-            V_s = T.alloc_shared((block_N, dim), dtype)
-            O_s = T.alloc_shared((block_M, dim), dtype)
-            scores = T.alloc_fragment((block_M, block_N), accum)
-            probs = T.alloc_fragment((block_M, block_N), dtype)
-            acc_o = T.alloc_fragment((block_M, dim), accum)
-            m = T.alloc_fragment((block_M,), accum)
-            m_prev = T.alloc_fragment((block_M,), accum)
-            rescale = T.alloc_fragment((block_M,), accum)
-            row_sum = T.alloc_fragment((block_M,), accum)
-            l = T.alloc_fragment((block_M,), accum)
+            Q_s, K_s, V_s, O_s, scores, probs, acc_o, m, m_prev, rescale, row_sum, l = _buffers(
+                block_M, block_N, dim, dtype, accum)
             touch = T.alloc_local((1,), dtype)
 
-            T.copy(Q[bz, bx * block_M:(bx + 1) * block_M, by, :], Q_s)
-            T.fill(acc_o, 0)
-            T.fill(l, 0)
-            T.fill(m, -T.infinity(accum))
+            start(Q, Q_s, acc_o, l, m, bx, by, bz)
             last = T.min(n_tiles, T.ceildiv((bx + 1) * block_M, block_N)) if causal else n_tiles
             T.fill(probs, 0)
             # Iteration k: S(k) = Q·K(k)ᵀ and O += P(k-1)·V(k-1) in flight together, the softmax of S(k) as soon
@@ -205,7 +206,7 @@ def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int
                 T.wgmma_gemm(Q_s, K_s, scores, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 T.wgmma_gemm(probs, V_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
                 T.wait_wgmma(1)  # S(k) is ready; P(k-1)·V(k-1) may still run
-                online_softmax(scores, k, bx, probs, m, m_prev, rescale, row_sum, l)
+                online_softmax(scores, k, bx, m, m_prev, rescale, row_sum, l)
                 T.wait_wgmma(0)
                 # A read of K_s and V_s after the wait: the producer may refill a buffer only after its last
                 # use, and the asynchronous MMAs use them until the wait (not just until they are issued).
@@ -213,10 +214,7 @@ def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int
                 for i, j in T.Parallel(block_M, dim):
                     acc_o[i, j] *= rescale[i]
                 T.copy(scores, probs)
-            for i, j in T.Parallel(block_M, dim):
-                acc_o[i, j] /= l[i]
-            T.copy(acc_o, O_s)
-            T.copy(O_s, O[bz, bx * block_M:(bx + 1) * block_M, by, :])
+            finish(O, O_s, acc_o, l, bx, by, bz)
 
     return flash_attention_fwd_async
 
