@@ -14,6 +14,7 @@ From a notebook: `import tilelang_tour; tilelang_tour.main(["--only", "gemm_sche
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import platform
@@ -174,8 +175,49 @@ def load_section(name: str):
     return importlib.import_module(f"sections.{name}").SECTION
 
 
+class _Preparer:
+    """Runs the sections' optional `prepare(ctx)` hooks (which compile their kernels) one after another in a
+    background thread, in tour order: while section k runs on the GPU, the CPU cores compile for the
+    sections after it. The runner waits for a section's hook before running the section. A hook that fails
+    is ignored: the section's own run meets (and reports) the same problem."""
+
+    def __init__(self, jobs: Sequence[tuple[str, Any]]):
+        self.done = {name: threading.Event() for name, _ in jobs}
+        if jobs:
+            threading.Thread(target=self._work, args=(list(jobs),), name="tour-prepare", daemon=True).start()
+
+    def _work(self, jobs) -> None:
+        for name, hook in jobs:
+            try:
+                hook()
+            except BaseException:  # noqa: BLE001 - reported by the section's own run
+                pass
+            finally:
+                self.done[name].set()
+
+    def wait(self, name: str) -> None:
+        event = self.done.get(name)
+        if event is not None:
+            event.wait()
+
+
+def start_preparing(names: Sequence[str], options: RunOptions, device, loader=load_section) -> _Preparer:
+    """A _Preparer for the GPU sections among `names` that have a prepare hook (none in compile-only mode)."""
+    jobs = []
+    if device is not None and not options.compile_only:
+        for name in names:
+            try:
+                section = loader(name)
+            except Exception:  # the section's own run reports an import problem
+                continue
+            if getattr(section, "prepare", None) is not None:
+                ctx = TourContext(quick=options.quick, device=device, full=options.full, echo=False)
+                jobs.append((name, functools.partial(section.prepare, ctx)))
+    return _Preparer(jobs)
+
+
 def run_section(name: str, options: RunOptions, device, tilelang_probe: tuple[bool, str] | None,
-                loader=load_section) -> SectionResult:
+                loader=load_section, preparer: _Preparer | None = None) -> SectionResult:
     """Run one section and return its record. Never raises, except KeyboardInterrupt."""
     result = SectionResult(name=name, title=name)
     started = time.perf_counter()
@@ -190,6 +232,8 @@ def run_section(name: str, options: RunOptions, device, tilelang_probe: tuple[bo
             result.title = section.title
             _print_start(section)
             _check_needs(section, ctx)
+            if preparer is not None:
+                preparer.wait(name)
             section.run(ctx)
         result.status = "passed"
     except SectionSkip as skip:
@@ -355,6 +399,7 @@ def main(argv: Sequence[str] | None = None, *, loader=load_section) -> TourRun |
     print(f"TileLang Tour — {len(names)} section(s), {mode}{', quick sizes' if options.quick else ''}", flush=True)
 
     tilelang_probe = None
+    preparer = None
     results: list[SectionResult] = []
     interrupted = False
     _progress["total"] = len(names)
@@ -363,7 +408,10 @@ def main(argv: Sequence[str] | None = None, *, loader=load_section) -> TourRun |
         try:
             if name != "env_check" and tilelang_probe is None:
                 tilelang_probe = tourkit.probe_tilelang_import()
-            result = run_section(name, options, device, tilelang_probe if name != "env_check" else None, loader)
+            if name != "env_check" and preparer is None and tilelang_probe[0]:
+                preparer = start_preparing(names[index - 1:], options, device, loader)
+            result = run_section(name, options, device, tilelang_probe if name != "env_check" else None, loader,
+                                 preparer)
         except (_Interrupted, KeyboardInterrupt) as stop:  # Ctrl-C inside a section, or between sections
             if isinstance(stop, _Interrupted):
                 results.append(stop.result)

@@ -46,6 +46,9 @@ class Section:
     min_capability: tuple[int, int] | None = None
     needs_nvcc: bool = False
     supports_compile_only: bool = True
+    # Optional: compile the section's kernels ahead of time (a GPU run only). The runner calls it in a
+    # background thread while earlier sections run, and waits for it before `run`; `run` must not rely on it.
+    prepare: Callable[["TourContext"], None] | None = None
 
 
 @dataclass
@@ -569,9 +572,10 @@ class _DropCompileProgress:
 
 
 class _DropMemoryCacheHits:
-    """A logging filter for TileLang's 'Found kernel ... in memory cache' warning: after compile_many, every
-    section's tilelang.compile of the same program is such a hit, by design, and the advice in the warning
-    (use @tilelang.jit) does not apply to prim_funcs built per problem size."""
+    """A logging filter for TileLang's 'Found kernel ... in memory cache' warnings (kernel cache, autotuner):
+    after compile_many, every section's tilelang.compile of the same program is such a hit, by design, and
+    the advice in the warning (use @tilelang.jit / @tilelang.autotune) does not apply to prim_funcs built
+    per problem size."""
 
     def filter(self, record) -> bool:
         return "in memory cache" not in record.getMessage()
@@ -580,9 +584,10 @@ class _DropMemoryCacheHits:
 def _quiet_memory_cache_hits() -> None:
     import logging
 
-    logger = logging.getLogger("tilelang.cache.kernel_cache")
-    if not any(isinstance(f, _DropMemoryCacheHits) for f in logger.filters):
-        logger.addFilter(_DropMemoryCacheHits())
+    for name in ("tilelang.cache.kernel_cache", "tilelang.autotuner.tuner"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMemoryCacheHits) for f in logger.filters):
+            logger.addFilter(_DropMemoryCacheHits())
 
 
 def inspect_kernel(name: str, func, arch: str, *, pass_configs: dict[str, Any] | None = None,

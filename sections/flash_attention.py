@@ -428,15 +428,26 @@ def run_compile_only(ctx) -> None:
     ctx.headline(kernels=len(reports), arch=ctx.arch)
 
 
+def problems(ctx) -> tuple[list, list]:
+    """The benchmarked shapes and the odd (correctness-only) problems of this run."""
+    shapes = QUICK_SHAPES if ctx.quick else (FULL_SHAPES if ctx.full else BENCH_SHAPES)
+    return shapes, (ODD_SHAPES[:1] if ctx.quick else ODD_SHAPES)
+
+
+def prepare(ctx, log=None) -> None:
+    """Every kernel run() launches, compiled at once (compile_attention then finds each in the cache)."""
+    shapes, odd_shapes = problems(ctx)
+    precompile([(*shape, causal) for shape in shapes for causal in (False, True)] + list(odd_shapes),
+               ctx.device.family, ctx.smem_budget, log=log)
+
+
 def run(ctx) -> None:
     if ctx.compile_only:
         run_compile_only(ctx)
         return
     family = ctx.device.family
-    shapes = QUICK_SHAPES if ctx.quick else (FULL_SHAPES if ctx.full else BENCH_SHAPES)
-    odd_shapes = ODD_SHAPES[:1] if ctx.quick else ODD_SHAPES
-    precompile([(*shape, causal) for shape in shapes for causal in (False, True)] + list(odd_shapes),
-               family, ctx.smem_budget, log=ctx.log)
+    shapes, odd_shapes = problems(ctx)
+    prepare(ctx, log=ctx.log)
     checks, rows, ratios = [], [], {}
     kernels = {}
     for batch, heads, seq_len, dim in shapes:
@@ -484,4 +495,5 @@ SECTION = Section(
     title="FlashAttention forward: online softmax, causal tiles skipped",
     summary="Q tile in shared memory, pipelined K/V, exp2 online softmax, FA3-style async wgmma; vs SDPA.",
     run=run,
+    prepare=prepare,
 )

@@ -412,16 +412,25 @@ def run_compile_only(ctx) -> None:
     ctx.headline(kernels=len(reports), arch=ctx.arch)
 
 
+def problems(ctx) -> tuple[list, list]:
+    """The benchmarked shapes and the odd (correctness-only) shapes of this run."""
+    return (QUICK_SHAPES if ctx.quick else BENCH_SHAPES), (ODD_SHAPES if not ctx.quick else ODD_SHAPES[:1])
+
+
+def prepare(ctx, log=None) -> None:
+    """Every kernel run() launches, compiled at once; compile_softmax then finds each in TileLang's cache."""
+    shapes, odd_shapes = problems(ctx)
+    tourkit.compile_many([build(M, N, choose_plan(M, N, ctx.smem_budget, ctx.device.family), ctx.device.family)
+                          for M, N in list(shapes) + list(odd_shapes)], log=log)
+
+
 def run(ctx) -> None:
     if ctx.compile_only:
         run_compile_only(ctx)
         return
     family = ctx.device.family
-    shapes = QUICK_SHAPES if ctx.quick else BENCH_SHAPES
-    odd_shapes = ODD_SHAPES if not ctx.quick else ODD_SHAPES[:1]
-    # Every kernel below, compiled at once; compile_softmax then finds each in TileLang's cache.
-    tourkit.compile_many([build(M, N, choose_plan(M, N, ctx.smem_budget, family), family)
-                          for M, N in list(shapes) + list(odd_shapes)], log=ctx.log)
+    shapes, odd_shapes = problems(ctx)
+    prepare(ctx, log=ctx.log)
     copy = tourkit.device_copy_gbps()
     ctx.log(f"device-to-device copy right now: {copy:.0f} GB/s (read + write: softmax's own traffic, the ceiling)")
     checks, rows, sources = [], [], []
@@ -460,4 +469,5 @@ SECTION = Section(
     title="Softmax: rows in registers, one read and one write",
     summary="Row softmax with reduce_max / exp2 / reduce_sum on fragments; odd widths and long rows; GB/s vs copy.",
     run=run,
+    prepare=prepare,
 )

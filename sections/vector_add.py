@@ -166,14 +166,18 @@ def compile_only(ctx) -> None:
     ctx.headline(arch=ctx.arch, threads=aligned.threads, grid=aligned.grid[0])
 
 
+def prepare(ctx, log=None) -> None:
+    """Every kernel this lesson launches, compiled at once (the compiles in run() then come from the cache)."""
+    tourkit.compile_many([vector_add_program(size) for size in check_sizes(ctx) + [2**20]]
+                         + [vector_add_program(bench_size(ctx), config) for config in SCHEDULES], log=log)
+
+
 def run(ctx) -> None:
     if ctx.compile_only:
         compile_only(ctx)
         return
-    # Every kernel this lesson launches, compiled at once (the compiles below then come from the cache).
     n = bench_size(ctx)
-    tourkit.compile_many([vector_add_program(size) for size in check_sizes(ctx) + [2**20]]
-                         + [vector_add_program(n, config) for config in SCHEDULES], log=ctx.log)
+    prepare(ctx, log=ctx.log)
     ctx.log(f"grid: ceil(N / {DEFAULT.block_size}) blocks of {DEFAULT.threads} threads, "
             f"{DEFAULT.elems_per_thread} consecutive float32 per thread (one 16-byte access per array)")
     tourkit.require(check(ctx, DEFAULT, check_sizes(ctx)))
@@ -186,4 +190,5 @@ SECTION = Section(
     title="Vector add: blocks, threads and vectorized memory access",
     summary="C = A + B in TileLang: T.Kernel grid, T.copy to registers, T.Parallel; GB/s vs torch and a copy.",
     run=run,
+    prepare=prepare,
 )

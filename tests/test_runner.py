@@ -264,3 +264,48 @@ def test_keyboard_interrupt_outside_a_section_still_prints_the_summary(monkeypat
     assert run.exit_code == 130
     assert [r.status for r in run.results] == ["passed"]
     assert "Summary" in capsys.readouterr().out
+
+
+FAKE_H200 = tourkit.DeviceInfo("fake H200", (9, 0), "sm_90a", 132, 141 * 2**30, 232448, 60 * 2**20)
+
+
+def preparing_loader(events, failing_prepare=()):
+    """Fake sections whose prepare and run record (what, section, thread) in `events`."""
+    import threading
+
+    def load(name):
+        def prepare(ctx):
+            events.append(("prepare", name, threading.current_thread().name))
+            if name in failing_prepare:
+                raise RuntimeError("no compiler today")
+
+        def run(ctx):
+            events.append(("run", name, threading.current_thread().name))
+
+        return Section(name=name, title=f"fake {name}", summary="a fake section", run=run, needs_gpu=False,
+                       prepare=prepare)
+
+    return load
+
+
+def test_sections_are_prepared_in_the_background_in_order_before_they_run(monkeypatch):
+    monkeypatch.setattr(tourkit, "detect_device", lambda: FAKE_H200)
+    events = []
+    run = tilelang_tour.main(["--only", "env_check,vector_add,gemm_schedules,fusion"],
+                             loader=preparing_loader(events, failing_prepare={"gemm_schedules"}))
+    assert [r.status for r in run.results] == ["passed"] * 4  # a failing prepare costs nothing but time
+    prepared = [name for what, name, _ in events if what == "prepare"]
+    assert prepared == ["vector_add", "gemm_schedules", "fusion"]  # env_check runs before tilelang is probed
+    for what, name, thread in events:
+        assert (thread == "tour-prepare") == (what == "prepare")
+        if what == "run" and name != "env_check":
+            assert events.index(("prepare", name, "tour-prepare")) < events.index((what, name, thread))
+
+
+def test_nothing_is_prepared_in_compile_only_mode_or_without_a_gpu(monkeypatch):
+    events = []
+    monkeypatch.setattr(tourkit, "detect_device", lambda: FAKE_H200)
+    tilelang_tour.main(["--only", "vector_add,fusion", "--compile-only"], loader=preparing_loader(events))
+    monkeypatch.setattr(tourkit, "detect_device", lambda: None)
+    tilelang_tour.main(["--only", "vector_add,fusion"], loader=preparing_loader(events))
+    assert [what for what, _, _ in events] == ["run", "run", "run", "run"]
