@@ -294,10 +294,10 @@ def run(ctx) -> None:
     try:
         known = set(AutoTuner._memory_cache)
         # In tilelang 0.1.15 the @autotune decorator compiles its configurations one at a time (a lock guards
-        # the pass configs it swaps per configuration). Compiling them first in parallel with par_compile, with
-        # the same settings, fills TileLang's kernel cache, where the autotuner then finds every kernel.
+        # the pass configs it swaps per configuration). Compiling them first in parallel (tourkit.compile_many),
+        # with the same settings, fills TileLang's kernel cache, where the autotuner then finds every kernel.
         ctx.log(f"compiling the {len(kept)} configurations in parallel on {os.cpu_count()} CPU cores "
-                f"(tilelang.jit.par_compile, cold: a private cache directory)")
+                f"(threads, like tilelang.jit.par_compile; cold: a private cache directory)")
         started = time.perf_counter()
         compiled = compile_many(M, N, K, [to_gemm_config(c) for c in kept])
         compile_s = time.perf_counter() - started
