@@ -16,8 +16,8 @@ counts here) and returns the fastest kernel. Three things make this practical:
 
 The winner is validated against torch afterwards. Then every configuration of the space is timed again with
 the tour's own timer, in turns with cuBLAS and the hand-picked schedules of the `gemm_schedules` section: is
-the autotuner's pick really the fastest (within 2%)? Its short, one-after-another timings are exposed to the
-GPU clock's drift; the re-timing is not. This section searches in a private cache directory so that every
+the autotuner's pick really the fastest (within 2%)? Its short, one-after-another timings take the GPU clock's
+drift with them; timing in turns spreads the drift over every contender. This section searches in a private cache directory so that every
 run shows a real search; `--full` searches the full space (and re-times the autotuner's 8 fastest).
 """
 
@@ -392,7 +392,7 @@ def verify_winner(ctx, M, N, K, best: dict, kernel, candidates: list[tuple[dict,
                 "<- autotuner's winner" if label == winner_label else ""] for t, label in ranked[:5]])
     # The gap within the space's own re-timing (the same kernel timed at another point of the turns can
     # differ by a couple of percent): the winner's configuration against the fastest one.
-    space_ms = dict((label, t) for t, label in ranked)
+    space_ms = {label: t for t, label in ranked}
     gap = space_ms.get(winner_label, winner_ms) / fastest_ms - 1
     rows = [["autotuned winner " + winner_label, winner_ms, tourkit.tflops(flops, winner_ms)],
             ["fastest of the space, re-timed: " + fastest, fastest_ms, tourkit.tflops(flops, fastest_ms)],
@@ -409,7 +409,7 @@ def verify_winner(ctx, M, N, K, best: dict, kernel, candidates: list[tuple[dict,
     ctx.metric(winner_ms=winner_ms, cublas_ms=cublas_ms, fastest_in_space=fastest, fastest_in_space_ms=fastest_ms,
                winner_gap_to_fastest=gap, best_hand_picked=best_pick, best_hand_picked_ms=pick_ms,
                vs_best_hand_picked=tourkit.speedup(pick_ms, winner_ms),
-               space_retimed={label: t for t, label in ranked})
+               space_retimed=space_ms)
 
 
 SECTION = Section(

@@ -53,7 +53,8 @@ class GemmConfig:
         """Shared memory this schedule needs: `num_stages` copies of the A and B tiles, and the C tile
         that stages the store. TileLang's shared-memory planner lets the C tile reuse the A/B buffers
         (their lifetimes end with the K loop), so the kernel needs the larger of the two, plus a bias
-        tile and alignment; a persistent kernel needs their sum. A safe upper bound of the lowered kernel's buffer (the tests check it)."""
+        tile and alignment; a persistent kernel needs their sum. A safe upper bound of the lowered kernel's
+        buffer (the tests check it)."""
         stages = max(1, self.num_stages)
         pipeline = stages * (self.block_M * self.block_K + self.block_K * self.block_N) * dtype_bytes
         c_tile = self.block_M * self.block_N * dtype_bytes if self.staged_store else 0
