@@ -532,7 +532,8 @@ def compile_many(programs, *, target="cuda", out_idx=None, pass_configs: dict[st
     target, out_idx and pass configs) returns in milliseconds: a section can compile everything it plans up
     front and keep its code in lesson order. TileLang's per-kernel compile log is held back meanwhile (it
     would interleave); `log` gets one line instead. Returns the kernels, None where one failed (the
-    section's own compile of it then raises the real error)."""
+    section's own compile of it then raises the real error). An item of `programs` may also be a
+    (prim_func, pass_configs) pair, for kernels that need their own configs."""
     import logging
     from concurrent.futures import ThreadPoolExecutor
 
@@ -543,9 +544,10 @@ def compile_many(programs, *, target="cuda", out_idx=None, pass_configs: dict[st
     if not programs:
         return []
 
-    def one(func):
+    def one(item):
+        func, configs = item if isinstance(item, tuple) else (item, pass_configs)
         try:
-            return tilelang.compile(func, out_idx=out_idx, target=target, pass_configs=dict(pass_configs or {}))
+            return tilelang.compile(func, out_idx=out_idx, target=target, pass_configs=dict(configs or {}))
         except Exception:  # only a speed-up: the caller compiles (and reports) each kernel itself
             return None
 

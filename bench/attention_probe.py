@@ -111,6 +111,21 @@ FA_CONFIGS = [
                                                                      threads=256, fast_math=True, heavy_first=True)),
     ("128x176 s2 t256 fm hf", "flash_attention_forward", dict(block_M=128, block_N=176, num_stages=2, threads=256,
                                                               fast_math=True, heavy_first=True)),
+    # FA3's inter-warpgroup ping-pong (named barriers) on top of the async schedule
+    ("async 128x176 s2 fm pp", "flash_attention_forward_async", dict(block_M=128, block_N=176, num_stages=2,
+                                                                     threads=256, fast_math=True, pingpong=True)),
+    ("async 128x128 s2 fm pp", "flash_attention_forward_async", dict(block_M=128, block_N=128, num_stages=2,
+                                                                     threads=256, fast_math=True, pingpong=True)),
+    ("async 128x192 s2 fm pp", "flash_attention_forward_async", dict(block_M=128, block_N=192, num_stages=2,
+                                                                     threads=256, fast_math=True, pingpong=True)),
+    ("async 128x160 s2 fm pp", "flash_attention_forward_async", dict(block_M=128, block_N=160, num_stages=2,
+                                                                     threads=256, fast_math=True, pingpong=True)),
+    ("async 128x128 s2 fm hf pp", "flash_attention_forward_async", dict(block_M=128, block_N=128, num_stages=2,
+                                                                        threads=256, fast_math=True, heavy_first=True,
+                                                                        pingpong=True)),
+    ("async 128x176 s2 fm hf pp", "flash_attention_forward_async", dict(block_M=128, block_N=176, num_stages=2,
+                                                                        threads=256, fast_math=True, heavy_first=True,
+                                                                        pingpong=True)),
 ]
 
 
@@ -360,8 +375,9 @@ def main(argv=None):
     ap.add_argument("--only", choices=["softmax", "fa"], default=None)
     ap.add_argument("--precompile-only", metavar="TARGET", help="test the parallel compile path (no GPU), "
                     "e.g. sm_90a")
-    ap.add_argument("--preset", choices=["next", "wide"], default=None,
-                    help="next: the follow-up set; wide: 176/160/192-wide key tiles against the defaults (see code)")
+    ap.add_argument("--preset", choices=["next", "wide", "pingpong"], default=None,
+                    help="next: the follow-up set; wide: 176/160/192-wide key tiles against the defaults; "
+                         "pingpong: FA3's warp-group ping-pong against the defaults (see code)")
     ap.add_argument("--filter", default="", help="only jobs whose key contains this")
     ap.add_argument("--list", action="store_true", help="print the jobs' keys and stop")
     ap.add_argument("--limit", type=int, default=0, help="only the first N jobs of each family")
@@ -387,6 +403,19 @@ def main(argv=None):
                       family="fa-odd", args=(2, 4, 1000, 128, j["causal"]), shape=(2, 4, 1000, 128))
                  for j in fa_j if j["shape"][2] == 4096 and "x128 " not in j["config"]]
         sm_jobs = [j for j in sm_jobs if j["shape"][1] == 1823]
+    if args.preset == "pingpong":
+        # FA3's ping-pong between the two consumer warp groups, against this session's defaults, at both target
+        # shapes; the odd lengths (ragged last tile, head dim 64) validate each ping-pong kernel.
+        full = ("async 128x176 s2 fm", "async 128x176 s2 fm pp", "async 128x128 s2 fm", "async 128x128 s2 fm pp",
+                "async 128x192 s2 fm pp", "async 128x160 s2 fm pp")
+        causal = ("async 128x128 s2 fm hf", "async 128x128 s2 fm hf pp", "async 128x176 s2 fm hf pp")
+        fa_j = [j for j in fa_j if j["family"] == "fa" and j["config"] in (causal if j["causal"] else full)]
+        odd = [dict(j, key=f"fa-odd B{b} H{h} S{n} D{d} {'causal' if j['causal'] else 'full'} {j['config']}",
+                    family="fa-odd", args=(b, h, n, d, j["causal"]), shape=(b, h, n, d))
+               for j in fa_j if j["shape"][2] == 4096 and "pp" in j["config"]
+               for (b, h, n, d) in ((2, 4, 1000, 128), (1, 3, 777, 64))]
+        fa_j += odd
+        sm_jobs = []
     if args.filter:
         sm_jobs = [j for j in sm_jobs if args.filter in j["key"]]
         fa_j = [j for j in fa_j if args.filter in j["key"]]

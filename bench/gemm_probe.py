@@ -78,6 +78,7 @@ PERSISTENT_GEMM_8192 = [BASE, FULLROW, GemmConfig(128, 256, 64, 3, 256, True), G
                         GemmConfig(128, 256, 64, 4, 256, True, panel=8)] + PERSISTENT
 ADD_CONFIGS = [(128, 4), (128, 8), (128, 16), (256, 4), (256, 8), (256, 16), (512, 4), (512, 8), (1024, 4), (1024, 8)]
 ADD_N = 2**28
+EPILOGUE_PRESET = False
 
 
 def compile_jobs(args) -> list[tuple]:
@@ -97,6 +98,8 @@ def compile_jobs(args) -> list[tuple]:
         jobs.append(("add", ADD_N, AddConfig(t, e)))
     for n in (1, 1000, 2**20 + 3, 10**7 + 1):
         jobs.append(("add", n, AddConfig(256, 8)))
+    if args.preset == "epilogue":
+        jobs += [("gemm", 8192, 8192, 8192, c, True, "gelu_erff") for c in FUSED_CONFIGS]
     if args.preset:
         jobs = [j for j in jobs if j[0] == "gemm"]
         return jobs + [("gemm", M, N, K, c, False, None) for M, N, K in SHAPE_SET for c in SHAPE_CONFIGS
@@ -325,11 +328,14 @@ def fusion_phase(compiled):
         err = tourkit.relative_error(entry["fn"](a, b, bias), fusion.reference(a, b, bias, "gelu"))
         rows.append([f"torch.compile {mode} (compile {entry['compile_s']:.0f}s)", f"{ms:.4f}",
                      f"{tourkit.tflops(flops, ms):.0f}", tourkit.format_error(err)])
-    # the main contenders again, taking turns
+    # the main contenders again, taking turns; with --preset epilogue also the bare GEMM (what the epilogue
+    # costs) and the erff epilogue (what the cheaper erf saves)
     contenders = {"eager gelu": lambda: fusion.eager(a, b, bias)}
     for cfg in FUSED_CONFIGS:
-        k = compile_gemm(M, N, K, cfg, bias=True, activation="gelu")
-        contenders[f"fused gelu {cfg.label()}"] = (lambda k: lambda: k(a, b, bias, c))(k)
+        for act in ("gelu", "gelu_erff", None) if EPILOGUE_PRESET else ("gelu",):
+            k = compile_gemm(M, N, K, cfg, bias=act is not None, activation=act)
+            launch = (lambda k: lambda: k(a, b, bias, c))(k) if act else (lambda k: lambda: k(a, b, c))(k)
+            contenders[f"fused {act} {cfg.label()}" if act else f"bare GEMM {cfg.label()}"] = launch
     for mode, entry in compiled.items():
         contenders[f"torch.compile {mode}"] = (lambda f: lambda: f(a, b, bias))(entry["fn"])
     for name, t in tourkit.bench_interleaved(contenders, rounds=5).items():
@@ -399,11 +405,18 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--no-shapes", action="store_true")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
-    parser.add_argument("--preset", choices=["persistent"], help="persistent: persistent-kernel GEMMs against the "
-                        "defaults (8192^3, fused, odd sizes, shape set); no vector_add, no tour phase")
+    parser.add_argument("--preset", choices=["persistent", "epilogue"],
+                        help="persistent: persistent-kernel GEMMs against the defaults (8192^3, fused, odd sizes, "
+                        "shape set); epilogue: the fused GELU epilogue (cheap erf, erff, none) against eager and "
+                        "torch.compile; neither runs vector_add or the tour phase")
     args = parser.parse_args()
+    global GEMM_8192, FUSED_CONFIGS, SHAPE_CONFIGS, ADD_CONFIGS, EPILOGUE_PRESET
+    if args.preset == "epilogue":
+        EPILOGUE_PRESET = True
+        GEMM_8192 = [BASE, FULLROW]
+        FUSED_CONFIGS = [BASE, FULLROW]
+        args.no_shapes = True
     if args.preset == "persistent":
-        global GEMM_8192, FUSED_CONFIGS, SHAPE_CONFIGS, ADD_CONFIGS
         GEMM_8192 = PERSISTENT_GEMM_8192
         FUSED_CONFIGS = [BASE, PERSISTENT[0], PERSISTENT[1], PERSISTENT[2]]
         SHAPE_CONFIGS = [BASE, TALL, PERSISTENT[0], PERSISTENT[2]]

@@ -26,6 +26,9 @@ import tourkit
 from tourkit import Section
 
 LOG2E = 1.4426950408889634
+# Named barriers for the ping-pong schedule: PINGPONG_BARRIER + 1 and + 2, one per consumer warp group
+# (TileLang's own partial syncs use low ids, e.g. 3 for the consumers' epilogue).
+PINGPONG_BARRIER = 8
 HEAD_DIMS = (64, 128)
 
 
@@ -166,15 +169,21 @@ def pipeline_schedule(num_stages: int, overlap: bool, masked: bool) -> dict:
 
 def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int, causal: bool, *,
                                   block_M: int = 128, block_N: int = 128, num_stages: int = 2, threads: int = 256,
-                                  heavy_first: bool = False, dtype: str = "float16"):
+                                  heavy_first: bool = False, pingpong: bool = False, dtype: str = "float16"):
     """Hopper variant (the FlashAttention-3 schedule): tensor cores and CUDA cores work at the same time.
 
     `T.wgmma_gemm` issues a warpgroup MMA and does not wait; `T.wait_wgmma(n)` waits until at most n are in
     flight. Iteration k issues S = Q·K(k)ᵀ and then O += P(k-1)·V(k-1), waits for the first only, runs the
     online softmax of tile k on S while P(k-1)·V(k-1) is still running, then waits for it, rescales O and
     converts S into the next P.
+
+    pingpong=True adds FA3's other overlap, between the two consumer warp groups (64 query rows each): two
+    named barriers make them take turns issuing their MMAs, so that one group's softmax runs while the other
+    group's MMAs occupy the tensor cores instead of both groups computing softmax at the same moment.
     """
     _check_shape(seq_len, dim)
+    if pingpong and threads != 256:
+        raise ValueError("flash_attention: pingpong needs exactly two consumer warp groups (threads=256)")
     shape = (batch, seq_len, heads, dim)
     scale = LOG2E / math.sqrt(dim)
     n_tiles = -(-seq_len // block_N)
@@ -192,6 +201,7 @@ def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int
             Q_s, K_s, V_s, O_s, scores, probs, acc_o, m, m_prev, rescale, row_sum, l = _buffers(
                 block_M, block_N, dim, dtype, accum)
             touch = T.alloc_local((1,), dtype)
+            warp_group = T.alloc_local((1,), "int32")
 
             start(Q, Q_s, acc_o, l, m, bx, by, bz)
             last = T.min(n_tiles, T.ceildiv((bx + 1) * block_M, block_N)) if causal else n_tiles
@@ -200,11 +210,22 @@ def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int
             # as S(k) is done. One extra iteration finishes the last P·V; it is branch-free (ptxas serializes
             # the asynchronous MMAs when it cannot prove which wait retires which MMA): at k = 0, P = 0 meets
             # V(-1) (zeros), and at k = last every score is masked, which leaves m and l unchanged.
+            if pingpong:
+                # Warp group 0 is TileLang's TMA producer; the consumers are 1 and 2. Group 2 lets 1 go first.
+                warp_group[0] = T.get_warp_group_idx()
+                if warp_group[0] == 2:
+                    T.named_barrier_arrive(PINGPONG_BARRIER + 1, 256)
             for k in T.Pipelined(last + 1, num_stages=num_stages):
                 T.copy(K[bz, k * block_N:(k + 1) * block_N, by, :], K_s)
                 T.copy(V[bz, (k - 1) * block_N:k * block_N, by, :], V_s)
+                if pingpong:
+                    # Wait for my turn to issue. (Reading the local warp_group keeps this statement with the
+                    # consumers: TileLang would move a bare barrier into the producer's loop.)
+                    T.sync_threads(PINGPONG_BARRIER + warp_group[0], 256)
                 T.wgmma_gemm(Q_s, K_s, scores, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 T.wgmma_gemm(probs, V_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
+                if pingpong:
+                    T.named_barrier_arrive(PINGPONG_BARRIER + 3 - warp_group[0], 256)  # the other group's turn
                 T.wait_wgmma(1)  # S(k) is ready; P(k-1)·V(k-1) may still run
                 online_softmax(scores, k, bx, m, m_prev, rescale, row_sum, l)
                 T.wait_wgmma(0)

@@ -13,11 +13,13 @@ which fuses the epilogue too (into a Triton or cuBLAS-epilogue kernel).
 import time
 
 import tourkit
-from sections.gemm_schedules import GemmConfig, compile_gemm, default_schedules, fits, gemm_flops, gemm_program
+from sections.gemm_schedules import (GemmConfig, compile_gemm, default_schedules, epilogue_pass_configs, fits,
+                                     gemm_flops, gemm_program)
 from tourkit import Section, SectionSkip
 
 TOLERANCE = 5e-3
 APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}  # our activation name -> torch's `approximate=`
+TORCH_GELU = dict(APPROXIMATE, gelu_erff="none")
 COMPILE_MODE = "max-autotune-no-cudagraphs"
 
 
@@ -37,7 +39,7 @@ def fused_config(family: str, smem_budget: int) -> GemmConfig:
 def eager(a, b, bias, activation: str = "gelu"):
     import torch
 
-    return torch.nn.functional.gelu(a @ b + bias, approximate=APPROXIMATE[activation])
+    return torch.nn.functional.gelu(a @ b + bias, approximate=TORCH_GELU[activation])
 
 
 def reference(a, b, bias, activation: str):
@@ -47,7 +49,7 @@ def reference(a, b, bias, activation: str):
     prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        return torch.nn.functional.gelu(a.float() @ b.float() + bias.float(), approximate=APPROXIMATE[activation])
+        return torch.nn.functional.gelu(a.float() @ b.float() + bias.float(), approximate=TORCH_GELU[activation])
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
 
@@ -171,7 +173,8 @@ def prepare(ctx, log=None) -> None:
     """The four fused kernels run() launches, compiled at once (its own compiles then come from the cache)."""
     config = fused_config(tourkit.ARCH_SPECS[ctx.arch].family, ctx.smem_budget)
     size = 2048 if ctx.quick else 8192
-    tourkit.compile_many([gemm_program(m, m, m, config, bias=True, activation=activation)
+    tourkit.compile_many([(gemm_program(m, m, m, config, bias=True, activation=activation),
+                           epilogue_pass_configs(activation))
                           for m in (size, 1000) for activation in APPROXIMATE], log=log)
 
 
