@@ -22,6 +22,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 FA_SHAPES = [(4, 32, 4096, 128), (1, 32, 16384, 128)]
+ROUNDS = [3]  # turns per contender in bench_interleaved (a preset may ask for more)
 SOFTMAX_SHAPES = [(32768, 4096), (16384, 8192), (8192, 32768), (4096, 1823)]
 
 
@@ -120,6 +121,8 @@ FA_CONFIGS = [
                                                                      threads=256, fast_math=True, pingpong=True)),
     ("async 128x160 s2 fm pp", "flash_attention_forward_async", dict(block_M=128, block_N=160, num_stages=2,
                                                                      threads=256, fast_math=True, pingpong=True)),
+    ("async 128x192 s2 fm", "flash_attention_forward_async", dict(block_M=128, block_N=192, num_stages=2,
+                                                                  threads=256, fast_math=True)),
     ("async 128x128 s2 fm hf pp", "flash_attention_forward_async", dict(block_M=128, block_N=128, num_stages=2,
                                                                         threads=256, fast_math=True, heavy_first=True,
                                                                         pingpong=True)),
@@ -321,7 +324,7 @@ def run_fa(jobs, errors, results):
             qh, kh, vh = (t.transpose(1, 2).contiguous() for t in (q, k, v))
             contenders = {"sdpa": lambda: F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal)}
             contenders.update({key: launch for key, (launch, _) in timed.items()})
-            ms = tourkit.bench_interleaved(contenders, rounds=3)
+            ms = tourkit.bench_interleaved(contenders, rounds=ROUNDS[0])
             sdpa_ms = ms.pop("sdpa")
             del qh, kh, vh
             log(f"SDPA B{B} H{H} S{S} D{D} {'causal' if causal else 'full'}: {sdpa_ms:.3f} ms "
@@ -375,9 +378,9 @@ def main(argv=None):
     ap.add_argument("--only", choices=["softmax", "fa"], default=None)
     ap.add_argument("--precompile-only", metavar="TARGET", help="test the parallel compile path (no GPU), "
                     "e.g. sm_90a")
-    ap.add_argument("--preset", choices=["next", "wide", "pingpong"], default=None,
+    ap.add_argument("--preset", choices=["next", "wide", "pingpong", "tiles"], default=None,
                     help="next: the follow-up set; wide: 176/160/192-wide key tiles against the defaults; "
-                         "pingpong: FA3's warp-group ping-pong against the defaults (see code)")
+                         "pingpong: FA3's warp-group ping-pong against the defaults; tiles: 176 vs 192 (see code)")
     ap.add_argument("--filter", default="", help="only jobs whose key contains this")
     ap.add_argument("--list", action="store_true", help="print the jobs' keys and stop")
     ap.add_argument("--limit", type=int, default=0, help="only the first N jobs of each family")
@@ -416,6 +419,17 @@ def main(argv=None):
                for (b, h, n, d) in ((2, 4, 1000, 128), (1, 3, 777, 64))]
         fa_j += odd
         sm_jobs = []
+    if args.preset == "tiles":
+        # The first ping-pong run's leaders again, with and without ping-pong, five turns each (its spread
+        # between neighbours was 1-2%, the size of the differences).
+        full = ("async 128x176 s2 fm", "async 128x176 s2 fm pp", "async 128x192 s2 fm", "async 128x192 s2 fm pp")
+        causal = ("async 128x128 s2 fm hf", "async 128x128 s2 fm hf pp")
+        fa_j = [j for j in fa_j if j["family"] == "fa" and j["config"] in (causal if j["causal"] else full)]
+        fa_j += [dict(j, key=f"fa-odd B2 H4 S1000 D128 full {j['config']}", family="fa-odd",
+                      args=(2, 4, 1000, 128, False), shape=(2, 4, 1000, 128))
+                 for j in fa_j if j["shape"][2] == 4096 and j["config"] == "async 128x192 s2 fm"]
+        sm_jobs = []
+        ROUNDS[0] = 5
     if args.filter:
         sm_jobs = [j for j in sm_jobs if args.filter in j["key"]]
         fa_j = [j for j in fa_j if args.filter in j["key"]]

@@ -74,6 +74,10 @@ PERSISTENT = [
     GemmConfig(128, 256, 64, 3, 256, True, panel=8, policy="FullRow", persistent=132),
     GemmConfig(128, 256, 64, 3, 256, True, panel=4, persistent=132),
 ]
+# --preset wg3: three consumer warp groups on a 256x192 tile (each 256x64 with FullCol, 160 registers a thread:
+# TileLang's setmaxnreg split for 512 threads), against the two-warp-group defaults.
+WG3 = [GemmConfig(256, 192, 64, 3, 384, True, policy="FullCol"), GemmConfig(256, 192, 64, 4, 384, True, policy="FullCol"),
+       GemmConfig(256, 192, 64, 3, 384, True), GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol")]
 PERSISTENT_GEMM_8192 = [BASE, FULLROW, GemmConfig(128, 256, 64, 3, 256, True), GemmConfig(128, 256, 128, 2, 256, True),
                         GemmConfig(128, 256, 64, 4, 256, True, panel=8)] + PERSISTENT
 ADD_CONFIGS = [(128, 4), (128, 8), (128, 16), (256, 4), (256, 8), (256, 16), (512, 4), (512, 8), (1024, 4), (1024, 8)]
@@ -405,10 +409,11 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--no-shapes", action="store_true")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
-    parser.add_argument("--preset", choices=["persistent", "epilogue"],
+    parser.add_argument("--preset", choices=["persistent", "epilogue", "wg3"],
                         help="persistent: persistent-kernel GEMMs against the defaults (8192^3, fused, odd sizes, "
                         "shape set); epilogue: the fused GELU epilogue (cheap erf, erff, none) against eager and "
-                        "torch.compile; neither runs vector_add or the tour phase")
+                        "torch.compile; wg3: 256x192 tiles on three consumer warp groups; none runs vector_add or the tour "
+                        "phase")
     args = parser.parse_args()
     global GEMM_8192, FUSED_CONFIGS, SHAPE_CONFIGS, ADD_CONFIGS, EPILOGUE_PRESET
     if args.preset == "epilogue":
@@ -416,6 +421,10 @@ def main() -> int:
         GEMM_8192 = [BASE, FULLROW]
         FUSED_CONFIGS = [BASE, FULLROW]
         args.no_shapes = True
+    if args.preset == "wg3":
+        GEMM_8192 = [BASE, FULLROW] + WG3
+        FUSED_CONFIGS = [BASE, WG3[0], WG3[1]]
+        SHAPE_CONFIGS = [BASE, FULLROW, WG3[0], WG3[1]]
     if args.preset == "persistent":
         GEMM_8192 = PERSISTENT_GEMM_8192
         FUSED_CONFIGS = [BASE, PERSISTENT[0], PERSISTENT[1], PERSISTENT[2]]

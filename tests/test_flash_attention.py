@@ -108,6 +108,28 @@ def test_causal_loop_bound_is_clamped(reports):
                                                                    reps[False].source))
 
 
+def test_pingpong_barriers_sit_in_the_consumer_warp_groups():
+    """The ping-pong schedule only works if the turn-taking barriers run in the two consumer warp groups (1 and
+    2) and never in TileLang's producer (warp group 0, threads 0-127): a bare barrier would be moved there."""
+    cfg = dict(FA.HOPPER_CONFIGS[(False, 128)], pingpong=True)
+    source = tourkit.inspect_kernel("pingpong", FA.build(2, 4, 1000, 128, False, cfg), "sm_90a", nvcc=False).source
+    producer, consumer = source.split("warpgroup_reg_alloc<")  # the consumers' branch raises its registers
+    assert "if (((int)threadIdx.x) < 128)" in producer and "warpgroup_reg_dealloc" in producer
+    first, second = FA.PINGPONG_BARRIER + 1, FA.PINGPONG_BARRIER + 2
+    assert f"__named_barrier_arrive({first}, 256)" in producer.split("threadIdx.x) < 128")[0]  # group 2 lets 1 go
+    assert "__sync_thread_partial((warp_group" not in producer
+    assert f"__sync_thread_partial((warp_group[0] + {FA.PINGPONG_BARRIER}), 256)" in consumer
+    assert f"__named_barrier_arrive(({first + second - FA.PINGPONG_BARRIER} - warp_group[0]), 256)" in consumer
+    issue = consumer.index("__sync_thread_partial((warp_group")
+    assert issue < consumer.index("wgmma_ss") < consumer.index("__named_barrier_arrive") < consumer.index(
+        "wait_wgmma<1>")  # take the turn, issue both MMAs, hand the turn over, then wait
+
+
+def test_pingpong_needs_two_consumer_warp_groups():
+    with pytest.raises(ValueError, match="two consumer warp groups"):
+        FA.flash_attention_forward_async(1, 2, 256, 128, False, threads=384, pingpong=True)
+
+
 def test_section_runs_in_compile_only_mode():
     import tilelang_tour
 
@@ -139,11 +161,13 @@ def test_both_hopper_schedules_match_sdpa(causal):
     device = tourkit.detect_device()
     if device.family != "hopper":
         pytest.skip("the async wgmma schedule is Hopper-only")
-    for kind in ("pipelined", "async"):
-        cfg = dict(FA.HOPPER_CONFIGS[(causal, 128)], kind=kind)
+    for kind, pingpong in (("pipelined", False), ("async", False), ("async", True)):
+        cfg = dict(FA.HOPPER_CONFIGS[(causal, 128)], kind=kind, pingpong=pingpong)
+        if kind == "pipelined":
+            del cfg["pingpong"]
         attention = FA.compile_attention(1, 3, 777, 128, causal, cfg)
         check = FA.check_attention(1, 3, 777, 128, causal, attention)
-        assert check.passed, (kind, check.line())
+        assert check.passed, (kind, pingpong, check.line())
 
 
 @pytest.mark.gpu
