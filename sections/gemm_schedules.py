@@ -119,6 +119,9 @@ def default_schedules(family: str, sm_count: int = 132) -> list[GemmConfig]:
             GemmConfig(128, 256, 64, 4, 256, True),    # 2 consumer warpgroups share a 128x256 tile
             GemmConfig(128, 256, 64, 4, 256, True, panel=8, policy="FullRow"),  # each warpgroup owns full rows
             GemmConfig(128, 256, 64, 3, 256, True),    # one stage less: less latency hidden (~0.95x of s4)
+            # three consumer warpgroups, each a 256x64 column strip; TileLang's register split for 512 threads
+            # gives each consumer thread 160 registers (not 240): level with the first row on the H200
+            GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol"),
             GemmConfig(256, 128, 64, 4, 256, True),    # the transposed tile (won 8192x28672x4096)
             GemmConfig(128, 256, 64, 4, 256, False),   # no L2 swizzle: ~10% slower at 8192^3
             GemmConfig(128, 256, 64, 4, 256, True, staged_store=False),  # direct register->global store
