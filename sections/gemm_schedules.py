@@ -100,6 +100,15 @@ class GemmConfig:
         return text
 
 
+PRODUCER_REGISTERS = 24  # a thread of the TMA producer warpgroup (Hopper warp specialization)
+
+
+def consumer_registers(threads: int) -> int:
+    """Registers a consumer thread may raise itself to (setmaxnreg) when `threads` consumer threads share an
+    SM's 65536 with one 128-thread producer warpgroup: a multiple of 8, at most 240."""
+    return min(240, (65536 - 128 * PRODUCER_REGISTERS) // threads // 8 * 8)
+
+
 def fits(config: GemmConfig, smem_budget: int) -> bool:
     """Whether a schedule's shared memory fits what one block may use on the device."""
     return config.smem_bytes() <= smem_budget
@@ -238,6 +247,9 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
         else:
             with T.Kernel(T.ceildiv(N, bN), T.ceildiv(M, bM), threads=config.threads) as (bx, by):
                 A_shared, B_shared, C_local, Bias_shared, C_shared = buffers()
+                if config.threads > 256:  # Hopper: say how the 64K registers split (TileLang warns otherwise)
+                    T.annotate_producer_reg_dealloc(PRODUCER_REGISTERS)
+                    T.annotate_consumer_reg_alloc(consumer_registers(config.threads))
                 T.use_swizzle(panel_size=config.panel, enable=config.swizzle)
                 tile(A, B, Bias, C, bx, by, A_shared, B_shared, C_local, Bias_shared, C_shared)
 

@@ -124,3 +124,16 @@ def test_gemm_is_correct_on_the_gpu_including_ragged_sizes(M, N, K):
     c = torch.empty((M, N), dtype=torch.float16, device="cuda")
     check = tourkit.validate(f"{M}x{N}x{K}", lambda: kernel(a, b, c), c, reference(a, b), 5e-3)
     assert check.passed, check.line()
+
+
+def test_three_consumer_warpgroups_split_the_registers_explicitly():
+    """256x192 on 384 threads: TileLang adds a producer warpgroup (512 threads); the kernel asks for 160
+    registers a consumer thread, so that 3 x 128 x 160 + 128 x 24 fits the SM's 65536."""
+    from sections.gemm_schedules import PRODUCER_REGISTERS, consumer_registers
+
+    config = next(c for c in default_schedules("hopper") if c.threads == 384)
+    report = tourkit.inspect_kernel("gemm", gemm_program(1000, 1000, 1000, config), "sm_90a", nvcc=False)
+    assert report.threads == 512
+    assert f"reg_alloc<{consumer_registers(384)}>" in report.source and "reg_dealloc<24>" in report.source
+    assert 384 * consumer_registers(384) + 128 * PRODUCER_REGISTERS <= 65536
+    assert consumer_registers(256) == 240  # two consumer warpgroups keep TileLang's default
