@@ -393,19 +393,23 @@ def device_copy_gbps(nbytes: int = 1 << 30) -> float:
     return gbps(2 * src.numel(), ms)
 
 
-def bench_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int = 3, **bench_kwargs: Any) -> dict[str, float]:
-    """Median over `rounds` of `bench_ms` for each contender, taking turns (A B C, C B A, A B C, ...).
+def bench_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int = 4, **bench_kwargs: Any) -> dict[str, float]:
+    """`bench_ms` of each contender, taking turns in pairs of rounds: A B C, then C B A. Each contender's
+    time is the mean of its two readings in a pair, and the median over the pairs (`rounds` is rounded up
+    to an even number).
 
     A GPU's clock drifts with power and heat during a run (a few percent on an H200 under GEMM load), so
-    timing contenders one after the other hands that drift to whoever runs first. Taking turns gives every
-    contender the same conditions and their ratio is fair. `bench_kwargs` go to `bench_ms`.
+    timing contenders one after the other hands that drift to whoever runs first. Within a forward and
+    backward pair every contender's two positions add up to the same, so a drift that is linear over the
+    pair cancels exactly in the mean; a median of an odd number of rounds would keep each contender's
+    position in the forward rounds. `bench_kwargs` go to `bench_ms`.
     """
     times: dict[str, list[float]] = {name: [] for name in fns}
     names = list(fns)
-    for r in range(rounds):
+    for r in range(rounds + rounds % 2):
         for name in (names if r % 2 == 0 else names[::-1]):
             times[name].append(bench_ms(fns[name], **bench_kwargs))
-    return {name: _median(ts) for name, ts in times.items()}
+    return {name: _median([0.5 * (ts[i] + ts[i + 1]) for i in range(0, len(ts), 2)]) for name, ts in times.items()}
 
 
 def _median(values: Sequence[float]) -> float:

@@ -132,12 +132,12 @@ def benchmark(ctx, config: GemmConfig, size: int, kernel) -> None:
         ctx.log(f"torch.compile skipped: {reason}")
         ctx.metric(compile_skipped=reason)
 
-    ms = tourkit.bench_interleaved(contenders, rounds=3)  # taking turns: the GPU clock drifts under load
+    ms = tourkit.bench_interleaved(contenders)  # taking turns: the GPU clock drifts under load
     fused_ms = ms["TileLang fused (one kernel)"]
     flops = gemm_flops(M, N, K)
     rows = [[name, f"{t:.3f}", f"{tourkit.tflops(flops, t):.0f}", f"{tourkit.speedup(t, fused_ms):.3f}x"]
             for name, t in ms.items()]
-    ctx.log(f"\ngelu(A @ B + bias), {M}x{N}x{K} fp16, schedule {config.label()} (median of 3 turns each)")
+    ctx.log(f"\ngelu(A @ B + bias), {M}x{N}x{K} fp16, schedule {config.label()} (timed in turns: 4 rounds, forward and backward)")
     ctx.table(["implementation", "ms", "TFLOP/s", "fused is faster by"], rows)
     saved = saved_traffic_bytes(M, N)
     ctx.log(f"intermediate global-memory traffic saved by fusing: {saved} B ({tourkit.format_bytes(saved)}: "

@@ -117,7 +117,7 @@ def benchmark(ctx, n: int) -> None:
         tourkit.require([tourkit.validate(f"{config.label()} N={n}", lambda: kernel(a, b, c), c, a + b, 0.0)])
         contenders[config.label()] = (lambda k: lambda: k(a, b, c))(kernel)
     copy_gbps = tourkit.device_copy_gbps()
-    ms = tourkit.bench_interleaved(contenders, rounds=3)  # taking turns: the GPU clock drifts
+    ms = tourkit.bench_interleaved(contenders)  # taking turns: the GPU clock drifts
     torch_ms = ms["torch.add(a, b)"]
     rows = []
     for name, t in ms.items():
@@ -126,7 +126,7 @@ def benchmark(ctx, n: int) -> None:
         rows.append([name, config.block_size if config else "-", -(-n // config.block_size) if config else "-",
                      f"{t:.3f}", f"{bw:.0f}", f"{tourkit.speedup(torch_ms, t):.3f}x", f"{bw / copy_gbps:.1%}"])
     ctx.log(f"\nN = {n} float32 ({tourkit.format_bytes(nbytes)} moved per call); "
-            f"device copy (torch copy_) {copy_gbps:.0f} GB/s; median of 3 turns each")
+            f"device copy (torch copy_) {copy_gbps:.0f} GB/s; timed in turns: 4 rounds, forward and backward")
     ctx.table(["schedule", "block", "blocks", "ms", "GB/s", "vs torch", "of copy"], rows)
     best = min(SCHEDULES, key=lambda cfg: ms[cfg.label()])
     best_gbps = tourkit.gbps(nbytes, ms[best.label()])

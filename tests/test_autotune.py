@@ -114,7 +114,7 @@ def test_time_kernels_times_every_contender_in_turns(monkeypatch):
     named = [("winner", lambda a, b: "w"), ("pick", lambda a, b: "p")]
     times = autotune.time_kernels(named, 1, 2, extra={"cuBLAS": lambda: "c"})
     assert set(times) == {"winner", "pick", "cuBLAS"}
-    assert calls.count("w") == calls.count("p") == calls.count("c") >= 3  # every contender, every round
+    assert calls.count("w") == calls.count("p") == calls.count("c") >= 2  # every contender, every round
     assert calls[:3] == ["w", "p", "c"] and calls[3:6] == ["c", "p", "w"]  # turns alternate direction
 
 

@@ -170,3 +170,22 @@ def test_memory_cache_hit_warnings_are_dropped_and_others_kept():
     finally:
         logger.removeHandler(keep)
     assert [r.getMessage() for r in keep.records] == ["something else went wrong"]
+
+
+def test_taking_turns_cancels_a_linear_clock_drift(monkeypatch):
+    """Three equally fast contenders on a GPU that slows by 1% per reading: the forward/backward pairs give
+    them equal times (a median of A B C, C B A, A B C would have favoured A); a truly faster one stays faster."""
+    readings = []
+
+    def drifting_bench_ms(fn, **kwargs):
+        readings.append(fn())
+        return fn() * (1.0 + 0.01 * len(readings))
+
+    monkeypatch.setattr(tourkit, "bench_ms", drifting_bench_ms)
+    times = tourkit.bench_interleaved({"A": lambda: 1.0, "B": lambda: 1.0, "C": lambda: 1.0}, rounds=3)
+    assert len(readings) == 12  # rounded up to 4 rounds: two forward/backward pairs
+    assert readings[:6] == [1.0] * 6 and times["A"] == pytest.approx(times["B"]) == pytest.approx(times["C"])
+    readings.clear()
+    times = tourkit.bench_interleaved({"A": lambda: 1.0, "fast": lambda: 0.97}, rounds=2)
+    assert len(readings) == 4 and times["fast"] < times["A"]
+    assert times["A"] / times["fast"] == pytest.approx(1.0 / 0.97, rel=2e-3)
