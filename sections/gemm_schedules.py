@@ -31,30 +31,6 @@ from tourkit import Section, SectionSkip
 
 ACTIVATIONS = (None, "gelu", "gelu_erff", "gelu_tanh")
 
-# Abramowitz & Stegun 7.1.26: erfc(z) ~ t (a1 + t (a2 + t (a3 + t (a4 + t a5)))) exp(-z^2), t = 1 / (1 + p z),
-# for z >= 0, absolute error <= 1.5e-7 (fp16 resolves 4.9e-4). Halved here, so the polynomial gives 0.5 erfc.
-_ERFC_P = 0.3275911
-_HALF_ERFC_A = tuple(0.5 * a for a in (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429))
-SQRT_HALF = 0.7071067811865476
-LOG2E = 1.4426950408889634
-
-
-def gelu_exact(x, abs_, exp2, maximum):
-    """GELU(x) = x Phi(x) = max(x, 0) - |x| * 0.5 erfc(|x| / sqrt 2), in about a dozen instructions, two of
-    them special-function ones (a reciprocal and an exponential), against about 30 for CUDA's erff. The
-    operations are passed in, so the same formula builds the kernel's epilogue (T.abs, T.exp2, T.max) and
-    runs in NumPy in the tests. The kernel is compiled with fast math (`epilogue_pass_configs`), so the
-    division is one approximate reciprocal and exp2 one ex2.approx."""
-    a1, a2, a3, a4, a5 = _HALF_ERFC_A
-    t = 1.0 / (1.0 + (_ERFC_P * SQRT_HALF) * abs_(x))
-    half_erfc = t * (a1 + t * (a2 + t * (a3 + t * (a4 + t * a5)))) * exp2(x * (x * (-0.5 * LOG2E)))
-    return maximum(x, 0.0) - abs_(x) * half_erfc
-
-
-def epilogue_pass_configs(activation: str | None) -> dict:
-    """The GELU epilogue wants nvcc's fast math: its division becomes rcp.approx (the formula's error is
-    1.5e-7 either way). Everything else in the kernel is tensor-core and integer work, which it leaves alone."""
-    return {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True} if activation == "gelu" else {}
 _WARP_POLICIES = ("Square", "FullRow", "FullCol")
 
 
@@ -128,10 +104,10 @@ def default_schedules(family: str, sm_count: int = 132) -> list[GemmConfig]:
             GemmConfig(128, 256, 64, 4, 256, True),    # 2 consumer warpgroups share a 128x256 tile
             GemmConfig(128, 256, 64, 4, 256, True, panel=8, policy="FullRow"),  # each warpgroup owns full rows
             GemmConfig(128, 256, 64, 3, 256, True),    # one stage less: less latency hidden (~0.95x of s4)
-            # three consumer warpgroups, each a 256x64 column strip; TileLang's register split for 512 threads
-            # gives each consumer thread 160 registers (not 240): level with the first row on the H200
+            # three consumer warpgroups, each a 256x64 column strip, 160 registers a thread (not 240; see
+            # consumer_registers): level with or ahead of the first row on the H200
             GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol"),
-            GemmConfig(256, 128, 64, 4, 256, True),    # the transposed tile (won 8192x28672x4096)
+            GemmConfig(256, 128, 64, 4, 256, True),    # the transposed tile
             GemmConfig(128, 256, 64, 4, 256, False),   # no L2 swizzle: ~10% slower at 8192^3
             GemmConfig(128, 256, 64, 4, 256, True, staged_store=False),  # direct register->global store
             GemmConfig(128, 128, 64, 4, 256, True),    # a smaller tile: fewer FLOPs per byte loaded
@@ -183,6 +159,32 @@ def _check_problem(M: int, N: int, K: int, config: GemmConfig, activation, dtype
     if (K * elem) % 16 or (N * elem) % 16:
         raise ValueError(f"GEMM with N={N}, K={K}: rows must be multiples of 16 bytes "
                          f"(N and K multiples of {16 // elem} for {dtype}); pad the operands")
+
+
+# Abramowitz & Stegun 7.1.26: erfc(z) ~ t (a1 + t (a2 + t (a3 + t (a4 + t a5)))) exp(-z^2), t = 1 / (1 + p z),
+# for z >= 0, absolute error <= 1.5e-7 (fp16 resolves 4.9e-4). Halved here, so the polynomial gives 0.5 erfc.
+_ERFC_P = 0.3275911
+_HALF_ERFC_A = tuple(0.5 * a for a in (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429))
+SQRT_HALF = 0.7071067811865476
+LOG2E = 1.4426950408889634
+
+
+def gelu_exact(x, abs_, exp2, maximum):
+    """GELU(x) = x Phi(x) = max(x, 0) - |x| * 0.5 erfc(|x| / sqrt 2), in about a dozen instructions, two of
+    them special-function ones (a reciprocal and an exponential), against about 30 for CUDA's erff. The
+    operations are passed in, so the same formula builds the kernel's epilogue (T.abs, T.exp2, T.max) and
+    runs in NumPy in the tests. The kernel is compiled with fast math (`epilogue_pass_configs`), so the
+    division is one approximate reciprocal and exp2 one ex2.approx."""
+    a1, a2, a3, a4, a5 = _HALF_ERFC_A
+    t = 1.0 / (1.0 + (_ERFC_P * SQRT_HALF) * abs_(x))
+    half_erfc = t * (a1 + t * (a2 + t * (a3 + t * (a4 + t * a5)))) * exp2(x * (x * (-0.5 * LOG2E)))
+    return maximum(x, 0.0) - abs_(x) * half_erfc
+
+
+def epilogue_pass_configs(activation: str | None) -> dict:
+    """The GELU epilogue wants nvcc's fast math: its division becomes rcp.approx (the formula's error is
+    1.5e-7 either way). Everything else in the kernel is tensor-core and integer work, which it leaves alone."""
+    return {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True} if activation == "gelu" else {}
 
 
 def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = False, activation: str | None = None,
