@@ -253,7 +253,8 @@ def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int
 # * full attention, head dim 64: 128x128 tiles with the compiler pipeline (wider tiles not measured).
 # * FA3's ping-pong between the consumer warp groups (pingpong=True) and 192-wide key tiles, measured in two
 #   more runs: full attention within 2% of these choices, either way from run to run; causal 0.3-2% slower
-#   with ping-pong in all four readings. Not taken. The SDPA baseline itself read 543-579 TFLOP/s at S=4096 on different runs; the kernel 538-548.
+#   with ping-pong in all four readings. Not taken. At S=4096 (full) SDPA itself read 543-572 TFLOP/s in six
+#   runs of one session, this kernel 534-544.
 HOPPER_CONFIGS = {
     (False, 128): dict(kind="async", block_M=128, block_N=176, num_stages=2, threads=256, fast_math=True),
     (False, 64): dict(kind="pipelined", block_M=128, block_N=128, num_stages=2, threads=256),
