@@ -17,8 +17,9 @@ counts here) and returns the fastest kernel. Three things make this practical:
 The winner is validated against torch afterwards. Then every configuration of the space is timed again with
 the tour's own timer, in turns with cuBLAS and the hand-picked schedules of the `gemm_schedules` section: is
 the autotuner's pick really the fastest (within 2%)? Its short, one-after-another timings take the GPU clock's
-drift with them; timing in turns spreads the drift over every contender. This section searches in a private cache directory so that every
-run shows a real search; `--full` searches the full space (and re-times the autotuner's 8 fastest).
+drift with them; timing in turns spreads the drift over every contender. This section searches in a private
+cache directory so that every run shows a real search; `--full` searches the full space (and re-times the
+autotuner's 8 fastest).
 """
 
 from __future__ import annotations

@@ -244,17 +244,16 @@ def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int
 # Choosing a configuration for the GPU
 # ---------------------------------------------------------------------------------------------------------
 
-# Measured on the H200 (bench/attention_probe.py, three runs on 2026-12-02), keyed by (causal, head dim):
+# Chosen with bench/attention_probe.py on the H200 (2026-12-02), keyed by (causal, head dim); ratios to SDPA
+# at S=4096 / 16384 from six readings of one session (BENCHMARKS.md):
 # * full attention, head dim 128: the FlashAttention-3 schedule (`flash_attention_forward_async`) with 176-wide
 #   key tiles (FA3's own choice for this case: fewer, longer iterations) and fast math (bare ex2.approx):
-#   0.93x / 1.01x SDPA at S=4096 / 16384, against 0.91x / 0.94x for 128x128 tiles with the compiler pipeline.
+#   0.94-0.99x / 1.00-1.05x; the same schedule on 128x128 tiles read 0.946x / 0.938x.
 # * causal: the same schedule on 128x128 tiles (the diagonal tiles stay small), fast math, and the heaviest
-#   query blocks launched first: 0.97x / 1.05x SDPA. 176-wide tiles lose here (0.89-0.93x at S=4096).
+#   query blocks launched first: 0.94-0.97x / 1.03-1.05x. 176-wide tiles (with ping-pong) read 0.946x at S=4096.
 # * full attention, head dim 64: 128x128 tiles with the compiler pipeline (wider tiles not measured).
-# * FA3's ping-pong between the consumer warp groups (pingpong=True) and 192-wide key tiles, measured in two
-#   more runs: full attention within 2% of these choices, either way from run to run; causal 0.3-2% slower
-#   with ping-pong in all four readings. Not taken. At S=4096 (full) SDPA itself read 543-572 TFLOP/s in six
-#   runs of one session, this kernel 534-544.
+# * FA3's ping-pong between the consumer warp groups (pingpong=True) and 192-wide key tiles: full attention
+#   within 2% of these choices, either way from run to run; causal 0.3-2% slower with ping-pong. Not taken.
 HOPPER_CONFIGS = {
     (False, 128): dict(kind="async", block_M=128, block_N=176, num_stages=2, threads=256, fast_math=True),
     (False, 64): dict(kind="pipelined", block_M=128, block_N=128, num_stages=2, threads=256),
@@ -312,14 +311,13 @@ def describe(cfg: dict) -> str:
 
 
 def precompile(problems, family: str, smem_budget: int, log=None) -> None:
-    """Compile the kernels for (batch, heads, seq_len, dim, causal) problems at once, grouped by pass configs;
-    compile_attention then finds each in TileLang's kernel cache."""
-    groups: dict[tuple, list] = {}
+    """Compile the kernels for (batch, heads, seq_len, dim, causal) problems at once, each with its pass
+    configs; compile_attention then finds each in TileLang's kernel cache."""
+    jobs = []
     for batch, heads, seq_len, dim, causal in problems:
         cfg = choose_config(dim, causal, family, smem_budget)
-        groups.setdefault(tuple(pass_configs(cfg).items()), []).append(build(batch, heads, seq_len, dim, causal, cfg))
-    for configs, programs in groups.items():
-        tourkit.compile_many(programs, pass_configs=dict(configs), log=log)
+        jobs.append((build(batch, heads, seq_len, dim, causal, cfg), pass_configs(cfg)))
+    tourkit.compile_many(jobs, log=log)
 
 
 def compile_attention(batch, heads, seq_len, dim, causal, cfg: dict):
