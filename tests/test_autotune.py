@@ -1,4 +1,5 @@
-"""autotune: the search space, the shared-memory filter, the cache flow, compile-only through the runner.
+"""autotune: the search space and its extras, the shared-memory filter, the cache flow, the refinement of the
+autotuner's leaders, compile-only through the runner.
 
 The CPU cache-flow test replaces only the GPU timing (AutoTuner._benchmark_target) with a deterministic
 fake, so the compile, selection, in-memory, on-disk and new-process cache paths all run for real."""
@@ -14,7 +15,11 @@ from sections.gemm_schedules import GemmConfig
 HOPPER_BUDGET = tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin
 
 
-def test_search_space_is_the_product_of_its_axes():
+THREE_WARPGROUPS = GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol")
+THREE_WARPGROUPS_S3 = GemmConfig(256, 192, 64, 3, 384, True, panel=8, policy="FullCol")
+
+
+def test_search_space_is_the_product_of_its_axes_plus_the_extras():
     for family in ("hopper", "ampere", "ada", "turing"):
         for full in (False, True):
             axes = autotune.SPACES[family]["full" if full else "default"]
@@ -22,11 +27,48 @@ def test_search_space_is_the_product_of_its_axes():
             expected = 1
             for key in autotune.TUNED_KEYS:
                 expected *= len(axes[key])
-            assert len(space) == expected
-            assert all(set(c) == set(autotune.TUNED_KEYS) for c in space)
-            assert len({tuple(sorted(c.items())) for c in space}) == expected  # no duplicates
+            product, extras = space[:expected], space[expected:]
+            assert product == autotune.product_space(family, full)
+            assert all(set(c) == set(autotune.TUNED_KEYS) for c in product)
+            assert extras == [c for c in autotune.extra_space(family) if c not in product]
+            assert all(set(autotune.TUNED_KEYS) <= set(c) <= set(autotune.SCHEDULE_KEYS) for c in extras)
+            assert len({tuple(sorted(c.items())) for c in space}) == len(space)  # no duplicates
+            labels = [autotune.to_gemm_config(c).label() for c in space]
+            assert len(set(labels)) == len(labels)  # the re-timings key their contenders by label
+    assert autotune.extra_space("ampere") == autotune.extra_space("turing") == []
     with pytest.raises(ValueError):
         autotune.search_space("volta")
+
+
+def test_hopper_space_holds_the_three_warpgroup_tiles_and_they_pass_the_filter():
+    for full in (False, True):
+        space = autotune.search_space("hopper", full)
+        kept, _ = autotune.filter_space(space, HOPPER_BUDGET)
+        kept_configs = [autotune.to_gemm_config(c) for c in kept]
+        assert THREE_WARPGROUPS in kept_configs and THREE_WARPGROUPS_S3 in kept_configs
+    # The filter applies to the extras too: at 200 KiB the 4-stage tile (225 KiB) goes, the 3-stage one stays.
+    kept, dropped = autotune.filter_space(autotune.search_space("hopper"), 200 * 1024)
+    assert THREE_WARPGROUPS in [autotune.to_gemm_config(c) for c, _ in dropped]
+    assert THREE_WARPGROUPS_S3 in [autotune.to_gemm_config(c) for c in kept]
+
+
+def test_default_hopper_space_is_retimed_whole():
+    kept, _ = autotune.filter_space(autotune.search_space("hopper"), HOPPER_BUDGET)
+    assert len(kept) <= autotune.RETIME_ALL_UP_TO  # the 2% check compares against every configuration
+    assert autotune.REFINE_LEADERS < len(kept)
+
+
+def test_config_dict_round_trips_and_keeps_product_dicts_short():
+    for config in (THREE_WARPGROUPS, GemmConfig(128, 256, 64, 4, 256, True), GemmConfig(128, 128, 64, 3, 256, False,
+                                                                                         policy="FullRow")):
+        assert autotune.to_gemm_config(autotune.config_dict(config)) == config
+    assert set(autotune.config_dict(GemmConfig(128, 256, 64, 4, 256, True))) == set(autotune.TUNED_KEYS)
+    assert autotune.config_dict(THREE_WARPGROUPS)["policy"] == "FullCol"
+    # fields gemm_for_tuning does not pass on cannot enter the space
+    with pytest.raises(ValueError, match="staged_store"):
+        autotune.config_dict(GemmConfig(128, 256, 64, 4, 256, True, staged_store=False))
+    with pytest.raises(ValueError, match="persistent"):
+        autotune.config_dict(GemmConfig(128, 256, 64, 3, 256, True, persistent=132))
 
 
 def test_default_space_is_small_and_full_is_larger():
@@ -66,6 +108,31 @@ def test_tuned_function_builds_the_gemm_schedules_program():
     assert len(autotune.builder_hash()) == 16 and autotune.builder_hash() == autotune.builder_hash()
 
 
+def test_tuned_function_passes_panel_and_policy_on():
+    import inspect
+
+    from sections.gemm_schedules import gemm_program
+
+    params = inspect.signature(autotune.gemm_for_tuning).parameters
+    default = GemmConfig(128, 128, 64, 3, 256, True)
+    assert params["panel"].default == default.panel and params["policy"].default == default.policy
+    kwargs = autotune.config_dict(THREE_WARPGROUPS)
+    tuned = autotune.gemm_for_tuning(1024, 1024, 1024, "x", **kwargs).script()
+    assert tuned == gemm_program(1024, 1024, 1024, THREE_WARPGROUPS).script()
+    plain = dict(kwargs, panel=10, policy="Square")
+    assert tuned != autotune.gemm_for_tuning(1024, 1024, 1024, "x", **plain).script()
+
+
+def test_builder_hash_covers_the_register_split(monkeypatch):
+    before = autotune.builder_hash()
+
+    def consumer_registers(threads):  # another split: the 384-thread extras would change
+        return 168
+
+    monkeypatch.setattr(autotune, "consumer_registers", consumer_registers)
+    assert autotune.builder_hash() != before
+
+
 def test_latency_lines_are_parsed():
     import io
 
@@ -75,13 +142,60 @@ def test_latency_lines_are_parsed():
     assert rec.results() == [(1.25, 3), (0.5, 0)]
 
 
+def test_latency_lines_are_matched_to_the_configs_they_print():
+    import io
+
+    configs = [{"block_M": 128}, {"block_M": 256, "policy": "FullCol"}, {"block_M": 64}]
+    rec = autotune._TunedLatencies(io.StringIO())
+    rec.write("Tuned Latency 1.5 with config {'block_M': 128} at index 0\n")  # as printed: kept
+    rec.write("Tuned Latency 1.2 with config {'block_M': 256, 'policy': 'FullCol'} at index 2\n")  # index off
+    rec.write("Tuned Latency 0.9 with config {'block_M': 32} at index 2\n")  # not in the list: left out
+    rec.write("Tuned Latency 1.1 with config {'block_M': 64} at index 9\n")  # index out of range
+    assert rec.results(configs) == [(1.5, 0), (1.2, 1), (1.1, 2)]
+
+
+def test_leaders_are_the_autotuners_fastest_readings():
+    timed = [(1.30, 0), (0.95, 3), (1.01, 1), (0.97, 5), (0.99, 2), (0.96, 4)]
+    assert autotune.leaders(timed, 4, 6) == [3, 4, 5, 2]
+    assert autotune.leaders(timed, 10, 6) == [3, 4, 5, 2, 1, 0]
+    # non-finite readings and indices outside the space are left out; a repeat keeps its best; ties keep order
+    noisy = [(float("nan"), 0), (float("inf"), 1), (0.5, 7), (1.0, 2), (0.9, 2), (0.9, 1), (1.2, 3)]
+    assert autotune.leaders(noisy, 4, 4) == [1, 2, 3]
+    assert autotune.leaders([], 4, 4) == []
+
+
+def test_leading_kernels_hold_the_pick_with_the_autotuners_kernel():
+    kept = [{"i": i} for i in range(6)]
+    compiled = [f"k{i}" for i in range(6)]
+    compiled[2] = None  # failed to compile in parallel
+    timed = [(1.0, 0), (0.90, 1), (0.91, 2), (0.92, 3), (0.93, 4), (0.99, 5)]
+    got = autotune.leading_kernels(kept, compiled, timed, kept[1], "tuned", n=4)
+    assert [(c["i"], k, ms) for c, k, ms in got] == [(1, "tuned", 0.90), (3, "k3", 0.92), (4, "k4", 0.93)]
+    # no latency lines found: the pick alone, with an unknown autotuner time
+    (config, kernel, ms), = autotune.leading_kernels(kept, compiled, [], kept[5], "tuned", n=4)
+    assert config == kept[5] and kernel == "tuned" and ms != ms
+    # lines found but not the pick's: the pick first, then the fastest others
+    got = autotune.leading_kernels(kept, compiled, timed[1:2] + timed[3:], kept[0], "tuned", n=3)
+    assert [c["i"] for c, _, _ in got] == [0, 1, 3]
+
+
+def test_fastest_leader_is_the_lowest_paired_time_ties_to_the_autotuners_order():
+    paired = {"a": 1.00, "b": 0.98, "c": 0.98, "cuBLAS": 0.90}
+    assert autotune.fastest_leader(paired, ["a", "b", "c"]) == "b"
+    assert autotune.fastest_leader(paired, ["c", "b", "a"]) == "c"
+    assert autotune.fastest_leader(paired, ["a"]) == "a"  # cuBLAS is timed alongside, never a leader
+
+
 @pytest.fixture()
 def fake_gpu_timing(monkeypatch):
     """Replace only the GPU measurement: latency = a deterministic function of the schedule."""
     from tilelang.autotuner.tuner import AutoTuner
 
     def fake_benchmark(self, jit_kernel, warmup, rep, early_stop_factor, benchmark_state, benchmark_device=None):
-        return (1.0 if "__launch_bounds__(384" in jit_kernel.get_kernel_source() else 2.0), None
+        source = jit_kernel.get_kernel_source()
+        if "__launch_bounds__(384" not in source:
+            return 2.0, None
+        return (0.5 if "rasterization2DRow<4>" in source else 1.0), None  # swizzle panel 4: fastest
 
     monkeypatch.setattr(AutoTuner, "_benchmark_target", fake_benchmark)
 
@@ -106,6 +220,13 @@ def test_tune_selects_and_caches_in_memory_on_disk_and_across_processes(fake_gpu
     assert any("autotuner" in dirs for _, dirs, _ in os.walk(tmp_path))
     child = autotune.tune_in_child(512, 512, 512, configs, str(tmp_path), target)
     assert child["best"] == best and child["timed"] == 0 and child["seconds"] < 2.0
+    # An extra configuration (panel and policy passed through) changes the space, hence the cache key: a new
+    # search, whose per-configuration readings give the leaders.
+    extra = dict(block_M=128, block_N=128, block_K=64, num_stages=2, threads=256, swizzle=True, panel=4,
+                 policy="FullRow")
+    _, best, _, timed = autotune.tune(512, 512, 512, configs + [extra], target)
+    assert best == extra and sorted(i for _, i in timed) == [0, 1, 2]
+    assert autotune.leaders(timed, 2, 3) == [2, 1]
 
 
 def test_time_kernels_times_every_contender_in_turns(monkeypatch):
@@ -144,6 +265,80 @@ def test_verify_winner_ranks_the_whole_space_and_measures_the_gap(monkeypatch):
     autotune.verify_winner(ctx, 64, 64, 64, space[0], lambda a, b: 1.0, candidates, [("pick", lambda a, b: 0.99)],
                            None, None)
     assert any("MORE than 2%" in line for line in ctx.report)
+
+
+def _leaders_for_refinement(latency):
+    """Four leaders (config, kernel, the autotuner's ms); each kernel 'returns' its true latency."""
+    space = autotune.search_space("hopper")[:4]
+    return [(c, (lambda a, b, t=t: t), ms) for c, t, ms in zip(space, latency, [0.95, 0.96, 0.97, 0.99])]
+
+
+def test_refine_makes_the_fastest_leader_the_winner(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch, "matmul", lambda a, b: 1.00)  # cuBLAS: 1.00 ms
+    _fake_timed_run(monkeypatch, float)
+    leaders = _leaders_for_refinement([1.02, 0.98, 1.00, 0.99])  # the autotuner ranked leaders[0] first
+    ctx = tourkit.TourContext(echo=False)
+    config, kernel = autotune.refine(ctx, 64, 64, 64, leaders, leaders[0][0], None, None)
+    assert config == leaders[1][0] and kernel(None, None) == 0.98
+    assert ctx.metrics["refine_changed_pick"] is True
+    assert ctx.metrics["autotuner_pick"] == autotune.to_gemm_config(leaders[0][0]).label()
+    assert ctx.metrics["refined_winner"] == autotune.to_gemm_config(leaders[1][0]).label()
+    assert ctx.metrics["refine_vs_cublas"] == pytest.approx(1.0 / 0.98)
+    assert any("4.1% ahead of the autotuner's pick" in line for line in ctx.report)
+    # the pick is the fastest in the paired timing too: it stays
+    ctx = tourkit.TourContext(echo=False)
+    leaders = _leaders_for_refinement([0.97, 0.98, 1.00, 0.99])
+    config, _ = autotune.refine(ctx, 64, 64, 64, leaders, leaders[0][0], None, None)
+    assert config == leaders[0][0] and ctx.metrics["refine_changed_pick"] is False
+    assert any("confirms the autotuner's pick" in line for line in ctx.report)
+
+
+def test_refine_is_not_misled_by_a_steady_clock_drift(monkeypatch):
+    """Every timing reads 1% slower than the one before: one after another, the first leader would look
+    fastest; the forward/backward turns cancel the drift and find the 1% faster second leader."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch, "matmul", lambda a, b: 1.00)
+    calls = []
+
+    def drifting_bench_ms(fn, **kw):
+        calls.append(None)
+        return float(fn()) + 0.01 * len(calls)
+
+    monkeypatch.setattr(tourkit, "bench_ms", drifting_bench_ms)
+    leaders = _leaders_for_refinement([1.00, 0.99, 1.00, 1.00])
+    config, _ = autotune.refine(tourkit.TourContext(echo=False), 64, 64, 64, leaders, leaders[0][0], None, None)
+    assert config == leaders[1][0]
+    assert len(calls) == autotune.REFINE_ROUNDS * (len(leaders) + 1)  # the leaders and cuBLAS, every round
+
+
+def test_compile_only_builds_the_extras_that_fit(monkeypatch):
+    built = []
+
+    def fake_inspect(jobs, **kw):
+        jobs = list(jobs)
+        built.extend(name for name, _, _ in jobs)
+        return [tourkit.KernelReport(name=name, arch=arch, markers={}, dynamic_smem_bytes=0, static_smem_bytes=0,
+                                     threads=0, grid=(1, 1, 1), nvcc="not asked") for name, _, arch in jobs]
+
+    monkeypatch.setattr(tourkit, "inspect_kernels", fake_inspect)
+    ctx = tourkit.TourContext(compile_only=True, arch="sm_90a", echo=False)
+    kept, _ = autotune.filter_space(autotune.search_space("hopper"), HOPPER_BUDGET)
+    autotune.compile_only(ctx, kept)
+    assert THREE_WARPGROUPS.label() in built and THREE_WARPGROUPS_S3.label() in built
+    assert len(built) == 5  # a sample of three from the product, and the two extras
+
+
+def test_extras_lower_within_their_shared_memory_estimate():
+    """The filter judges the extras by GemmConfig.smem_bytes; the lowered kernel must not need more (the
+    4-stage tile is within 2 KiB of the 227 KiB budget)."""
+    configs = [THREE_WARPGROUPS, THREE_WARPGROUPS_S3]
+    reports = tourkit.inspect_kernels([(c.label(), autotune.gemm_for_tuning(2048, 2048, 2048, "x",
+                                                                            **autotune.config_dict(c)), "sm_90a")
+                                       for c in configs], nvcc=False)
+    for config, report in zip(configs, reports):
+        assert report.smem_bytes <= config.smem_bytes() <= HOPPER_BUDGET
+        assert report.threads == 512  # three consumer warpgroups and TileLang's producer
 
 
 def test_section_compile_only_through_runner():
