@@ -14,6 +14,7 @@ import concurrent.futures as cf
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 
@@ -28,6 +29,14 @@ SOFTMAX_SHAPES = [(32768, 4096), (16384, 8192), (8192, 32768), (4096, 1823)]
 
 def log(*a):
     print(*a, flush=True)
+
+
+WATCHDOG_S = 60  # loading, validating and re-running one kernel takes seconds; a minute means a hang
+
+
+def _deadlock(key):
+    log(f"DEADLOCK? {key} did not finish within {WATCHDOG_S} s; exiting")
+    os._exit(3)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -129,6 +138,19 @@ FA_CONFIGS = [
     ("async 128x176 s2 fm hf pp", "flash_attention_forward_async", dict(block_M=128, block_N=176, num_stages=2,
                                                                         threads=256, fast_math=True, heavy_first=True,
                                                                         pingpong=True)),
+    # warp specialization by hand (flash_attention_forward_ws): no extra iteration; persistent: one block per SM
+    ("ws 128x176 s2 fm", "flash_attention_forward_ws", dict(block_M=128, block_N=176, num_stages=2, fast_math=True)),
+    ("ws 128x176 s2 fm persistent", "flash_attention_forward_ws", dict(block_M=128, block_N=176, num_stages=2,
+                                                                       fast_math=True, persistent=True)),
+    ("ws 128x192 s2 fm", "flash_attention_forward_ws", dict(block_M=128, block_N=192, num_stages=2, fast_math=True)),
+    ("ws 128x128 s2 fm", "flash_attention_forward_ws", dict(block_M=128, block_N=128, num_stages=2, fast_math=True)),
+    ("ws 128x128 s2 fm hf", "flash_attention_forward_ws", dict(block_M=128, block_N=128, num_stages=2, fast_math=True,
+                                                               heavy_first=True)),
+    ("ws 128x128 s2 fm hf persistent", "flash_attention_forward_ws", dict(block_M=128, block_N=128, num_stages=2,
+                                                                          fast_math=True, heavy_first=True,
+                                                                          persistent=True)),
+    ("ws 128x176 s2 fm hf", "flash_attention_forward_ws", dict(block_M=128, block_N=176, num_stages=2, fast_math=True,
+                                                               heavy_first=True)),
 ]
 
 
@@ -300,6 +322,9 @@ def run_fa(jobs, errors, results):
                 rec["error"] = "compile: " + errors[key]
                 log(f"  {key}: {rec['error'][:200]}")
                 continue
+            # A kernel whose barriers never complete hangs the GPU: give up on the whole probe, loudly.
+            watchdog = threading.Timer(WATCHDOG_S, _deadlock, args=(key,))
+            watchdog.start()
             try:
                 kernel = compile_job(job)
                 launch = (lambda kern: lambda: kern(q, k, v, o))(kernel)
@@ -320,6 +345,8 @@ def run_fa(jobs, errors, results):
                 rec["error"] = tourkit.one_line(exc)
                 log(f"  {key}: {rec['error'][:200]}")
                 traceback.print_exc()
+            finally:
+                watchdog.cancel()
         if timed:
             qh, kh, vh = (t.transpose(1, 2).contiguous() for t in (q, k, v))
             contenders = {"sdpa": lambda: F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal)}
@@ -378,9 +405,10 @@ def main(argv=None):
     ap.add_argument("--only", choices=["softmax", "fa"], default=None)
     ap.add_argument("--precompile-only", metavar="TARGET", help="test the parallel compile path (no GPU), "
                     "e.g. sm_90a")
-    ap.add_argument("--preset", choices=["next", "wide", "pingpong", "tiles"], default=None,
+    ap.add_argument("--preset", choices=["next", "wide", "pingpong", "tiles", "ws"], default=None,
                     help="next: the follow-up set; wide: 176/160/192-wide key tiles against the defaults; "
-                         "pingpong: FA3's warp-group ping-pong against the defaults; tiles: 176 vs 192 (see code)")
+                         "pingpong: FA3's warp-group ping-pong against the defaults; tiles: 176 vs 192; ws: hand-written "
+                         "warp specialization (see code)")
     ap.add_argument("--filter", default="", help="only jobs whose key contains this")
     ap.add_argument("--list", action="store_true", help="print the jobs' keys and stop")
     ap.add_argument("--limit", type=int, default=0, help="only the first N jobs of each family")
@@ -430,6 +458,20 @@ def main(argv=None):
                  for j in fa_j if j["shape"][2] == 4096 and j["config"] == "async 128x192 s2 fm"]
         sm_jobs = []
         ROUNDS[0] = 5
+    if args.preset == "ws":
+        # Hand-written warp specialization (no extra iteration; persistent variants) against the section's
+        # FA3-style kernels; odd lengths and head dim 64 validate every new kernel. Four turns each.
+        full = ("async 128x176 s2 fm", "ws 128x176 s2 fm", "ws 128x176 s2 fm persistent", "ws 128x192 s2 fm",
+                "ws 128x128 s2 fm")
+        causal = ("async 128x128 s2 fm hf", "ws 128x128 s2 fm hf", "ws 128x128 s2 fm hf persistent",
+                  "ws 128x176 s2 fm hf")
+        fa_j = [j for j in fa_j if j["family"] == "fa" and j["config"] in (causal if j["causal"] else full)]
+        fa_j += [dict(j, key=f"fa-odd B{b} H{h} S{n} D{d} {'causal' if j['causal'] else 'full'} {j['config']}",
+                      family="fa-odd", args=(b, h, n, d, j["causal"]), shape=(b, h, n, d))
+                 for j in fa_j if j["shape"][2] == 4096 and j["config"].startswith("ws")
+                 for (b, h, n, d) in ((2, 4, 1000, 128), (1, 3, 777, 64), (2, 4, 1024, 64))]
+        sm_jobs = []
+        ROUNDS[0] = 4
     if args.filter:
         sm_jobs = [j for j in sm_jobs if args.filter in j["key"]]
         fa_j = [j for j in fa_j if args.filter in j["key"]]

@@ -240,6 +240,142 @@ def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int
     return flash_attention_fwd_async
 
 
+def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, causal: bool, *, block_M: int = 128,
+                               block_N: int = 128, num_stages: int = 2, heavy_first: bool = False,
+                               persistent: bool = False, sms: int = 132, dtype: str = "float16"):
+    """Hopper, warp specialization written by hand: the FA3 schedule without the extra iteration.
+
+    `flash_attention_forward_async` leaves the split into a TMA producer and MMA consumers to TileLang, and
+    TileLang's pipeline wants one loop body, so that kernel runs one extra iteration on zeros. Here the
+    roles are explicit. One producer warp issues TMA loads into a ring of `num_stages` K and V buffers; two
+    consumer warp groups (64 query rows each) compute. Each buffer has a *full* mbarrier (the producer's
+    32 lanes arrive, the TMA adds its bytes) and an *empty* one (the 256 consumer threads arrive when their
+    MMAs no longer read it). A buffer's n-th use waits for phase parity n & 1; a fresh barrier counts as
+    having completed the phase before the first, hence the producer's `^ 1`. The consumers peel the
+    schedule: Q·K(0)ᵀ alone, then for k ≥ 1 S(k) = Q·K(k)ᵀ and O += P(k-1)·V(k-1) in flight together, and
+    P(last)·V(last) alone at the end. `setmaxnreg` gives the consumers 240 registers and the producer 24.
+
+    persistent=True launches one block per SM; each walks the (query block, head, batch) tiles with stride
+    `sms`, and the producer runs into the next tile's Q, K and V while the consumers finish the last P·V and
+    store O. The same code runs one tile per block when persistent=False.
+    """
+    _check_shape(seq_len, dim)
+    shape = (batch, seq_len, heads, dim)
+    scale = LOG2E / math.sqrt(dim)
+    accum = "float32"
+    n_tiles = -(-seq_len // block_N)
+    n_query_blocks = -(-seq_len // block_M)
+    n_work = n_query_blocks * heads * batch
+    grid = min(sms, n_work) if persistent else n_work
+    consumers = 256  # two warp groups; the producer is the first warp of the third
+    online_softmax = _online_softmax(block_M, block_N, seq_len, scale, causal, seq_len % block_N != 0, accum)
+
+    def tile_coordinates(work):
+        """Query-block index fastest, so that the blocks running together share one head's K and V in L2."""
+        q_block = work % n_query_blocks
+        bx = n_query_blocks - 1 - q_block if heavy_first else q_block
+        return bx, (work // n_query_blocks) % heads, work // (n_query_blocks * heads)
+
+    def key_tiles(bx):
+        return T.min(n_tiles, T.ceildiv((bx + 1) * block_M, block_N)) if causal else n_tiles
+
+    @T.macro
+    def produce(Q, K, V, Q_s, K_s, V_s, q_full, q_empty, k_full, k_empty, v_full, v_empty, loads, block_id):
+        for step in T.serial(T.ceildiv(n_work - block_id, grid)):
+            bx, by, bz = tile_coordinates(block_id + step * grid)
+            T.mbarrier_wait_parity(q_empty[0], (step & 1) ^ 1)
+            T.tma_copy(Q[bz, bx * block_M:(bx + 1) * block_M, by, :], Q_s, barrier=q_full[0])
+            T.mbarrier_arrive(q_full[0])
+            for k in T.serial(key_tiles(bx)):
+                use = loads[0] + k  # the ring counts uses across tiles: its phases carry on
+                T.mbarrier_wait_parity(k_empty[use % num_stages], ((use // num_stages) & 1) ^ 1)
+                T.tma_copy(K[bz, k * block_N:(k + 1) * block_N, by, :], K_s[use % num_stages, :, :],
+                           barrier=k_full[use % num_stages])
+                T.mbarrier_arrive(k_full[use % num_stages])
+                T.mbarrier_wait_parity(v_empty[use % num_stages], ((use // num_stages) & 1) ^ 1)
+                T.tma_copy(V[bz, k * block_N:(k + 1) * block_N, by, :], V_s[use % num_stages, :, :],
+                           barrier=v_full[use % num_stages])
+                T.mbarrier_arrive(v_full[use % num_stages])
+            loads[0] = loads[0] + key_tiles(bx)
+
+    @T.macro
+    def consume(O, Q_s, K_s, V_s, q_full, q_empty, k_full, k_empty, v_full, v_empty, loads, block_id, scores,
+                probs, acc_o, out, m, m_prev, rescale, row_sum, l):
+        for step in T.serial(T.ceildiv(n_work - block_id, grid)):
+            bx, by, bz = tile_coordinates(block_id + step * grid)
+            first = loads[0]
+            final = first + key_tiles(bx) - 1
+            T.fill(acc_o, 0)
+            T.fill(l, 0)
+            T.fill(m, -T.infinity(accum))
+            T.mbarrier_wait_parity(q_full[0], step & 1)
+            # Key tile 0: S = Q·K(0)ᵀ only.
+            T.mbarrier_wait_parity(k_full[first % num_stages], (first // num_stages) & 1)
+            T.wgmma_gemm(Q_s, K_s[first % num_stages, :, :], scores, transpose_B=True, clear_accum=True,
+                         policy=T.GemmWarpPolicy.FullRow)
+            T.wait_wgmma(0)
+            T.mbarrier_arrive(k_empty[first % num_stages])
+            online_softmax(scores, 0, bx, m, m_prev, rescale, row_sum, l)
+            T.copy(scores, probs)
+            # Key tiles 1..: S(k) and P(k-1)·V(k-1) together; the softmax of S(k) while P·V still runs.
+            for k in T.serial(1, key_tiles(bx)):
+                use = first + k
+                T.mbarrier_wait_parity(k_full[use % num_stages], (use // num_stages) & 1)
+                T.wgmma_gemm(Q_s, K_s[use % num_stages, :, :], scores, transpose_B=True, clear_accum=True,
+                             policy=T.GemmWarpPolicy.FullRow)
+                T.mbarrier_wait_parity(v_full[(use - 1) % num_stages], ((use - 1) // num_stages) & 1)
+                T.wgmma_gemm(probs, V_s[(use - 1) % num_stages, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+                T.wait_wgmma(1)  # S(k) is done: K(k) may be refilled
+                T.mbarrier_arrive(k_empty[use % num_stages])
+                online_softmax(scores, k, bx, m, m_prev, rescale, row_sum, l)
+                T.wait_wgmma(0)
+                T.mbarrier_arrive(v_empty[(use - 1) % num_stages])
+                for i, j in T.Parallel(block_M, dim):
+                    acc_o[i, j] *= rescale[i]
+                T.copy(scores, probs)
+            T.mbarrier_arrive(q_empty[0])  # the last Q·Kᵀ is done: the producer may load the next tile's Q
+            # The last P·V alone, then O = acc_o / l straight from registers to global memory.
+            T.mbarrier_wait_parity(v_full[final % num_stages], (final // num_stages) & 1)
+            T.wgmma_gemm(probs, V_s[final % num_stages, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+            T.wait_wgmma(0)
+            T.mbarrier_arrive(v_empty[final % num_stages])
+            loads[0] = final + 1
+            for i, j in T.Parallel(block_M, dim):
+                out[i, j] = acc_o[i, j] / l[i]
+            T.copy(out, O[bz, bx * block_M:(bx + 1) * block_M, by, :])
+
+    @T.prim_func
+    def flash_attention_fwd_ws(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype), V: T.Tensor(shape, dtype),
+                               O: T.Tensor(shape, dtype)):
+        with T.Kernel(grid, threads=consumers + 128) as block_id:
+            Q_s = T.alloc_shared((block_M, dim), dtype)
+            K_s = T.alloc_shared((num_stages, block_N, dim), dtype)
+            V_s = T.alloc_shared((num_stages, block_N, dim), dtype)
+            scores = T.alloc_fragment((block_M, block_N), accum)
+            probs = T.alloc_fragment((block_M, block_N), dtype)
+            acc_o = T.alloc_fragment((block_M, dim), accum)
+            out = T.alloc_fragment((block_M, dim), dtype)
+            m, m_prev, rescale, row_sum, l = (T.alloc_fragment((block_M,), accum) for _ in range(5))
+            q_full, q_empty = T.alloc_barrier([32]), T.alloc_barrier([consumers])
+            k_full, v_full = T.alloc_barrier([32] * num_stages), T.alloc_barrier([32] * num_stages)
+            k_empty = T.alloc_barrier([consumers] * num_stages)
+            v_empty = T.alloc_barrier([consumers] * num_stages)
+            loads = T.alloc_local((1,), "int32")  # K/V tiles loaded (or consumed) so far, per role
+            loads[0] = 0
+            thread = T.get_thread_binding()
+            if thread >= consumers:
+                T.set_max_nreg(24, 0)  # the whole producer warp group gives registers back
+                if thread < consumers + 32:
+                    produce(Q, K, V, Q_s, K_s, V_s, q_full, q_empty, k_full, k_empty, v_full, v_empty, loads,
+                            block_id)
+            else:
+                T.set_max_nreg(240, 1)
+                consume(O, Q_s, K_s, V_s, q_full, q_empty, k_full, k_empty, v_full, v_empty, loads, block_id,
+                        scores, probs, acc_o, out, m, m_prev, rescale, row_sum, l)
+
+    return flash_attention_fwd_ws
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Choosing a configuration for the GPU
 # ---------------------------------------------------------------------------------------------------------
