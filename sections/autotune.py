@@ -150,6 +150,12 @@ def search_space(family: str, full: bool = False) -> list[dict]:
     return space
 
 
+def extras_in(configs: list[dict], family: str, full: bool = False) -> list[dict]:
+    """The configurations of `configs` that come from the extras, not from the product."""
+    product = product_space(family, full)
+    return [c for c in configs if c not in product]
+
+
 def to_gemm_config(config: dict) -> GemmConfig:
     return GemmConfig(**{k: config[k] for k in SCHEDULE_KEYS if k in config})
 
@@ -171,7 +177,7 @@ def report_filter(ctx, space: list[dict], kept: list[dict], dropped: list[tuple[
     budget = ctx.smem_budget
     family = ARCH_SPECS[ctx.arch].family
     axes = SPACES[family]["full" if ctx.full else "default"]
-    extras = [c for c in space if c in extra_space(family)]
+    extras = extras_in(space, family, ctx.full)
     ctx.log(f"search space ({'full' if ctx.full else 'default; --full for the full one'}): {len(space)} "
             f"configurations: the product of these values ({len(space) - len(extras)}), plus {len(extras)} extras")
     for key in TUNED_KEYS:
@@ -364,7 +370,7 @@ def leading_kernels(kept: list[dict], compiled: list, timed: list[tuple[float, i
     with the kernel it returned; a leader whose parallel compile failed (None) is left out."""
     pick_idx = kept.index(pick)
     order = leaders(timed, n, len(kept))
-    if pick_idx not in order:  # its latency lines were not found: the pick alone is known
+    if pick_idx not in order:  # its reading was not found in the autotuner's output: the pick comes first
         order = [pick_idx] + order[:n - 1]
     autotuner_ms = {i: ms for ms, i in sorted(timed, reverse=True)}  # the best reading per index
     out = []
@@ -422,7 +428,7 @@ def compile_only(ctx, kept: list[dict]) -> None:
     """No GPU: build (a sample of) the filtered space for ctx.arch, every extra that fits included, and show
     what came out."""
     size = QUICK_TUNE_SIZE if ctx.quick else TUNE_SIZE
-    extras = [c for c in kept if c in extra_space(ARCH_SPECS[ctx.arch].family)]
+    extras = extras_in(kept, ARCH_SPECS[ctx.arch].family, ctx.full)
     product = [c for c in kept if c not in extras]
     sample = kept if ctx.full else product[:: max(1, len(product) // 3)][:3] + extras
     ctx.log(f"compile-only: building {len(sample)} of the {len(kept)} remaining configurations for {ctx.arch}"

@@ -31,6 +31,7 @@ def test_search_space_is_the_product_of_its_axes_plus_the_extras():
             assert product == autotune.product_space(family, full)
             assert all(set(c) == set(autotune.TUNED_KEYS) for c in product)
             assert extras == [c for c in autotune.extra_space(family) if c not in product]
+            assert autotune.extras_in(space, family, full) == extras
             assert all(set(autotune.TUNED_KEYS) <= set(c) <= set(autotune.SCHEDULE_KEYS) for c in extras)
             assert len({tuple(sorted(c.items())) for c in space}) == len(space)  # no duplicates
             labels = [autotune.to_gemm_config(c).label() for c in space]
@@ -341,6 +342,62 @@ def test_extras_lower_within_their_shared_memory_estimate():
         assert report.threads == 512  # three consumer warpgroups and TileLang's producer
 
 
+def test_run_refines_the_autotuners_pick_then_checks_it_against_the_space(monkeypatch):
+    """The section's GPU path with the GPU replaced: compiled kernels are CPU matmuls with a known latency,
+    the autotuner is a fake whose one-after-another readings put the wrong configuration first."""
+    import types
+
+    torch = pytest.importorskip("torch")
+    true_ms = {THREE_WARPGROUPS: 0.95, GemmConfig(128, 256, 64, 4, 256, True): 0.97}
+    launched = []
+
+    class FakeKernel:
+        def __init__(self, config):
+            self.ms = true_ms.get(config, 1.2)
+
+        def __call__(self, a, b):
+            launched.append(self.ms)
+            return (a.float() @ b.float()).half()
+
+    def fake_bench_ms(fn, **kw):
+        launched.clear()
+        fn()
+        return launched[-1] if launched else 1.0  # nothing launched: cuBLAS, 1.0 ms
+
+    kept, _ = autotune.filter_space(autotune.search_space("hopper"), HOPPER_BUDGET)
+    pick = autotune.config_dict(GemmConfig(128, 256, 64, 4, 256, True))
+    readings = {autotune.to_gemm_config(c): 1.3 for c in kept}
+    readings.update({autotune.to_gemm_config(pick): 0.90, THREE_WARPGROUPS: 0.93})  # drift flattered the pick
+    searched = []
+
+    def fake_tune(M, N, K, configs, target="cuda"):
+        timed = [] if searched else [(readings[autotune.to_gemm_config(c)], i) for i, c in enumerate(configs)]
+        searched.append(True)
+        return FakeKernel(autotune.to_gemm_config(pick)), dict(pick), 0.05, timed
+
+    monkeypatch.setattr(autotune, "QUICK_TUNE_SIZE", 64)
+    monkeypatch.setattr(autotune, "compile_many", lambda M, N, K, configs, **kw: [FakeKernel(c) for c in configs])
+    monkeypatch.setattr(autotune, "tune", fake_tune)
+    monkeypatch.setattr(autotune, "tune_in_child", lambda *a, **k: {"seconds": 0.1, "best": dict(pick), "timed": 0,
+                                                                     "wall": 2.0})
+    monkeypatch.setattr(tourkit, "bench_ms", fake_bench_ms)
+    random_tensor = tourkit.random_tensor
+    monkeypatch.setattr(tourkit, "random_tensor", lambda *a, **k: random_tensor(*a, **dict(k, device="cpu")))
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **dict(k, device="cpu")))
+    device = types.SimpleNamespace(arch="sm_90a", smem_per_block_optin=HOPPER_BUDGET, sm_count=132)
+    ctx = tourkit.TourContext(quick=True, device=device, echo=False)
+    autotune.run(ctx)
+    assert ctx.headlines["winner"] == THREE_WARPGROUPS.label()
+    assert ctx.headlines["autotuner_pick"] == autotune.to_gemm_config(pick).label()
+    assert ctx.metrics["winner_config"] == autotune.config_dict(THREE_WARPGROUPS)
+    assert ctx.metrics["autotuner_config"] == pick and ctx.metrics["refine_changed_pick"] is True
+    assert len(ctx.metrics["refine_ms"]) == autotune.REFINE_LEADERS + 1  # the leaders and cuBLAS
+    assert ctx.headlines["gap_to_fastest"] == 0 and ctx.headlines["vs_cublas"] == pytest.approx(round(1 / 0.95, 3))
+    assert len(ctx.metrics["space_retimed"]) == len(kept)  # the whole space, extras included
+    assert ctx.metrics["rel_error"] < autotune.TOLERANCE
+
+
 def test_section_compile_only_through_runner():
     import tilelang_tour
 
@@ -375,3 +432,33 @@ def test_tune_odd_size_on_gpu_validates_and_caches(tmp_path, monkeypatch):
     assert check.passed, check.line()
     _, again, again_s, _ = autotune.tune(M, N, K, configs)
     assert again == best and again_s < 2.0
+
+
+@pytest.mark.gpu
+def test_refinement_on_gpu_reads_every_latency_and_validates_the_leaders(tmp_path, monkeypatch):
+    """On the GPU: the autotuner's per-configuration readings are all found in its output (the extras
+    included), and every leader the refinement times computes the right product."""
+    import torch
+
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path))
+    device = tourkit.detect_device()
+    family = tourkit.ARCH_SPECS[device.arch].family
+    kept, _ = autotune.filter_space(autotune.search_space(family), device.smem_per_block_optin)
+    configs = kept[:3] + autotune.extras_in(kept, family)
+    M = N = K = 2048
+    kernel, best, _, timed = autotune.tune(M, N, K, configs)
+    assert sorted(i for _, i in timed) == list(range(len(configs)))
+    compiled = autotune.compile_many(M, N, K, [autotune.to_gemm_config(c) for c in configs])
+    leaders = autotune.leading_kernels(configs, compiled, timed, best, kernel, n=3)
+    assert len(leaders) == 3 and best in [c for c, _, _ in leaders]
+    a = tourkit.random_tensor((M, K), torch.float16, seed=5)
+    b = tourkit.random_tensor((K, N), torch.float16, seed=6)
+    ref = a.double() @ b.double()
+    c = torch.empty(M, N, dtype=torch.float16, device="cuda")
+    for config, leader, _ in leaders:
+        check = tourkit.validate(autotune.to_gemm_config(config).label(), lambda: c.copy_(leader(a, b)), c, ref, 2e-3)
+        assert check.passed, check.line()
+    ctx = tourkit.TourContext(echo=False)
+    winner, _ = autotune.refine(ctx, M, N, K, leaders, best, a, b)
+    assert winner in [config for config, _, _ in leaders]
+    assert ctx.metrics["refined_winner"] == autotune.to_gemm_config(winner).label()
