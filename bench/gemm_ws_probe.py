@@ -1,0 +1,695 @@
+"""An experimental hand-written warp-specialized Hopper GEMM, and a probe that times it against cuBLAS and the
+tour's best schedules on an H200.
+
+    python bench/gemm_ws_probe.py                  # every variant that compiles, every shape (H200)
+    python bench/gemm_ws_probe.py --quick          # 8192^3 only
+    python bench/gemm_ws_probe.py --shapes 8192x8192x8192,4096x4096x4096 --variants ws,ws_persistent
+    python bench/gemm_ws_probe.py --list           # the variants, whether each compiles for sm_90a (no GPU),
+                                                   # their registers and spills (ptxas), --source: the main loop
+
+Why: the tour's `gemm_program` (T.Pipelined + T.gemm, TileLang's automatic warp specialization) reaches
+0.96-1.03x cuBLAS on an H200. Its consumers wait for each K step's whole wgmma batch (`wait_wgmma<0>`) before
+they hand the stage back to the producer, so the tensor cores idle between K steps. Here the producer/consumer
+split is written by hand, as CUTLASS's Hopper mainloop does it:
+
+* one producer warpgroup (registers lowered to 24, or 40 in the persistent kernel) waits for a free stage of a
+  ring of `num_stages` shared-memory buffers (its `empty` mbarrier), issues the TMA loads of the A and B tiles
+  into it and arrives on the stage's `full` mbarrier, which completes when the bytes have landed;
+* `consumers` consumer warpgroups (registers raised to 240 / 232) wait for `full`, issue the stage's wgmma batch
+  without waiting for it (`T.wgmma_gemm`), then `T.wait_wgmma(1)`: the batch of the previous step is finished,
+  so only then do they release the previous step's stage (`empty`), keeping one batch in flight;
+* the epilogue converts the fp32 accumulator to fp16 into a small shared tile (block_M x store_block_N) and
+  stores it with TMA, one column strip at a time (a full 128x256 staging tile would not fit next to four
+  stages); with store_buffers=2 (the *_db variants) one strip's store runs while the next strip is written;
+* persistent=True: one block per SM walks the tiles (T.PersistentTileScheduler, the tour's L2 swizzle order);
+  producer and consumers each run the same tile loop, and the ring's barrier phases continue across tiles
+  (a k-step counter over all of this block's tiles), so the producer loads the next tile's first stages
+  while the consumers run the epilogue.
+
+The probe validates each kernel in a child process under a time limit (a barrier-phase bug deadlocks the GPU
+rather than crashing), launches it again many times to look for races (an fp16 GEMM with a fixed
+accumulation order must give bit-identical results every launch), and only then times the kernels that
+passed, in turns (tourkit.bench_interleaved) against torch.matmul (cuBLAS) and the tour's two best schedules.
+"""
+
+# No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import tourkit  # noqa: E402  (no tilelang work at import)
+from sections.gemm_schedules import GemmConfig  # noqa: E402
+
+ARCH = "sm_90a"
+H200_SMS = 132
+SMEM_LIMIT = 227 * 1024  # dynamic shared memory one block may use on Hopper
+TOLERANCE = 5e-3  # as gemm_schedules: fp16 output over fp32 accumulation in another order
+
+SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (8192, 28672, 4096), (8192, 4096, 14336), (1024, 8192, 8192)]
+ODD_SHAPES = [(1000, 1000, 1000), (1001, 1032, 1000)]  # validated only: tails in M, N and K (TMA clips them)
+
+# The variants of the hand-written kernel: name -> keyword arguments of gemm_ws_program.
+VARIANTS: dict[str, dict] = {
+    "ws": dict(),
+    "ws_persistent": dict(persistent=True),
+    "ws_db": dict(store_buffers=2),
+    "ws_persistent_db": dict(persistent=True, store_buffers=2),
+}
+
+# The tour's best schedules today (BENCHMARKS.md), timed in the same turns.
+TOUR_CONFIGS: dict[str, GemmConfig] = {
+    "tour 128x256 s4": GemmConfig(128, 256, 64, 4, 256, True),
+    "tour 256x192 FullCol": GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol"),
+}
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The kernel
+# ---------------------------------------------------------------------------------------------------------
+
+def register_split(consumers: int, persistent: bool) -> tuple[int, int]:
+    """(producer, consumer) registers per thread after setmaxnreg. The producer warpgroup keeps 24 (TileLang's
+    own split) or 40 when it also runs the persistent tile scheduler's index arithmetic (CUTLASS's 40/232);
+    the consumers take what is left of the SM's 65536, a multiple of 8, at most 240."""
+    producer = 40 if persistent else 24
+    consumer = min(240, (65536 - 128 * producer) // (128 * consumers) // 8 * 8)
+    return producer, consumer
+
+
+def gemm_ws_program(M: int, N: int, K: int, block_M: int = 128, block_N: int = 256, block_K: int = 64,
+                    num_stages: int = 4, consumers: int = 2, swizzle_panel: int = 8, persistent: bool = False,
+                    num_sms: int = H200_SMS, store_block_N: int = 64, store_buffers: int = 1, dtype: str = "float16",
+                    accum_dtype: str = "float32"):
+    """C = A @ B (A[M, K], B[K, N] row-major, fp16 in, fp32 accumulation, fp16 out) as a hand-written
+    warp-specialized prim_func for sm_90a. Threads: `consumers` consumer warpgroups, then one producer
+    warpgroup. Each consumer warpgroup owns block_M / consumers full rows of the tile (FullRow: one
+    m64n256 wgmma per 16 of K, the shape that reads shared memory least)."""
+    import tilelang.language as T
+
+    if block_M != 64 * consumers:
+        raise ValueError(f"block_M={block_M} must be 64 x consumers={consumers}: each consumer warpgroup "
+                         f"owns 64 full rows of the tile")
+    if block_N % store_block_N:
+        raise ValueError(f"block_N={block_N} must be a multiple of store_block_N={store_block_N}")
+    if (K * 2) % 16 or (N * 2) % 16:
+        raise ValueError(f"N={N} and K={K} must be multiples of 8: TMA needs 16-byte aligned rows")
+
+    consumer_threads = 128 * consumers
+    threads = consumer_threads + 128  # the producer warpgroup comes last
+    producer_regs, consumer_regs = register_split(consumers, persistent)
+    m_tiles, n_tiles = T.ceildiv(M, block_M), T.ceildiv(N, block_N)
+    k_steps = T.ceildiv(K, block_K)
+    # FullRow: TileLang 0.1.15 then fences 256 accumulator registers around each wgmma batch where a thread
+    # holds 128 (it counts both warpgroups' rows); ptxas keeps no stack for it, and the tour's FullRow
+    # schedule, with the same code, validates on the H200.
+    policy = T.GemmWarpPolicy.FullRow
+
+    def stage_of(step):
+        """A k-step's slot in the ring, and the parity of its round: the n-th time a stage's `full` barrier
+        completes is phase n, whose parity is n & 1."""
+        return step % num_stages, (step // num_stages) & 1
+
+    @T.macro
+    def produce_tile(A, B, A_s, B_s, full, empty, m, n, first_step):
+        """The producer's loads of one output tile, k-step by k-step. `first_step` counts the k-steps this
+        block loaded before this tile, so the ring's phases carry on across tiles."""
+        for k in T.serial(k_steps):
+            stage, parity = stage_of(first_step + k)
+            # A fresh barrier sits in phase 0, so waiting for parity 1 returns at once: the first round of
+            # stages is free without any consumer arrival.
+            T.mbarrier_wait_parity(empty[stage], parity ^ 1)
+            # One elected thread issues the copies (expect_tx + TMA); every producer thread then arrives, and
+            # the phase completes when all 128 arrived and the bytes landed.
+            T.tma_copy(A[m * block_M:(m + 1) * block_M, k * block_K:(k + 1) * block_K], A_s[stage, :, :],
+                       barrier=full[stage])
+            T.tma_copy(B[k * block_K:(k + 1) * block_K, n * block_N:(n + 1) * block_N], B_s[stage, :, :],
+                       barrier=full[stage])
+            T.mbarrier_arrive(full[stage])
+
+    @T.macro
+    def consume_tile(A_s, B_s, C_local, full, empty, first_step):
+        """The consumers' wgmma batches of one tile, one batch kept in flight. On return every batch has
+        finished and every stage this tile used has been handed back."""
+        T.clear(C_local)
+        for k in T.serial(k_steps):
+            stage, parity = stage_of(first_step + k)
+            T.mbarrier_wait_parity(full[stage], parity)
+            T.wgmma_gemm(A_s[stage, :, :], B_s[stage, :, :], C_local, policy=policy)  # issued, not waited
+            T.wait_wgmma(1)  # at most this step's batch still runs: the previous step's batch is done
+            if k > 0:  # ... so its stage may be overwritten (step k-1 of this tile; none before step 0)
+                T.mbarrier_arrive(empty[stage_of(first_step + k - 1)[0]])
+        T.wait_wgmma(0)
+        # The last step's stage: the producer of a persistent kernel waits for it one ring round later.
+        T.mbarrier_arrive(empty[stage_of(first_step + k_steps - 1)[0]])
+
+    @T.macro
+    def store_tile(C, C_local, C_s, m, n):
+        """fp32 accumulator -> fp16 strips of block_M x store_block_N in shared memory -> global by TMA.
+        TileLang puts a named barrier over the consumer threads around each strip's shared-memory writes, and
+        one elected consumer thread issues the stores. With two strip buffers the TMA store of one strip runs
+        while the next strip is written: before a buffer is rewritten only the store issued `store_buffers`
+        strips earlier must have finished reading it (across tiles too: the kernel drains once, at its end)."""
+        for j in T.unroll(block_N // store_block_N):
+            buffer = j % store_buffers
+            T.tma_store_wait(store_buffers - 1)  # by the thread that issued the stores; a no-op for the rest
+            T.copy(C_local[:, j * store_block_N:(j + 1) * store_block_N], C_s[buffer, :, :])
+            column = n * block_N + j * store_block_N
+            T.tma_copy(C_s[buffer, :, :], C[m * block_M:(m + 1) * block_M, column:column + store_block_N])
+
+    def buffers():
+        return (T.alloc_shared((num_stages, block_M, block_K), dtype),
+                T.alloc_shared((num_stages, block_K, block_N), dtype),
+                T.alloc_shared((store_buffers, block_M, store_block_N), dtype),
+                T.alloc_fragment((block_M, block_N), accum_dtype),
+                # full[s]: the producer warpgroup's 128 arrivals plus the TMA bytes; empty[s]: every consumer
+                # thread's arrival after its wgmma batch reading stage s is known finished.
+                T.alloc_barrier([128] * num_stages),
+                T.alloc_barrier([consumer_threads] * num_stages))
+
+    if not persistent:
+        @T.prim_func
+        def gemm_ws(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
+            with T.Kernel(n_tiles, m_tiles, threads=threads) as (bx, by):
+                A_s, B_s, C_s, C_local, full, empty = buffers()
+                T.use_swizzle(panel_size=swizzle_panel)  # the tour's L2 order: panels of 8 rows of tiles
+                tid = T.get_thread_binding()
+                if tid >= consumer_threads:
+                    T.set_max_nreg(producer_regs, 0)
+                    produce_tile(A, B, A_s, B_s, full, empty, by, bx, 0)
+                else:
+                    T.set_max_nreg(consumer_regs, 1)
+                    consume_tile(A_s, B_s, C_local, full, empty, 0)
+                    store_tile(C, C_local, C_s, by, bx)
+                    T.tma_store_wait(0)  # shared memory must outlive the stores reading it
+
+        return gemm_ws
+
+    @T.prim_func
+    def gemm_ws_persistent(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(num_sms, threads=threads) as block_id:
+            A_s, B_s, C_s, C_local, full, empty = buffers()
+            tid = T.get_thread_binding()
+            # Both roles walk the same tiles in the same order (row panels of `swizzle_panel` tile rows, as
+            # T.use_swizzle), each with its own scheduler; `current_iter` counts this block's tiles.
+            if tid >= consumer_threads:
+                T.set_max_nreg(producer_regs, 0)
+                tiles = T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=num_sms,
+                                                  swizzle_size=swizzle_panel, column_major=False)
+                tiles.init(block_id)
+                while tiles.valid():
+                    produce_tile(A, B, A_s, B_s, full, empty, tiles.m_idx, tiles.n_idx,
+                                 tiles.current_iter * k_steps)
+                    tiles.next_tile()
+            else:
+                T.set_max_nreg(consumer_regs, 1)
+                tiles = T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=num_sms,
+                                                  swizzle_size=swizzle_panel, column_major=False)
+                tiles.init(block_id)
+                while tiles.valid():
+                    consume_tile(A_s, B_s, C_local, full, empty, tiles.current_iter * k_steps)
+                    store_tile(C, C_local, C_s, tiles.m_idx, tiles.n_idx)
+                    tiles.next_tile()
+                T.tma_store_wait(0)  # shared memory must outlive the stores reading it
+
+    return gemm_ws_persistent
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Compile-only inspection (no GPU): markers, the main loop, ptxas registers and spills
+# ---------------------------------------------------------------------------------------------------------
+
+# What the generated CUDA of every variant must show: name -> pattern.
+EXPECTED_MARKERS: dict[str, str] = {
+    "wgmma": r"wgmma_ss<",
+    "tma_load": r"tma_load\(",
+    "mbarrier wait": r"\]\.wait\(",
+    "mbarrier arrive": r"\]\.arrive\(\)",
+    "one batch in flight": r"wait_wgmma<1>\(\)",
+    "final drain": r"wait_wgmma<0>\(\)",
+    "producer registers": r"warpgroup_reg_dealloc<\d+>",
+    "consumer registers": r"warpgroup_reg_alloc<\d+>",
+    "tma_store": r"tma_store\(",
+}
+
+
+def missing_markers(source: str) -> list[str]:
+    return [name for name, pattern in EXPECTED_MARKERS.items() if not re.search(pattern, source)]
+
+
+def consumer_main_loop(source: str) -> str:
+    """The consumers' K loop of the generated CUDA: from the wait on the `full` barrier to the final drain."""
+    lines = source.splitlines()
+    start = next((i for i, l in enumerate(lines) if re.search(r"full\[.*\]\.wait\(", l)), None)
+    end = next((i for i, l in enumerate(lines) if "wait_wgmma<0>" in l), None)
+    if start is None or end is None:
+        return "(consumer loop not found)"
+    return "\n".join(lines[max(0, start - 1):end + 2])
+
+
+def main_loop_syncs(source: str) -> int:
+    """__syncthreads / named barriers inside the consumers' K loop (there should be none)."""
+    return len(re.findall(r"__syncthreads|__sync_thread_partial|bar\.sync", consumer_main_loop(source)))
+
+
+def ptxas_report(source: str, arch: str = ARCH) -> dict:
+    """Compile TileLang's CUDA source to a cubin with nvcc as TileLang does (same flags and includes) plus
+    `-Xptxas -v`, and read the registers, stack frame and spills. A kernel that spills is not worth timing."""
+    from tilelang.env import CUTLASS_INCLUDE_DIR, TILELANG_TEMPLATE_PATH
+
+    nvcc = tourkit.find_nvcc()
+    if nvcc is None:
+        return {"error": "nvcc not found"}
+    with tempfile.TemporaryDirectory() as tmp:
+        cu, cubin = os.path.join(tmp, "kernel.cu"), os.path.join(tmp, "kernel.cubin")
+        with open(cu, "w") as f:
+            f.write(source)
+        cmd = [nvcc, "--cubin", "-O3", "-lineinfo", f"-arch={arch}", "-std=c++20", f"-I{TILELANG_TEMPLATE_PATH}",
+               f"-I{CUTLASS_INCLUDE_DIR}", "-Xptxas", "-v", "-o", cubin, cu]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    text = done.stdout + done.stderr
+    if done.returncode != 0:
+        return {"error": text.strip().splitlines()[-1] if text.strip() else f"nvcc exit {done.returncode}"}
+
+    def number(pattern):
+        found = re.search(pattern, text)
+        return int(found.group(1)) if found else None
+
+    return {"registers": number(r"Used (\d+) registers"), "stack_bytes": number(r"(\d+) bytes stack frame"),
+            "spill_stores": number(r"(\d+) bytes spill stores"), "spill_loads": number(r"(\d+) bytes spill loads"),
+            # ptxas's own advisories (e.g. C7514: wgmma serialized), not the headers' C++ warnings
+            "warnings": [l.strip() for l in text.splitlines() if l.startswith("ptxas") and
+                         ("warning" in l or "Performance Loss" in l)]}
+
+
+def inspect_variant(name: str, shape: tuple[int, int, int] = (8192, 8192, 8192)) -> dict:
+    """Everything the compile-only check says about a variant: lowered for sm_90a by TileLang (launch shape,
+    shared memory, markers), then compiled by nvcc with ptxas -v (registers, stack, spills)."""
+    try:
+        rep = tourkit.inspect_kernel(name, gemm_ws_program(*shape, **VARIANTS[name]), ARCH, nvcc=False)
+    except Exception as exc:
+        return {"variant": name, "lowered": False, "error": tourkit.one_line(exc)}
+    report = {"variant": name, "lowered": True, "threads": rep.threads, "grid": rep.grid,
+              "smem_bytes": rep.smem_bytes, "missing_markers": missing_markers(rep.source),
+              "main_loop_syncs": main_loop_syncs(rep.source), "source": rep.source}
+    report.update(ptxas_report(rep.source))
+    return report
+
+
+def inspect_variants(names: list[str]) -> list[dict]:
+    """inspect_variant for several variants at once: lowering runs in C++ and each nvcc is its own process."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(names), os.cpu_count() or 1))) as pool:
+        return list(pool.map(inspect_variant, names))
+
+
+def spilled_bytes(rep: dict) -> int:
+    return sum(rep.get(key) or 0 for key in ("spill_stores", "spill_loads", "stack_bytes"))
+
+
+def list_variants(show_source: bool) -> int:
+    """--list: each variant, whether it lowers and compiles for sm_90a, its markers, registers and spills."""
+    failed = 0
+    for rep in inspect_variants(list(VARIANTS)):
+        name, kwargs = rep["variant"], VARIANTS[rep["variant"]]
+        if not rep["lowered"] or "error" in rep:
+            failed += 1
+            say(f"{name:16s} FAILED: {rep.get('error')}")
+            continue
+        spills = spilled_bytes(rep)
+        verdict = "compiled" if not rep["missing_markers"] and not spills else "compiled, NOT WORTH A RUN"
+        say(f"{name:16s} {verdict}: {kwargs or 'defaults'}; {rep['threads']} threads, grid {rep['grid']}, "
+            f"shared memory {tourkit.format_bytes(rep['smem_bytes'])}; registers {rep['registers']} (launch bound), "
+            f"stack {rep['stack_bytes']} B, spills {rep['spill_stores']}/{rep['spill_loads']} B, "
+            f"syncs in the K loop {rep['main_loop_syncs']}, missing markers {rep['missing_markers'] or 'none'}")
+        for warning in rep["warnings"]:
+            say(f"    ptxas: {warning}")
+        if show_source:
+            say(tourkit.indent(consumer_main_loop(rep["source"]), "    | "))
+    return 1 if failed else 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Kernels by name: the hand-written variants and the tour's schedules
+# ---------------------------------------------------------------------------------------------------------
+
+def kernel_names(variants: list[str]) -> list[str]:
+    return list(TOUR_CONFIGS) + variants
+
+
+def program_for(name: str, M: int, N: int, K: int):
+    if name in TOUR_CONFIGS:
+        from sections.gemm_schedules import gemm_program
+
+        return gemm_program(M, N, K, TOUR_CONFIGS[name])
+    return gemm_ws_program(M, N, K, **VARIANTS[name])
+
+
+def compile_kernel(name: str, M: int, N: int, K: int):
+    """The kernel for the local GPU, writing into the caller's C: kernel(a, b, c). A hit in TileLang's kernel
+    cache after precompile()."""
+    import tilelang
+
+    return tilelang.compile(program_for(name, M, N, K), out_idx=None, target="cuda")
+
+
+def precompile(jobs: list[tuple[str, tuple[int, int, int]]]) -> None:
+    """Compile every (kernel, shape) at once in threads (tourkit.compile_many), filling TileLang's on-disk
+    kernel cache for the validation child and the timing below."""
+    programs = []
+    for name, (M, N, K) in jobs:
+        try:
+            programs.append(program_for(name, M, N, K))
+        except Exception as exc:  # reported again, per kernel, by the validation child
+            say(f"  {name} {M}x{N}x{K}: cannot build the program: {tourkit.one_line(exc)}")
+    tourkit.compile_many(programs, out_idx=None, log=lambda line: say("  " + line))
+
+
+def shape_text(shape) -> str:
+    return "x".join(str(d) for d in shape)
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    dims = tuple(int(d) for d in text.lower().split("x"))
+    if len(dims) != 3:
+        raise argparse.ArgumentTypeError(f"a shape is MxNxK, not {text!r}")
+    return dims
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Never hang the GPU forever: a deadlocked kernel never returns from a synchronize
+# ---------------------------------------------------------------------------------------------------------
+
+def wait_for_gpu(what: str, seconds: float) -> None:
+    """Wait for the work queued so far by polling a CUDA event (the polling thread keeps running whatever a
+    hung kernel does); past `seconds`, report a probable deadlock and leave the process at once."""
+    import torch
+
+    done = torch.cuda.Event()
+    done.record()
+    deadline = time.monotonic() + seconds
+    while not done.query():
+        if time.monotonic() > deadline:
+            print(json.dumps({"event": "deadlock", "what": what, "seconds": seconds}), flush=True)
+            os._exit(3)
+        time.sleep(0.002)
+
+
+class Watchdog:
+    """Leave the process (os._exit) when the block inside runs past `seconds`: around timing, where
+    bench_ms synchronizes by itself. torch's synchronize releases the GIL, so this thread still runs."""
+
+    def __init__(self, what: str, seconds: float):
+        self.what, self.seconds, self.done = what, seconds, threading.Event()
+
+    def _watch(self) -> None:
+        if not self.done.wait(self.seconds):
+            say(f"DEADLOCK? {self.what} still running after {self.seconds:.0f} s; leaving the process")
+            os._exit(3)
+
+    def __enter__(self):
+        threading.Thread(target=self._watch, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        return False
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Validation, in a child process: a deadlock or a fault there cannot take the timing process with it
+# ---------------------------------------------------------------------------------------------------------
+
+RACE_LAUNCHES = 20  # repeated launches that must reproduce the first result bit for bit
+FIRST_LAUNCH_S = 30.0  # far beyond any of these GEMMs (a 16384^3 one takes ~15 ms)
+
+
+def child_validate(jobs: list[tuple[str, tuple[int, int, int]]]) -> int:
+    """Validate each (kernel, shape) job, printing one JSON line as it starts and one with its result. Stops
+    at the first kernel that raises (a fault poisons the CUDA context); the parent starts a new child."""
+    import torch
+
+    from sections.gemm_schedules import reference
+
+    inputs: dict = {}
+    for name, shape in jobs:
+        print(json.dumps({"event": "start", "kernel": name, "shape": shape}), flush=True)
+        M, N, K = shape
+        try:
+            kernel = compile_kernel(name, M, N, K)
+            if shape not in inputs:
+                inputs.clear()
+                a = tourkit.random_tensor((M, K), torch.float16, seed=1)
+                b = tourkit.random_tensor((K, N), torch.float16, seed=2)
+                inputs[shape] = (a, b, reference(a, b))
+            a, b, ref = inputs[shape]
+            c = tourkit.poison_(torch.empty((M, N), dtype=torch.float16, device="cuda"))
+            kernel(a, b, c)
+            wait_for_gpu(f"{name} {shape_text(shape)} first launch", FIRST_LAUNCH_S)
+            error = tourkit.relative_error(c, ref)
+            differing = None
+            if error <= TOLERANCE:
+                differing = count_differing_launches(kernel, a, b, c, f"{name} {shape_text(shape)}")
+        except Exception as exc:
+            print(json.dumps({"event": "result", "kernel": name, "shape": shape, "error": tourkit.one_line(exc)}),
+                  flush=True)
+            return 4
+        print(json.dumps({"event": "result", "kernel": name, "shape": shape, "rel_error": error,
+                          "differing_launches": differing}), flush=True)
+    return 0
+
+
+def count_differing_launches(kernel, a, b, first, what: str) -> int:
+    """Launch the kernel RACE_LAUNCHES more times into a poisoned output; count the launches whose result
+    differs from the first in any bit. A barrier-phase race shows up here even when one result looks right."""
+    import torch
+
+    expected = first.clone()
+    c = torch.empty_like(first)
+    differing = torch.zeros((), dtype=torch.int64, device="cuda")
+    for _ in range(RACE_LAUNCHES):
+        tourkit.poison_(c)
+        kernel(a, b, c)
+        differing += (c.view(torch.int16) != expected.view(torch.int16)).any().to(torch.int64)
+    wait_for_gpu(f"{what} repeated launches", FIRST_LAUNCH_S + RACE_LAUNCHES)
+    return int(differing.item())
+
+
+def validate_in_children(jobs: list[tuple[str, tuple[int, int, int]]]) -> dict:
+    """Run child_validate over the jobs; when a child dies (deadlock, fault, timeout), record why for the job
+    it was on and start another child for the rest. Returns {(kernel, shape): result dict}."""
+    results: dict = {}
+    remaining = list(jobs)
+    while remaining:
+        spec = ";".join(f"{name}@{shape_text(shape)}" for name, shape in remaining)
+        limit = 120 + 30 * len(remaining)  # compiles are cache hits; the child's own watchdog fires first
+        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child-validate", spec],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = proc.communicate(timeout=limit)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            timed_out = True
+        current = None
+        for line in out.splitlines():
+            if not line.startswith("{"):
+                continue
+            event = json.loads(line)
+            key = (event.get("kernel"), tuple(event["shape"])) if "shape" in event else None
+            if event["event"] == "start":
+                current = key
+            elif event["event"] == "result":
+                results[key] = event
+                current = None
+            elif event["event"] == "deadlock" and current is not None:
+                results[current] = {"deadlock": True, "error": f"deadlock? ({event['what']} did not finish "
+                                                                f"in {event['seconds']:.0f} s)"}
+                current = None
+        if current is not None:  # the child died during this job without saying why
+            why = f"deadlock? (child killed after {limit} s)" if timed_out else \
+                f"child exited {proc.returncode}: {(err.strip().splitlines() or ['?'])[-1][:200]}"
+            results[current] = {"deadlock": timed_out, "error": why}
+        before = len(remaining)
+        remaining = [job for job in remaining if job not in results]
+        if len(remaining) == before:  # the child did nothing at all: do not loop forever
+            for job in remaining:
+                results[job] = {"error": f"child exited {proc.returncode}: {err.strip()[-300:]}"}
+            break
+    return results
+
+
+def passed(result: dict) -> bool:
+    return result.get("rel_error", float("inf")) <= TOLERANCE and result.get("differing_launches") == 0
+
+
+def verdict(result: dict) -> str:
+    if "error" in result:
+        return "FAILED: " + result["error"]
+    text = f"rel. error {tourkit.format_error(result['rel_error'])}"
+    if result["rel_error"] > TOLERANCE:
+        return f"FAILED: {text} (tolerance {TOLERANCE:.0e})"
+    if result.get("differing_launches"):
+        return f"FAILED: {text}, but {result['differing_launches']} of {RACE_LAUNCHES} repeated launches differ (a race)"
+    return f"ok: {text}, {RACE_LAUNCHES} repeated launches bit-identical"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------------------------------
+
+def time_shape(shape, names: list[str], rounds: int) -> dict[str, float]:
+    """Median ms of torch.matmul (cuBLAS) and each validated kernel at one shape, taking turns."""
+    import torch
+
+    M, N, K = shape
+    a = tourkit.random_tensor((M, K), torch.float16, seed=1)
+    b = tourkit.random_tensor((K, N), torch.float16, seed=2)
+    c_torch = torch.empty((M, N), dtype=torch.float16, device="cuda")
+    contenders = {"cuBLAS (torch.matmul)": lambda: torch.matmul(a, b, out=c_torch)}
+    for name in names:
+        kernel, c = compile_kernel(name, M, N, K), torch.empty((M, N), dtype=torch.float16, device="cuda")
+        contenders[name] = lambda kernel=kernel, c=c: kernel(a, b, c)
+    with Watchdog(f"timing at {shape_text(shape)}", 300):
+        return tourkit.bench_interleaved(contenders, rounds=rounds)
+
+
+def print_shape_table(shape, times: dict[str, float], checks: dict[str, str]) -> None:
+    M, N, K = shape
+    flops = 2 * M * N * K
+    base = times["cuBLAS (torch.matmul)"]
+    rows = []
+    for name, ms in sorted(times.items(), key=lambda item: item[1]):
+        rows.append([name, f"{ms:.3f}", f"{tourkit.tflops(flops, ms):.0f}", f"{tourkit.speedup(base, ms):.3f}",
+                     checks.get(name, "reference")])
+    say(tourkit.format_table(["kernel", "ms", "TFLOP/s", "vs cuBLAS", "check"], rows))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The probe
+# ---------------------------------------------------------------------------------------------------------
+
+def usable_variants(names: list[str]) -> list[str]:
+    """The variants worth a GPU run: they lower, carry the expected markers, and ptxas neither spills nor
+    keeps a stack frame (checked at 8192^3; the other shapes differ only in constants)."""
+    usable = []
+    for rep in inspect_variants(names):
+        name = rep["variant"]
+        if not rep["lowered"]:
+            say(f"  {name}: does not lower for {ARCH}: {rep['error']} - skipped")
+        elif rep["missing_markers"] or spilled_bytes(rep):
+            say(f"  {name}: missing markers {rep['missing_markers']}, spills/stack {spilled_bytes(rep)} B - skipped")
+        elif "error" in rep:  # ptxas could not run (no nvcc?): TileLang's own compile decides below
+            say(f"  {name}: lowers; no ptxas report ({rep['error']})")
+            usable.append(name)
+        else:
+            say(f"  {name}: compiles; registers {rep['registers']} (launch bound), no spills, "
+                f"{rep['main_loop_syncs']} syncs in the K loop, shared memory {tourkit.format_bytes(rep['smem_bytes'])}")
+            usable.append(name)
+    return usable
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="8192^3 only")
+    ap.add_argument("--shapes", type=lambda t: [parse_shape(s) for s in t.split(",")], default=None,
+                    help="comma-separated MxNxK list (default: the five target shapes)")
+    ap.add_argument("--variants", type=lambda t: t.split(","), default=list(VARIANTS),
+                    help=f"comma-separated, of {', '.join(VARIANTS)}")
+    ap.add_argument("--rounds", type=int, default=4, help="turns per contender (tourkit.bench_interleaved)")
+    ap.add_argument("--no-odd", action="store_true", help="skip the odd-size validation (1000x1000x1000 ...)")
+    ap.add_argument("--list", action="store_true", help="the variants and whether each compiles for sm_90a "
+                    "(no GPU needed), with ptxas registers and spills")
+    ap.add_argument("--source", action="store_true", help="with --list: print each variant's consumer K loop")
+    ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for gemm_ws_probe.json (default $OUT)")
+    ap.add_argument("--child-validate", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")
+    if args.shapes is None:
+        args.shapes = [SHAPES[0]] if args.quick else SHAPES
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.child_validate:
+        jobs = [(item.split("@")[0], parse_shape(item.split("@")[1])) for item in args.child_validate.split(";")]
+        return child_validate(jobs)
+    if args.list:
+        return list_variants(args.source)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        say("no CUDA GPU here: use --list to check that the variants compile for sm_90a")
+        return 2
+    say(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; shapes {[shape_text(s) for s in args.shapes]}")
+    say("compile-only check (ptxas):")
+    variants = usable_variants(args.variants)
+
+    names = kernel_names(variants)
+    jobs = [(name, shape) for shape in args.shapes for name in names]
+    if not args.no_odd:
+        jobs += [(name, shape) for shape in ODD_SHAPES for name in variants]
+    say(f"compiling {len(jobs)} kernels:")
+    precompile(jobs)
+
+    say("validating each kernel in a child process (first launch under a watchdog, then "
+        f"{RACE_LAUNCHES} launches that must agree bit for bit):")
+    results = validate_in_children(jobs)
+    for (name, shape) in jobs:
+        say(f"  {name:22s} {shape_text(shape):18s} {verdict(results[(name, shape)])}")
+
+    record = {"device": torch.cuda.get_device_name(), "variants": variants, "shapes": {}}
+    for shape in args.shapes:
+        good = [name for name in names if passed(results[(name, shape)])]
+        checks = {name: verdict(results[(name, shape)]).split(",")[0] for name in good}
+        say(f"\n{shape_text(shape)}: timing cuBLAS and {len(good)} kernels in {args.rounds} turns")
+        times = time_shape(shape, good, args.rounds)
+        print_shape_table(shape, times, checks)
+        record["shapes"][shape_text(shape)] = {"ms": times, "validation": {
+            name: results[(name, shape)] for name in names}}
+        save(record, args.out)  # after every shape: a later hang loses nothing measured so far
+
+    print_summary(record)
+    failed = [job for job in jobs if job[0] in variants and not passed(results[job])]
+    return 1 if failed else 0
+
+
+def save(record: dict, folder: str | None) -> None:
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "gemm_ws_probe.json"), "w") as f:
+            json.dump(record, f, indent=1, default=str)
+
+
+def print_summary(record: dict) -> None:
+    """One line per shape: every contender's ratio to cuBLAS (higher is faster)."""
+    columns = list(TOUR_CONFIGS) + list(record["variants"])
+    rows = []
+    for shape, entry in record["shapes"].items():
+        base = entry["ms"]["cuBLAS (torch.matmul)"]
+        rows.append([shape] + [f"{base / entry['ms'][c]:.3f}" if c in entry["ms"] else "-" for c in columns])
+    say("\nvs cuBLAS (>1 is faster), per shape:")
+    say(tourkit.format_table(["shape"] + columns, rows))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

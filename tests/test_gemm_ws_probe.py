@@ -1,0 +1,86 @@
+"""bench/gemm_ws_probe.py: the hand-written warp-specialized Hopper GEMM lowers for sm_90a with the pipeline
+it was written for (CPU only; the GPU run is the probe itself)."""
+
+import os
+import re
+import sys
+
+import pytest
+
+import tourkit
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+import gemm_ws_probe as probe  # noqa: E402
+
+
+@pytest.fixture(scope="module", params=[(name, shape) for name in probe.VARIANTS
+                                        for shape in [(8192, 8192, 8192), (1001, 1032, 1000)]],
+                ids=lambda p: f"{p[0]}-{'x'.join(map(str, p[1]))}")
+def lowered(request):
+    name, shape = request.param
+    report = tourkit.inspect_kernel(name, probe.gemm_ws_program(*shape, **probe.VARIANTS[name]), "sm_90a",
+                                    nvcc=False)
+    return name, shape, report
+
+
+def test_markers_launch_shape_and_shared_memory(lowered):
+    name, (M, N, K), report = lowered
+    assert probe.missing_markers(report.source) == []
+    assert report.threads == 384  # two consumer warpgroups and the producer warpgroup
+    if probe.VARIANTS[name].get("persistent"):
+        assert report.grid == (probe.H200_SMS, 1, 1)
+    else:
+        assert report.grid == (-(-N // 256), -(-M // 128), 1)
+    assert report.smem_bytes <= probe.SMEM_LIMIT
+
+
+def test_consumers_release_the_previous_stage_only_after_wait_1(lowered):
+    _, _, report = lowered
+    loop = probe.consumer_main_loop(report.source)
+    assert probe.main_loop_syncs(report.source) == 0  # no block-wide barrier between K steps
+    issue, wait_one = loop.index("wgmma_ss<"), loop.index("wait_wgmma<1>")
+    release = loop.index("empty[", wait_one)
+    assert issue < wait_one < release
+    assert re.search(r"if \(0 < k\w*\) \{\s*empty\[", loop[wait_one:])  # nothing to release at step 0
+    assert loop.index("wait_wgmma<0>") < loop.rindex("empty[")  # the drain, then the last stage's release
+
+
+def test_producer_waits_for_free_stages_with_the_flipped_parity(lowered):
+    _, _, report = lowered
+    assert re.search(r"empty\[[^\]]*\]\.wait\(.*\^ 1\)\);", report.source)
+    assert re.search(r"full\[[^\]]*\]\.expect_transaction\(", report.source)
+    assert re.search(r"warpgroup_reg_dealloc<(24|40)>", report.source)
+    assert re.search(r"warpgroup_reg_alloc<(240|232)>", report.source)
+
+
+def test_register_split_fits_the_register_file():
+    for consumers in (1, 2, 3):
+        for persistent in (False, True):
+            producer, consumer = probe.register_split(consumers, persistent)
+            assert 128 * producer + 128 * consumers * consumer <= 65536
+            assert consumer % 8 == 0 and consumer <= 240
+    assert probe.register_split(2, False) == (24, 240)
+    assert probe.register_split(2, True) == (40, 232)
+
+
+def test_bad_arguments_are_rejected():
+    with pytest.raises(ValueError, match="64 x consumers"):
+        probe.gemm_ws_program(1024, 1024, 1024, block_M=256, consumers=2)
+    with pytest.raises(ValueError, match="multiples of 8"):
+        probe.gemm_ws_program(1024, 1001, 1024)
+    assert probe.parse_shape("8192x28672x4096") == (8192, 28672, 4096)
+
+
+def test_shapes_and_flags():
+    args = probe.parse_args(["--quick"])
+    assert args.shapes == [(8192, 8192, 8192)] and args.variants == list(probe.VARIANTS)
+    args = probe.parse_args(["--shapes", "4096x4096x4096,1024x8192x8192", "--variants", "ws"])
+    assert args.shapes == [(4096, 4096, 4096), (1024, 8192, 8192)] and args.variants == ["ws"]
+
+
+@pytest.mark.skipif(tourkit.find_nvcc() is None, reason="needs nvcc")
+def test_ptxas_neither_spills_nor_serializes_wgmma():
+    for report in probe.inspect_variants(list(probe.VARIANTS)):
+        assert "error" not in report, report.get("error")
+        assert probe.spilled_bytes(report) == 0, report["variant"]
+        assert not any("C7514" in w or "serialized" in w for w in report["warnings"]), report["warnings"]
