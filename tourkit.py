@@ -429,7 +429,8 @@ MARKERS: dict[str, tuple[str, str]] = {
     "tma_load": (r"tma_load", "TMA bulk tensor copy global->shared (Hopper copy engine)"),
     "cp_async": (r"cp_async|cp\.async", "asynchronous global->shared copy (Ampere+)"),
     "ldmatrix": (r"ldmatrix", "shared->register matrix fragment load for tensor cores"),
-    "mbarrier": (r"mbarrier", "transaction barrier (TMA completion, producer/consumer sync)"),
+    # TileLang's own pipelines name the array `mbarrier`; T.alloc_barrier declares `Barrier` arrays.
+    "mbarrier": (r"mbarrier|reinterpret_cast<Barrier\*>", "transaction barrier (TMA completion, producer/consumer sync)"),
     "__syncthreads": (r"__syncthreads", "block-wide barrier"),
     "rasterization": (r"rasterization", "L2-friendly block rasterization (T.use_swizzle)"),
 }

@@ -242,7 +242,8 @@ def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int
 
 def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, causal: bool, *, block_M: int = 128,
                                block_N: int = 128, num_stages: int = 2, heavy_first: bool = False,
-                               persistent: bool = False, sms: int = 132, dtype: str = "float16"):
+                               persistent: bool = False, sms: int = 132, stage_output: bool = False,
+                               q_stages: int = 1, dtype: str = "float16"):
     """Hopper, warp specialization written by hand: the FA3 schedule without the extra iteration.
 
     `flash_attention_forward_async` leaves the split into a TMA producer and MMA consumers to TileLang, and
@@ -258,6 +259,11 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
     persistent=True launches one block per SM; each walks the (query block, head, batch) tiles with stride
     `sms`, and the producer runs into the next tile's Q, K and V while the consumers finish the last P·V and
     store O. The same code runs one tile per block when persistent=False.
+
+    stage_output=True writes O into the tile's Q buffer (free once its last Q·Kᵀ is done) and lets one
+    thread store it with TMA, instead of 256 threads storing 4-byte pieces straight from registers; the Q
+    buffer is then released after the store has read it. With q_stages=2 the producer loads the next tile's
+    Q into the other buffer meanwhile.
     """
     _check_shape(seq_len, dim)
     shape = (batch, seq_len, heads, dim)
@@ -283,9 +289,10 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
     def produce(Q, K, V, Q_s, K_s, V_s, q_full, q_empty, k_full, k_empty, v_full, v_empty, loads, block_id):
         for step in T.serial(T.ceildiv(n_work - block_id, grid)):
             bx, by, bz = tile_coordinates(block_id + step * grid)
-            T.mbarrier_wait_parity(q_empty[0], (step & 1) ^ 1)
-            T.tma_copy(Q[bz, bx * block_M:(bx + 1) * block_M, by, :], Q_s, barrier=q_full[0])
-            T.mbarrier_arrive(q_full[0])
+            q = step % q_stages
+            T.mbarrier_wait_parity(q_empty[q], ((step // q_stages) & 1) ^ 1)
+            T.tma_copy(Q[bz, bx * block_M:(bx + 1) * block_M, by, :], Q_s[q, :, :], barrier=q_full[q])
+            T.mbarrier_arrive(q_full[q])
             for k in T.serial(key_tiles(bx)):
                 use = loads[0] + k  # the ring counts uses across tiles: its phases carry on
                 T.mbarrier_wait_parity(k_empty[use % num_stages], ((use // num_stages) & 1) ^ 1)
@@ -308,10 +315,11 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
             T.fill(acc_o, 0)
             T.fill(l, 0)
             T.fill(m, -T.infinity(accum))
-            T.mbarrier_wait_parity(q_full[0], step & 1)
+            q = step % q_stages
+            T.mbarrier_wait_parity(q_full[q], (step // q_stages) & 1)
             # Key tile 0: S = Q·K(0)ᵀ only.
             T.mbarrier_wait_parity(k_full[first % num_stages], (first // num_stages) & 1)
-            T.wgmma_gemm(Q_s, K_s[first % num_stages, :, :], scores, transpose_B=True, clear_accum=True,
+            T.wgmma_gemm(Q_s[q, :, :], K_s[first % num_stages, :, :], scores, transpose_B=True, clear_accum=True,
                          policy=T.GemmWarpPolicy.FullRow)
             T.wait_wgmma(0)
             T.mbarrier_arrive(k_empty[first % num_stages])
@@ -321,7 +329,7 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
             for k in T.serial(1, key_tiles(bx)):
                 use = first + k
                 T.mbarrier_wait_parity(k_full[use % num_stages], (use // num_stages) & 1)
-                T.wgmma_gemm(Q_s, K_s[use % num_stages, :, :], scores, transpose_B=True, clear_accum=True,
+                T.wgmma_gemm(Q_s[q, :, :], K_s[use % num_stages, :, :], scores, transpose_B=True, clear_accum=True,
                              policy=T.GemmWarpPolicy.FullRow)
                 T.mbarrier_wait_parity(v_full[(use - 1) % num_stages], ((use - 1) // num_stages) & 1)
                 T.wgmma_gemm(probs, V_s[(use - 1) % num_stages, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
@@ -333,8 +341,9 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
                 for i, j in T.Parallel(block_M, dim):
                     acc_o[i, j] *= rescale[i]
                 T.copy(scores, probs)
-            T.mbarrier_arrive(q_empty[0])  # the last Q·Kᵀ is done: the producer may load the next tile's Q
-            # The last P·V alone, then O = acc_o / l straight from registers to global memory.
+            if not stage_output:
+                T.mbarrier_arrive(q_empty[q])  # the last Q·Kᵀ is done: the producer may load the next tile's Q
+            # The last P·V alone, then O = acc_o / l.
             T.mbarrier_wait_parity(v_full[final % num_stages], (final // num_stages) & 1)
             T.wgmma_gemm(probs, V_s[final % num_stages, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
             T.wait_wgmma(0)
@@ -342,13 +351,18 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
             loads[0] = final + 1
             for i, j in T.Parallel(block_M, dim):
                 out[i, j] = acc_o[i, j] / l[i]
-            T.copy(out, O[bz, bx * block_M:(bx + 1) * block_M, by, :])
+            if stage_output:
+                T.copy(out, Q_s[q, :, :])
+                T.copy(Q_s[q, :, :], O[bz, bx * block_M:(bx + 1) * block_M, by, :])  # TMA, waited by its thread
+                T.mbarrier_arrive(q_empty[q])
+            else:
+                T.copy(out, O[bz, bx * block_M:(bx + 1) * block_M, by, :])
 
     @T.prim_func
     def flash_attention_fwd_ws(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype), V: T.Tensor(shape, dtype),
                                O: T.Tensor(shape, dtype)):
         with T.Kernel(grid, threads=consumers + 128) as block_id:
-            Q_s = T.alloc_shared((block_M, dim), dtype)
+            Q_s = T.alloc_shared((q_stages, block_M, dim), dtype)
             K_s = T.alloc_shared((num_stages, block_N, dim), dtype)
             V_s = T.alloc_shared((num_stages, block_N, dim), dtype)
             scores = T.alloc_fragment((block_M, block_N), accum)
@@ -356,7 +370,7 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
             acc_o = T.alloc_fragment((block_M, dim), accum)
             out = T.alloc_fragment((block_M, dim), dtype)
             m, m_prev, rescale, row_sum, l = (T.alloc_fragment((block_M,), accum) for _ in range(5))
-            q_full, q_empty = T.alloc_barrier([32]), T.alloc_barrier([consumers])
+            q_full, q_empty = T.alloc_barrier([32] * q_stages), T.alloc_barrier([consumers] * q_stages)
             k_full, v_full = T.alloc_barrier([32] * num_stages), T.alloc_barrier([32] * num_stages)
             k_empty = T.alloc_barrier([consumers] * num_stages)
             v_empty = T.alloc_barrier([consumers] * num_stages)

@@ -130,6 +130,36 @@ def test_pingpong_needs_two_consumer_warp_groups():
         FA.flash_attention_forward_async(1, 2, 256, 128, False, threads=384, pingpong=True)
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+def test_hand_written_warp_specialization(persistent):
+    """flash_attention_forward_ws: one producer warp feeds a ring of mbarrier-guarded K/V buffers, the consumers
+    peel the FA3 schedule, and nothing in it waits for the whole block (a __syncthreads in a role's branch
+    would hang: the producer warps never reach it)."""
+    func = FA.flash_attention_forward_ws(2, 4, 1000, 128, True, block_N=128, heavy_first=True, persistent=persistent,
+                                         sms=3)
+    rep = tourkit.inspect_kernel("ws", func, "sm_90a")
+    tourkit.require_markers(rep, ["wgmma", "tma_load", "mbarrier"])
+    source = rep.source
+    assert source.count("__syncthreads()") == 1  # after the barriers' initialization only
+    producer, consumer = source.split("warpgroup_reg_alloc<240>")
+    assert "warpgroup_reg_dealloc<24>" in producer and "tma_load(" in producer and "wgmma_" not in producer
+    assert "tma_load(" not in consumer
+    # The peeled schedule: Q·K(0)ᵀ alone (waited at once), a loop with both MMAs and wait<1>, the last P·V alone.
+    assert consumer.count("wgmma_ss<") == 2 and consumer.count("wgmma_rs<") == 2
+    assert consumer.index("wait_wgmma<0>") < consumer.index("wait_wgmma<1>") < consumer.rindex("wgmma_rs<")
+    # Every buffer is released: K after its Q·Kᵀ, V after its P·V, Q after the tile's last Q·Kᵀ.
+    for barrier in ("k_empty", "v_empty", "q_empty"):
+        assert f"{barrier}[" in consumer and ".arrive()" in consumer.split(f"{barrier}[", 1)[1][:40]
+    assert rep.threads == 384
+    import re
+
+    work_loops = re.findall(r"for \(int step\w* = 0; step\w* < ([^;]+);", source)
+    if persistent:  # three blocks walk 2 * 4 * 8 = 64 tiles, each role with its own loop over its block's share
+        assert len(work_loops) == 2 and all("blockIdx.x" in bound for bound in work_loops), work_loops
+    else:  # one tile per block: the work loop is gone
+        assert not work_loops
+
+
 def test_section_runs_in_compile_only_mode():
     import tilelang_tour
 
