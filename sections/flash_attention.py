@@ -14,6 +14,13 @@ diagonal are never loaded, and the mask is applied only to the tiles that stradd
 multiple of the tile are handled: out-of-range loads read zeros, the last key tile masks its columns
 ≥ seq_len, and out-of-range rows are never stored.
 
+On Hopper the section goes two steps further. `flash_attention_forward_async` runs FlashAttention-3's
+schedule (S = Q·K(k)ᵀ and P(k-1)·V(k-1) in flight together, the softmax in between) inside TileLang's
+automatic warp specialization. `flash_attention_forward_ws` writes the warp specialization out by hand: a
+producer warp issues TMA loads into a ring of K/V buffers guarded by mbarriers, two consumer warp groups
+compute, `setmaxnreg` moves registers from the producer to the consumers, and a persistent grid lets the
+producer load the next tile while the consumers finish this one. That is the default on Hopper.
+
 Layout is (batch, seq, heads, dim) — BSHD, what most model code holds — in fp16 with float32 accumulation.
 """
 
@@ -394,26 +401,30 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
 # Choosing a configuration for the GPU
 # ---------------------------------------------------------------------------------------------------------
 
-# Chosen with bench/attention_probe.py on the H200 (2026-12-02), keyed by (causal, head dim); ratios to SDPA
-# at S=4096 / 16384 from six readings of one session (BENCHMARKS.md):
-# * full attention, head dim 128: the FlashAttention-3 schedule (`flash_attention_forward_async`) with 176-wide
-#   key tiles (FA3's own choice for this case: fewer, longer iterations) and fast math (bare ex2.approx):
-#   0.94-0.99x / 1.00-1.05x; the same schedule on 128x128 tiles read 0.946x / 0.938x.
-# * causal: the same schedule on 128x128 tiles (the diagonal tiles stay small), fast math, and the heaviest
-#   query blocks launched first: 0.94-0.97x / 1.03-1.05x. 176-wide tiles (with ping-pong) read 0.946x at S=4096.
-# * full attention, head dim 64: 128x128 tiles with the compiler pipeline (wider tiles not measured).
-# * FA3's ping-pong between the consumer warp groups (pingpong=True) and 192-wide key tiles: full attention
-#   within 2% of these choices, either way from run to run; causal 0.3-2% slower with ping-pong. Not taken.
+# Chosen with bench/attention_probe.py on the H200 (2026-12-02, this session's probes "ws" and "ws2"), keyed by
+# (causal, head dim); ratios to SDPA at S=4096 / 16384, timed in turns:
+# * full attention, head dim 128: the hand-written warp-specialized kernel, persistent (one block per SM), two
+#   Q buffers, O stored by TMA from the Q buffer, 160-wide key tiles (what fits next to two Q buffers), fast
+#   math: 1.008x / 1.027x. The same kernel one tile per block with 192-wide tiles: 0.977x / 1.042x; TileLang's
+#   own warp specialization (`flash_attention_forward_async`, 176-wide): 0.922-0.951x / 1.006-1.018x.
+# * causal: the hand-written kernel one tile per block (a static persistent schedule leaves some SMs with
+#   more diagonal-heavy tiles: 0.86x), 176-wide tiles, heaviest query blocks first, O stored by TMA:
+#   0.969x / 1.056x, against 0.953-0.958x / 1.034-1.046x for the async kernel on 128x128 tiles.
+# * head dim 64: the TileLang-pipelined (full) and async (causal) kernels, not re-measured this session.
+# * Not taken: FA3's ping-pong between the consumer warp groups (an earlier probe: within ±2% for full
+#   attention, 0.3-2% slower causal).
 HOPPER_CONFIGS = {
-    (False, 128): dict(kind="async", block_M=128, block_N=176, num_stages=2, threads=256, fast_math=True),
+    (False, 128): dict(kind="ws", block_M=128, block_N=160, num_stages=2, threads=384, fast_math=True,
+                       persistent=True, q_stages=2, stage_output=True),
     (False, 64): dict(kind="pipelined", block_M=128, block_N=128, num_stages=2, threads=256),
-    (True, 128): dict(kind="async", block_M=128, block_N=128, num_stages=2, threads=256, fast_math=True,
-                      heavy_first=True),
+    (True, 128): dict(kind="ws", block_M=128, block_N=176, num_stages=2, threads=384, fast_math=True,
+                      heavy_first=True, stage_output=True),
     (True, 64): dict(kind="async", block_M=128, block_N=128, num_stages=2, threads=256, fast_math=True,
                      heavy_first=True),
 }
 # Ampere/Ada/Turing: no wgmma; the largest tiles whose shared memory fits the budget.
 OTHER_CANDIDATES = [(128, 128, 2), (128, 128, 1), (128, 64, 2), (128, 64, 1), (64, 64, 2), (64, 64, 1)]
+SM_COUNT_H100_H200 = 132  # the persistent grid's default when no GPU says otherwise (--compile-only)
 
 
 def smem_estimate(dim: int, block_M: int, block_N: int, num_stages: int, output_reuses_kv: bool = False) -> int:
@@ -426,10 +437,23 @@ def smem_estimate(dim: int, block_M: int, block_N: int, num_stages: int, output_
     return 2 * dim * (q_tile + kv_tiles + o_tile)
 
 
-def choose_config(dim: int, causal: bool, family: str, smem_budget: int) -> dict:
+def config_smem(dim: int, cfg: dict) -> int:
+    """Shared memory of one configuration: the hand-written kernel keeps `q_stages` Q tiles and the K/V ring
+    (O goes out from registers or through a Q tile); TileLang's async kernel puts O into the freed K/V
+    buffers; the pipelined kernel's sum is an upper bound."""
+    if cfg["kind"] == "ws":
+        return 2 * dim * (cfg.get("q_stages", 1) * cfg["block_M"] + 2 * cfg["num_stages"] * cfg["block_N"])
+    return smem_estimate(dim, cfg["block_M"], cfg["block_N"], cfg["num_stages"],
+                         output_reuses_kv=cfg["kind"] == "async")
+
+
+def choose_config(dim: int, causal: bool, family: str, smem_budget: int,
+                  sm_count: int = SM_COUNT_H100_H200) -> dict:
     if family == "hopper":
         cfg = dict(HOPPER_CONFIGS[(causal, dim)])
-        if smem_estimate(dim, cfg["block_M"], cfg["block_N"], cfg["num_stages"], output_reuses_kv=True) <= smem_budget:
+        if cfg.get("persistent"):
+            cfg["sms"] = sm_count
+        if config_smem(dim, cfg) <= smem_budget:
             return cfg
     for block_M, block_N, stages in OTHER_CANDIDATES:
         if causal and stages > 1:
@@ -441,10 +465,15 @@ def choose_config(dim: int, causal: bool, family: str, smem_budget: int) -> dict
                      f"for head dim {dim}")
 
 
+BUILDERS = {"pipelined": flash_attention_forward, "async": flash_attention_forward_async,
+            "ws": flash_attention_forward_ws}
+
+
 def build(batch, heads, seq_len, dim, causal, cfg: dict):
-    kwargs = {k: v for k, v in cfg.items() if k not in ("kind", "fast_math")}
-    builder = flash_attention_forward_async if cfg["kind"] == "async" else flash_attention_forward
-    return builder(batch, heads, seq_len, dim, causal, **kwargs)
+    # The hand-written kernel's thread count is fixed (two consumer warp groups and a producer warp group).
+    skip = ("kind", "fast_math", "threads") if cfg["kind"] == "ws" else ("kind", "fast_math")
+    kwargs = {k: v for k, v in cfg.items() if k not in skip}
+    return BUILDERS[cfg["kind"]](batch, heads, seq_len, dim, causal, **kwargs)
 
 
 def pass_configs(cfg: dict) -> dict:
@@ -453,19 +482,23 @@ def pass_configs(cfg: dict) -> dict:
 
 
 def describe(cfg: dict) -> str:
-    schedule = "FA3 async wgmma" if cfg["kind"] == "async" else "compiler pipeline"
+    schedule = {"ws": "hand-written warp specialization", "async": "FA3 async wgmma",
+                "pipelined": "compiler pipeline"}[cfg["kind"]]
+    if cfg.get("persistent"):
+        schedule += f", persistent ({cfg.get('sms', SM_COUNT_H100_H200)} blocks)"
     fast = (", fast math" if cfg.get("fast_math") else "") + (", heaviest blocks first" if cfg.get("heavy_first") else "")
     fast += ", warp groups ping-pong" if cfg.get("pingpong") else ""
+    fast += ", O stored by TMA" if cfg.get("stage_output") else ""
     return (f"{cfg['block_M']}x{cfg['block_N']} tiles, {cfg['num_stages']} stages, {cfg['threads']} threads, "
             f"{schedule}{fast}")
 
 
-def precompile(problems, family: str, smem_budget: int, log=None) -> None:
+def precompile(problems, family: str, smem_budget: int, log=None, sm_count: int = SM_COUNT_H100_H200) -> None:
     """Compile the kernels for (batch, heads, seq_len, dim, causal) problems at once, each with its pass
     configs; compile_attention then finds each in TileLang's kernel cache."""
     jobs = []
     for batch, heads, seq_len, dim, causal in problems:
-        cfg = choose_config(dim, causal, family, smem_budget)
+        cfg = choose_config(dim, causal, family, smem_budget, sm_count)
         jobs.append((build(batch, heads, seq_len, dim, causal, cfg), pass_configs(cfg)))
     tourkit.compile_many(jobs, log=log)
 
@@ -612,7 +645,7 @@ def prepare(ctx, log=None) -> None:
     """Every kernel run() launches, compiled at once (compile_attention then finds each in the cache)."""
     shapes, odd_shapes = problems(ctx)
     precompile([(*shape, causal) for shape in shapes for causal in (False, True)] + list(odd_shapes),
-               ctx.device.family, ctx.smem_budget, log=log)
+               ctx.device.family, ctx.smem_budget, log=log, sm_count=ctx.device.sm_count)
 
 
 def run(ctx) -> None:
@@ -626,7 +659,7 @@ def run(ctx) -> None:
     kernels = {}
     for batch, heads, seq_len, dim in shapes:
         for causal in (False, True):
-            cfg = choose_config(dim, causal, family, ctx.smem_budget)
+            cfg = choose_config(dim, causal, family, ctx.smem_budget, ctx.device.sm_count)
             attention = compile_attention(batch, heads, seq_len, dim, causal, cfg)
             kernels[(batch, heads, seq_len, dim, causal)] = attention
             check = check_attention(batch, heads, seq_len, dim, causal, attention)
@@ -642,7 +675,7 @@ def run(ctx) -> None:
                          r["sdpa_tflops"], f"{ratio:.2f}x"])
             ctx.metric(**{f"S{seq_len}_{mode}_tflops": r["tflops"], f"S{seq_len}_{mode}_sdpa_tflops": r["sdpa_tflops"]})
     for batch, heads, seq_len, dim, causal in odd_shapes:
-        cfg = choose_config(dim, causal, family, ctx.smem_budget)
+        cfg = choose_config(dim, causal, family, ctx.smem_budget, ctx.device.sm_count)
         attention = compile_attention(batch, heads, seq_len, dim, causal, cfg)
         check = check_attention(batch, heads, seq_len, dim, causal, attention)
         checks.append(check)
@@ -667,7 +700,8 @@ def run(ctx) -> None:
 SECTION = Section(
     name="flash_attention",
     title="FlashAttention forward: online softmax, causal tiles skipped",
-    summary="Q tile in shared memory, pipelined K/V, exp2 online softmax, FA3-style async wgmma; vs SDPA.",
+    summary="Q tile in shared memory, pipelined K/V, exp2 online softmax; on Hopper hand-written warp "
+            "specialization (TMA producer warp, mbarriers, persistent); vs SDPA.",
     run=run,
     prepare=prepare,
 )
