@@ -168,6 +168,19 @@ FA_CONFIGS = [
                                                                   fast_math=True, heavy_first=True, stage_output=True)),
     ("ws 128x176 s2 fm hf st", "flash_attention_forward_ws", dict(block_M=128, block_N=176, num_stages=2,
                                                                   fast_math=True, heavy_first=True, stage_output=True)),
+    # causal on a persistent grid: tiles paired (query blocks p and n-1-p) so every block gets the same work
+    ("ws 128x176 s2 fm persistent st", "flash_attention_forward_ws", dict(block_M=128, block_N=176, num_stages=2,
+                                                                          fast_math=True, persistent=True,
+                                                                          stage_output=True)),
+    ("ws 128x160 s2 fm hf st", "flash_attention_forward_ws", dict(block_M=128, block_N=160, num_stages=2,
+                                                                  fast_math=True, heavy_first=True, stage_output=True)),
+    ("ws 128x192 s2 fm hf st", "flash_attention_forward_ws", dict(block_M=128, block_N=192, num_stages=2,
+                                                                  fast_math=True, heavy_first=True, stage_output=True)),
+    ("ws 128x160 s2 fm persistent", "flash_attention_forward_ws", dict(block_M=128, block_N=160, num_stages=2,
+                                                                       fast_math=True, persistent=True)),
+    ("ws 128x144 s2 fm persistent st q2", "flash_attention_forward_ws", dict(block_M=128, block_N=144, num_stages=2,
+                                                                             fast_math=True, persistent=True,
+                                                                             stage_output=True, q_stages=2)),
 ]
 
 
@@ -422,9 +435,9 @@ def main(argv=None):
     ap.add_argument("--only", choices=["softmax", "fa"], default=None)
     ap.add_argument("--precompile-only", metavar="TARGET", help="test the parallel compile path (no GPU), "
                     "e.g. sm_90a")
-    ap.add_argument("--preset", choices=["next", "wide", "pingpong", "tiles", "ws", "ws2"], default=None,
+    ap.add_argument("--preset", choices=["next", "wide", "pingpong", "tiles", "ws", "ws2", "ws3"], default=None,
                     help="next: the follow-up set; wide: 176/160/192-wide key tiles against the defaults; "
-                         "pingpong: FA3's warp-group ping-pong against the defaults; tiles: 176 vs 192; ws, ws2: hand-written "
+                         "pingpong: FA3's warp-group ping-pong against the defaults; tiles: 176 vs 192; ws, ws2, ws3: hand-written "
                          "warp specialization (see code)")
     ap.add_argument("--filter", default="", help="only jobs whose key contains this")
     ap.add_argument("--list", action="store_true", help="print the jobs' keys and stop")
@@ -501,6 +514,22 @@ def main(argv=None):
         fa_j += [dict(j, key=f"fa-odd B{b} H{h} S{n} D{d} {'causal' if j['causal'] else 'full'} {j['config']}",
                       family="fa-odd", args=(b, h, n, d, j["causal"]), shape=(b, h, n, d))
                  for j in fa_j if j["shape"][2] == 4096 and (" st" in j["config"] or "192 s2 fm persistent" in j["config"])
+                 for (b, h, n, d) in ((2, 4, 1000, 128), (1, 3, 777, 64))]
+        sm_jobs = []
+        ROUNDS[0] = 4
+    if args.preset == "ws3":
+        # After ws2: causal on persistent grids (paired tiles) and on 160/192-wide tiles; full attention around
+        # the new default (160-wide, persistent, two Q buffers, O by TMA).
+        full = ("ws 128x160 s2 fm persistent st q2", "ws 128x160 s2 fm persistent", "ws 128x144 s2 fm persistent st q2",
+                "ws 128x176 s2 fm persistent", "ws 128x192 s2 fm st")
+        causal = ("async 128x128 s2 fm hf", "ws 128x176 s2 fm hf st", "ws 128x176 s2 fm persistent st",
+                  "ws 128x160 s2 fm persistent st q2", "ws 128x160 s2 fm hf st", "ws 128x192 s2 fm hf st")
+        fa_j = [j for j in fa_j if j["family"] == "fa" and j["config"] in (causal if j["causal"] else full)]
+        new = ("ws 128x176 s2 fm persistent st", "ws 128x160 s2 fm persistent st q2", "ws 128x160 s2 fm hf st",
+               "ws 128x192 s2 fm hf st", "ws 128x160 s2 fm persistent", "ws 128x144 s2 fm persistent st q2")
+        fa_j += [dict(j, key=f"fa-odd B{b} H{h} S{n} D{d} {'causal' if j['causal'] else 'full'} {j['config']}",
+                      family="fa-odd", args=(b, h, n, d, j["causal"]), shape=(b, h, n, d))
+                 for j in fa_j if j["shape"][2] == 4096 and j["config"] in new
                  for (b, h, n, d) in ((2, 4, 1000, 128), (1, 3, 777, 64))]
         sm_jobs = []
         ROUNDS[0] = 4

@@ -264,8 +264,9 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
     P(last)·V(last) alone at the end. `setmaxnreg` gives the consumers 240 registers and the producer 24.
 
     persistent=True launches one block per SM; each walks the (query block, head, batch) tiles with stride
-    `sms`, and the producer runs into the next tile's Q, K and V while the consumers finish the last P·V and
-    store O. The same code runs one tile per block when persistent=False.
+    `sms` (causal: pairs of tiles whose work adds up to the same), and the producer runs into the next tile's
+    Q, K and V while the consumers finish the last P·V and store O. The same code runs one tile per block
+    when persistent=False.
 
     stage_output=True writes O into the tile's Q buffer (free once its last Q·Kᵀ is done) and lets one
     thread store it with TMA, instead of 256 threads storing 4-byte pieces straight from registers; the Q
@@ -278,24 +279,36 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
     accum = "float32"
     n_tiles = -(-seq_len // block_N)
     n_query_blocks = -(-seq_len // block_M)
-    n_work = n_query_blocks * heads * batch
+    # Causal work per query block grows with its index. A persistent block walks the tiles with a fixed
+    # stride, so causal tiles go in pairs of equal total work: query blocks p and n-1-p of one head.
+    paired = persistent and causal and n_query_blocks % 2 == 0
+    tiles_per_item = 2 if paired else 1
+    n_work = n_query_blocks * heads * batch // tiles_per_item
     grid = min(sms, n_work) if persistent else n_work
     consumers = 256  # two warp groups; the producer is the first warp of the third
     online_softmax = _online_softmax(block_M, block_N, seq_len, scale, causal, seq_len % block_N != 0, accum)
 
-    def tile_coordinates(work):
-        """Query-block index fastest, so that the blocks running together share one head's K and V in L2."""
-        q_block = work % n_query_blocks
-        bx = n_query_blocks - 1 - q_block if heavy_first else q_block
-        return bx, (work // n_query_blocks) % heads, work // (n_query_blocks * heads)
+    def tile_coordinates(block_id, step):
+        """The step-th tile of this block. Query-block index fastest, so that the blocks running together share
+        one head's K and V in L2."""
+        work = block_id + (step // tiles_per_item) * grid
+        if paired:
+            pair = work % (n_query_blocks // 2)
+            bx = T.if_then_else(step % 2 == 0, n_query_blocks - 1 - pair, pair)
+            head_batch = work // (n_query_blocks // 2)
+        else:
+            q_block = work % n_query_blocks
+            bx = n_query_blocks - 1 - q_block if heavy_first else q_block
+            head_batch = work // n_query_blocks
+        return bx, head_batch % heads, head_batch // heads
 
     def key_tiles(bx):
         return T.min(n_tiles, T.ceildiv((bx + 1) * block_M, block_N)) if causal else n_tiles
 
     @T.macro
     def produce(Q, K, V, Q_s, K_s, V_s, q_full, q_empty, k_full, k_empty, v_full, v_empty, loads, block_id):
-        for step in T.serial(T.ceildiv(n_work - block_id, grid)):
-            bx, by, bz = tile_coordinates(block_id + step * grid)
+        for step in T.serial(T.ceildiv(n_work - block_id, grid) * tiles_per_item):
+            bx, by, bz = tile_coordinates(block_id, step)
             q = step % q_stages
             T.mbarrier_wait_parity(q_empty[q], ((step // q_stages) & 1) ^ 1)
             T.tma_copy(Q[bz, bx * block_M:(bx + 1) * block_M, by, :], Q_s[q, :, :], barrier=q_full[q])
@@ -315,8 +328,8 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
     @T.macro
     def consume(O, Q_s, K_s, V_s, q_full, q_empty, k_full, k_empty, v_full, v_empty, loads, block_id, scores,
                 probs, acc_o, out, m, m_prev, rescale, row_sum, l):
-        for step in T.serial(T.ceildiv(n_work - block_id, grid)):
-            bx, by, bz = tile_coordinates(block_id + step * grid)
+        for step in T.serial(T.ceildiv(n_work - block_id, grid) * tiles_per_item):
+            bx, by, bz = tile_coordinates(block_id, step)
             first = loads[0]
             final = first + key_tiles(bx) - 1
             T.fill(acc_o, 0)
