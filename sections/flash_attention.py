@@ -414,24 +414,24 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
 # Choosing a configuration for the GPU
 # ---------------------------------------------------------------------------------------------------------
 
-# Chosen with bench/attention_probe.py on the H200 (2026-12-02, this session's probes "ws" and "ws2"), keyed by
+# Chosen with bench/attention_probe.py on the H200 (2026-12-02, this session's probes ws, ws2, ws3), keyed by
 # (causal, head dim); ratios to SDPA at S=4096 / 16384, timed in turns:
-# * full attention, head dim 128: the hand-written warp-specialized kernel, persistent (one block per SM), two
-#   Q buffers, O stored by TMA from the Q buffer, 160-wide key tiles (what fits next to two Q buffers), fast
-#   math: 1.008x / 1.027x. The same kernel one tile per block with 192-wide tiles: 0.977x / 1.042x; TileLang's
-#   own warp specialization (`flash_attention_forward_async`, 176-wide): 0.922-0.951x / 1.006-1.018x.
-# * causal: the hand-written kernel one tile per block (a static persistent schedule leaves some SMs with
-#   more diagonal-heavy tiles: 0.86x), 176-wide tiles, heaviest query blocks first, O stored by TMA:
-#   0.969x / 1.056x, against 0.953-0.958x / 1.034-1.046x for the async kernel on 128x128 tiles.
+# * head dim 128, both modes: the hand-written warp-specialized kernel on a persistent grid (one block per SM),
+#   two Q buffers, O stored by TMA from the Q buffer, 160-wide key tiles (what fits next to two Q buffers),
+#   fast math. Full attention: 1.008x and 0.983x / 1.027x and 1.056x (ws2, ws3). Causal, tiles walked in
+#   pairs of equal work: 1.066x / 1.102x (ws3), 522 TFLOP/s at S=4096 where one tile per block (176-wide,
+#   heaviest first) reached 499. TileLang's own warp specialization (`flash_attention_forward_async`)
+#   read 0.92-0.95x / 1.01-1.02x full and 0.95-0.99x / 1.03-1.05x causal in the same probes.
 # * head dim 64: the TileLang-pipelined (full) and async (causal) kernels, not re-measured this session.
 # * Not taken: FA3's ping-pong between the consumer warp groups (an earlier probe: within ±2% for full
-#   attention, 0.3-2% slower causal).
+#   attention, 0.3-2% slower causal); 192-wide tiles one per block (0.98x / 1.04-1.08x full).
 HOPPER_CONFIGS = {
     (False, 128): dict(kind="ws", block_M=128, block_N=160, num_stages=2, threads=384, fast_math=True,
                        persistent=True, q_stages=2, stage_output=True),
     (False, 64): dict(kind="pipelined", block_M=128, block_N=128, num_stages=2, threads=256),
-    (True, 128): dict(kind="ws", block_M=128, block_N=176, num_stages=2, threads=384, fast_math=True,
-                      heavy_first=True, stage_output=True),
+    # heavy_first orders the tiles when the query blocks cannot pair up (an odd count)
+    (True, 128): dict(kind="ws", block_M=128, block_N=160, num_stages=2, threads=384, fast_math=True,
+                      persistent=True, q_stages=2, stage_output=True, heavy_first=True),
     (True, 64): dict(kind="async", block_M=128, block_N=128, num_stages=2, threads=256, fast_math=True,
                      heavy_first=True),
 }
