@@ -1,5 +1,5 @@
-"""An experimental hand-written warp-specialized Hopper GEMM, and a probe that times it against cuBLAS and the
-tour's best schedules on an H200.
+"""The hand-written warp-specialized Hopper GEMM (gemm_schedules' kernel="ws", built by its gemm_ws_body) and
+its experimental variants, and a probe that times them against cuBLAS and the tour's best schedules on an H200.
 
     python bench/gemm_ws_probe.py                  # every variant that compiles, every shape (H200)
     python bench/gemm_ws_probe.py --quick          # 8192^3 only
@@ -10,7 +10,8 @@ tour's best schedules on an H200.
 Why: the tour's `gemm_program` (T.Pipelined + T.gemm, TileLang's automatic warp specialization) reaches
 0.96-1.03x cuBLAS on an H200. Its consumers wait for each K step's whole wgmma batch (`wait_wgmma<0>`) before
 they hand the stage back to the producer, so the tensor cores idle between K steps. Here the producer/consumer
-split is written by hand, as CUTLASS's Hopper mainloop does it:
+split is written by hand, as CUTLASS's Hopper mainloop does it (the builder lives in sections/gemm_schedules.py;
+each variant here is a GemmConfig):
 
 * one producer warpgroup (registers lowered to 24, or 40 in the persistent kernel) waits for a free stage of a
   ring of `num_stages` shared-memory buffers (its `empty` mbarrier), issues the TMA loads of the A and B tiles
@@ -18,10 +19,10 @@ split is written by hand, as CUTLASS's Hopper mainloop does it:
 * `consumers` consumer warpgroups (registers raised to 240 / 232) wait for `full`, issue the stage's wgmma batch
   without waiting for it (`T.wgmma_gemm`), then `T.wait_wgmma(1)`: the batch of the previous step is finished,
   so only then do they release the previous step's stage (`empty`), keeping one batch in flight;
-* the epilogue converts the fp32 accumulator to fp16 into a small shared tile (block_M x store_block_N) and
+* the epilogue converts the fp32 accumulator to fp16 into a small shared tile (block_M x 64) and
   stores it with TMA, one column strip at a time (a full 128x256 staging tile would not fit next to four
   stages); with store_buffers=2 (the *_db variants) one strip's store runs while the next strip is written;
-* persistent=True: one block per SM walks the tiles (T.PersistentTileScheduler, the tour's L2 swizzle order);
+* persistent=132: one block per SM walks the tiles (T.PersistentTileScheduler, the tour's L2 swizzle order);
   producer and consumers each run the same tile loop, and the ring's barrier phases continue across tiles
   (a k-step counter over all of this block's tiles), so the producer loads the next tile's first stages
   while the consumers run the epilogue.
@@ -48,7 +49,9 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import tourkit  # noqa: E402  (no tilelang work at import)
-from sections.gemm_schedules import GemmConfig  # noqa: E402
+from sections.gemm_schedules import GemmConfig, gemm_program, ws_register_split  # noqa: E402
+
+register_split = ws_register_split  # the section's; kept under the probe's old name
 
 ARCH = "sm_90a"
 H200_SMS = 132
@@ -58,13 +61,26 @@ TOLERANCE = 5e-3  # as gemm_schedules: fp16 output over fp32 accumulation in ano
 SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (8192, 28672, 4096), (8192, 4096, 14336), (1024, 8192, 8192)]
 ODD_SHAPES = [(1000, 1000, 1000), (1001, 1032, 1000)]  # validated only: tails in M, N and K (TMA clips them)
 
-# The variants of the hand-written kernel: name -> keyword arguments of gemm_ws_program.
-VARIANTS: dict[str, dict] = {
-    "ws": dict(),
-    "ws_persistent": dict(persistent=True),
-    "ws_db": dict(store_buffers=2),
-    "ws_persistent_db": dict(persistent=True, store_buffers=2),
+# The variants of the hand-written kernel (gemm_schedules' kernel="ws"): name -> schedule.
+HAND_WS = dict(panel=8, policy="FullRow", kernel="ws")
+VARIANTS: dict[str, GemmConfig] = {
+    "ws": GemmConfig(128, 256, 64, 4, 256, True, **HAND_WS),
+    "ws_persistent": GemmConfig(128, 256, 64, 4, 256, True, persistent=H200_SMS, **HAND_WS),
+    "ws_db": GemmConfig(128, 256, 64, 4, 256, True, store_buffers=2, **HAND_WS),
+    "ws_persistent_db": GemmConfig(128, 256, 64, 4, 256, True, persistent=H200_SMS, store_buffers=2, **HAND_WS),
+    # Panels of 16 tile rows: a wave of 132 tiles then spans 16 x 8 tiles, not 8 x 16, so it reads fewer bytes
+    # of the operand with the longer K rows (8192x4096x14336: 116 MiB a wave against 149 MiB).
+    "ws_persistent_p16": GemmConfig(128, 256, 64, 4, 256, True, persistent=H200_SMS,
+                                    **dict(HAND_WS, panel=16)),
 }
+
+# Experimental kernels written here first: name -> keyword arguments of gemm_pingpong_program.
+EXPERIMENTS: dict[str, dict] = {
+    "pingpong": dict(),                                  # 128x128 per warpgroup, 6 stages
+    "pingpong_s5": dict(num_stages=5),                   # one stage less (160 KiB ring)
+    "pingpong_192": dict(block_N=192, num_stages=4),     # 128x192 per warpgroup: fewer bytes per FLOP
+}
+ALL_VARIANTS = list(VARIANTS) + list(EXPERIMENTS)
 
 # The tour's best schedules today (BENCHMARKS.md), timed in the same turns.
 TOUR_CONFIGS: dict[str, GemmConfig] = {
@@ -78,62 +94,37 @@ def say(text: str = "") -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The kernel
+# Experimental: the ping-pong schedule (CUTLASS's KernelTmaWarpSpecializedPingpong), not yet in the section
 # ---------------------------------------------------------------------------------------------------------
 
-def register_split(consumers: int, persistent: bool) -> tuple[int, int]:
-    """(producer, consumer) registers per thread after setmaxnreg. The producer warpgroup keeps 24 (TileLang's
-    own split) or 40 when it also runs the persistent tile scheduler's index arithmetic (CUTLASS's 40/232);
-    the consumers take what is left of the SM's 65536, a multiple of 8, at most 240."""
-    producer = 40 if persistent else 24
-    consumer = min(240, (65536 - 128 * producer) // (128 * consumers) // 8 * 8)
-    return producer, consumer
-
-
-def gemm_ws_program(M: int, N: int, K: int, block_M: int = 128, block_N: int = 256, block_K: int = 64,
-                    num_stages: int = 4, consumers: int = 2, swizzle_panel: int = 8, persistent: bool = False,
-                    num_sms: int = H200_SMS, store_block_N: int = 64, store_buffers: int = 1, dtype: str = "float16",
-                    accum_dtype: str = "float32"):
-    """C = A @ B (A[M, K], B[K, N] row-major, fp16 in, fp32 accumulation, fp16 out) as a hand-written
-    warp-specialized prim_func for sm_90a. Threads: `consumers` consumer warpgroups, then one producer
-    warpgroup. Each consumer warpgroup owns block_M / consumers full rows of the tile (FullRow: one
-    m64n256 wgmma per 16 of K, the shape that reads shared memory least)."""
+def gemm_pingpong_program(M: int, N: int, K: int, block_M: int = 128, block_N: int = 128, block_K: int = 64,
+                          num_stages: int = 6, num_sms: int = H200_SMS, panel: int = 8, dtype: str = "float16",
+                          accum_dtype: str = "float32"):
+    """C = A @ B, persistent, with the two consumer warpgroups on *different* output tiles: warpgroup 0 takes
+    this block's even tiles, warpgroup 1 its odd ones, each a whole block_M x block_N tile (a 128x128 fp32
+    accumulator: 128 registers a thread). The producer loads the block's tiles in order through one ring, so
+    the ring itself orders the two: warpgroup 1's first stages land only as warpgroup 0's last K steps free
+    theirs, and while one warpgroup runs its epilogue (conversion, shared strips, TMA store) the other's
+    wgmma keep the tensor cores busy. Each warpgroup stages its store in its own shared strips."""
     import tilelang.language as T
 
-    if block_M != 64 * consumers:
-        raise ValueError(f"block_M={block_M} must be 64 x consumers={consumers}: each consumer warpgroup "
-                         f"owns 64 full rows of the tile")
-    if block_N % store_block_N:
-        raise ValueError(f"block_N={block_N} must be a multiple of store_block_N={store_block_N}")
-    if (K * 2) % 16 or (N * 2) % 16:
-        raise ValueError(f"N={N} and K={K} must be multiples of 8: TMA needs 16-byte aligned rows")
-
-    consumer_threads = 128 * consumers
-    threads = consumer_threads + 128  # the producer warpgroup comes last
-    producer_regs, consumer_regs = register_split(consumers, persistent)
-    m_tiles, n_tiles = T.ceildiv(M, block_M), T.ceildiv(N, block_N)
-    k_steps = T.ceildiv(K, block_K)
-    # FullRow: TileLang 0.1.15 then fences 256 accumulator registers around each wgmma batch where a thread
-    # holds 128 (it counts both warpgroups' rows); ptxas keeps no stack for it, and the tour's FullRow
-    # schedule, with the same code, validates on the H200.
+    if block_N % 64 or block_M % 64:
+        raise ValueError("block_M and block_N must be multiples of 64")
+    producer_regs, consumer_regs = ws_register_split(2, True)
+    m_tiles, n_tiles, k_steps = T.ceildiv(M, block_M), T.ceildiv(N, block_N), T.ceildiv(K, block_K)
+    strip = 64
     policy = T.GemmWarpPolicy.FullRow
+    total_tiles = m_tiles * n_tiles
+    ORDER_BARRIER = (8, 9)  # named barrier ids for the math order (TileLang's own partial syncs use low ids)
 
     def stage_of(step):
-        """A k-step's slot in the ring, and the parity of its round: the n-th time a stage's `full` barrier
-        completes is phase n, whose parity is n & 1."""
         return step % num_stages, (step // num_stages) & 1
 
     @T.macro
     def produce_tile(A, B, A_s, B_s, full, empty, m, n, first_step):
-        """The producer's loads of one output tile, k-step by k-step. `first_step` counts the k-steps this
-        block loaded before this tile, so the ring's phases carry on across tiles."""
         for k in T.serial(k_steps):
             stage, parity = stage_of(first_step + k)
-            # A fresh barrier sits in phase 0, so waiting for parity 1 returns at once: the first round of
-            # stages is free without any consumer arrival.
             T.mbarrier_wait_parity(empty[stage], parity ^ 1)
-            # One elected thread issues the copies (expect_tx + TMA); every producer thread then arrives, and
-            # the phase completes when all 128 arrived and the bytes landed.
             T.tma_copy(A[m * block_M:(m + 1) * block_M, k * block_K:(k + 1) * block_K], A_s[stage, :, :],
                        barrier=full[stage])
             T.tma_copy(B[k * block_K:(k + 1) * block_K, n * block_N:(n + 1) * block_N], B_s[stage, :, :],
@@ -141,91 +132,76 @@ def gemm_ws_program(M: int, N: int, K: int, block_M: int = 128, block_N: int = 2
             T.mbarrier_arrive(full[stage])
 
     @T.macro
-    def consume_tile(A_s, B_s, C_local, full, empty, first_step):
-        """The consumers' wgmma batches of one tile, one batch kept in flight. On return every batch has
-        finished and every stage this tile used has been handed back."""
+    def mainloop(A_s, B_s, C_local, full, empty, first_step):
+        """One warpgroup's K loop over its tile, one wgmma batch in flight (as gemm_schedules' ws kernel)."""
         T.clear(C_local)
         for k in T.serial(k_steps):
             stage, parity = stage_of(first_step + k)
             T.mbarrier_wait_parity(full[stage], parity)
-            T.wgmma_gemm(A_s[stage, :, :], B_s[stage, :, :], C_local, policy=policy)  # issued, not waited
-            T.wait_wgmma(1)  # at most this step's batch still runs: the previous step's batch is done
-            if k > 0:  # ... so its stage may be overwritten (step k-1 of this tile; none before step 0)
+            T.wgmma_gemm(A_s[stage, :, :], B_s[stage, :, :], C_local, policy=policy)
+            T.wait_wgmma(1)
+            if k > 0:
                 T.mbarrier_arrive(empty[stage_of(first_step + k - 1)[0]])
         T.wait_wgmma(0)
-        # The last step's stage: the producer of a persistent kernel waits for it one ring round later.
         T.mbarrier_arrive(empty[stage_of(first_step + k_steps - 1)[0]])
 
     @T.macro
-    def store_tile(C, C_local, C_s, m, n):
-        """fp32 accumulator -> fp16 strips of block_M x store_block_N in shared memory -> global by TMA.
-        TileLang puts a named barrier over the consumer threads around each strip's shared-memory writes, and
-        one elected consumer thread issues the stores. With two strip buffers the TMA store of one strip runs
-        while the next strip is written: before a buffer is rewritten only the store issued `store_buffers`
-        strips earlier must have finished reading it (across tiles too: the kernel drains once, at its end)."""
-        for j in T.unroll(block_N // store_block_N):
-            buffer = j % store_buffers
-            T.tma_store_wait(store_buffers - 1)  # by the thread that issued the stores; a no-op for the rest
-            T.copy(C_local[:, j * store_block_N:(j + 1) * store_block_N], C_s[buffer, :, :])
-            column = n * block_N + j * store_block_N
-            T.tma_copy(C_s[buffer, :, :], C[m * block_M:(m + 1) * block_M, column:column + store_block_N])
+    def store(C, C_local, C_s, m, n):
+        """The warpgroup's own tile out through its own 128x64 shared strip, by TMA."""
+        for j in T.unroll(block_N // strip):
+            T.tma_store_wait(0)  # the strip's previous store has finished reading it
+            T.copy(C_local[:, j * strip:(j + 1) * strip], C_s)
+            column = n * block_N + j * strip
+            T.tma_copy(C_s, C[m * block_M:(m + 1) * block_M, column:column + strip])
 
-    def buffers():
-        return (T.alloc_shared((num_stages, block_M, block_K), dtype),
-                T.alloc_shared((num_stages, block_K, block_N), dtype),
-                T.alloc_shared((store_buffers, block_M, store_block_N), dtype),
-                T.alloc_fragment((block_M, block_N), accum_dtype),
-                # full[s]: the producer warpgroup's 128 arrivals plus the TMA bytes; empty[s]: every consumer
-                # thread's arrival after its wgmma batch reading stage s is known finished.
-                T.alloc_barrier([128] * num_stages),
-                T.alloc_barrier([consumer_threads] * num_stages))
-
-    if not persistent:
-        @T.prim_func
-        def gemm_ws(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
-            with T.Kernel(n_tiles, m_tiles, threads=threads) as (bx, by):
-                A_s, B_s, C_s, C_local, full, empty = buffers()
-                T.use_swizzle(panel_size=swizzle_panel)  # the tour's L2 order: panels of 8 rows of tiles
-                tid = T.get_thread_binding()
-                if tid >= consumer_threads:
-                    T.set_max_nreg(producer_regs, 0)
-                    produce_tile(A, B, A_s, B_s, full, empty, by, bx, 0)
-                else:
-                    T.set_max_nreg(consumer_regs, 1)
-                    consume_tile(A_s, B_s, C_local, full, empty, 0)
-                    store_tile(C, C_local, C_s, by, bx)
-                    T.tma_store_wait(0)  # shared memory must outlive the stores reading it
-
-        return gemm_ws
+    @T.macro
+    def consumer(C, A_s, B_s, C_local, C_s, full, empty, block_id, parity_of_tiles):
+        """Warpgroup `parity_of_tiles` takes the block's tiles of that parity. The math order: its K loop
+        starts only when the other warpgroup's K loop of the previous tile has passed all its `full` waits
+        (named barrier ORDER_BARRIER[parity]: its 128 threads sync, the other's 128 arrive). Without it this
+        warpgroup would wait on `full` for a step two ring rounds ahead, and a parity wait cannot tell a
+        round from the one two rounds later: it would pass at once on stale data."""
+        T.set_max_nreg(consumer_regs, 1)
+        tiles = T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=num_sms, swizzle_size=panel,
+                                          column_major=False)
+        tiles.init(block_id)
+        while tiles.valid():
+            if tiles.current_iter % 2 == parity_of_tiles:
+                if tiles.current_iter > 0:
+                    T.sync_threads(ORDER_BARRIER[parity_of_tiles], 256)
+                mainloop(A_s, B_s, C_local, full, empty, tiles.current_iter * k_steps)
+                if block_id + (tiles.current_iter + 1) * num_sms < total_tiles:  # the other has a next tile
+                    T.named_barrier_arrive(ORDER_BARRIER[1 - parity_of_tiles], 256)
+                store(C, C_local, C_s, tiles.m_idx, tiles.n_idx)
+            tiles.next_tile()
+        T.tma_store_wait(0)
 
     @T.prim_func
-    def gemm_ws_persistent(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
-        with T.Kernel(num_sms, threads=threads) as block_id:
-            A_s, B_s, C_s, C_local, full, empty = buffers()
+    def gemm_pingpong(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(num_sms, threads=384) as block_id:
+            A_s = T.alloc_shared((num_stages, block_M, block_K), dtype)
+            B_s = T.alloc_shared((num_stages, block_K, block_N), dtype)
+            C_s0 = T.alloc_shared((block_M, strip), dtype)
+            C_s1 = T.alloc_shared((block_M, strip), dtype)
+            C_local0 = T.alloc_fragment((block_M, block_N), accum_dtype)
+            C_local1 = T.alloc_fragment((block_M, block_N), accum_dtype)
+            full = T.alloc_barrier([128] * num_stages)
+            empty = T.alloc_barrier([128] * num_stages)  # one warpgroup consumes a stage
             tid = T.get_thread_binding()
-            # Both roles walk the same tiles in the same order (row panels of `swizzle_panel` tile rows, as
-            # T.use_swizzle), each with its own scheduler; `current_iter` counts this block's tiles.
-            if tid >= consumer_threads:
+            if tid >= 256:
                 T.set_max_nreg(producer_regs, 0)
-                tiles = T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=num_sms,
-                                                  swizzle_size=swizzle_panel, column_major=False)
+                tiles = T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=num_sms, swizzle_size=panel,
+                                                  column_major=False)
                 tiles.init(block_id)
                 while tiles.valid():
-                    produce_tile(A, B, A_s, B_s, full, empty, tiles.m_idx, tiles.n_idx,
-                                 tiles.current_iter * k_steps)
+                    produce_tile(A, B, A_s, B_s, full, empty, tiles.m_idx, tiles.n_idx, tiles.current_iter * k_steps)
                     tiles.next_tile()
+            elif tid >= 128:
+                consumer(C, A_s, B_s, C_local1, C_s1, full, empty, block_id, 1)
             else:
-                T.set_max_nreg(consumer_regs, 1)
-                tiles = T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=num_sms,
-                                                  swizzle_size=swizzle_panel, column_major=False)
-                tiles.init(block_id)
-                while tiles.valid():
-                    consume_tile(A_s, B_s, C_local, full, empty, tiles.current_iter * k_steps)
-                    store_tile(C, C_local, C_s, tiles.m_idx, tiles.n_idx)
-                    tiles.next_tile()
-                T.tma_store_wait(0)  # shared memory must outlive the stores reading it
+                consumer(C, A_s, B_s, C_local0, C_s0, full, empty, block_id, 0)
 
-    return gemm_ws_persistent
+    return gemm_pingpong
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -251,13 +227,16 @@ def missing_markers(source: str) -> list[str]:
 
 
 def consumer_main_loop(source: str) -> str:
-    """The consumers' K loop of the generated CUDA: from the wait on the `full` barrier to the final drain."""
+    """The consumers' K loop of the generated CUDA: from the wait on the `full` barrier to the final drain and
+    the last stage's release (of the first consumer branch, in the ping-pong kernel)."""
     lines = source.splitlines()
     start = next((i for i, l in enumerate(lines) if re.search(r"full\[.*\]\.wait\(", l)), None)
-    end = next((i for i, l in enumerate(lines) if "wait_wgmma<0>" in l), None)
-    if start is None or end is None:
+    drain = next((i for i, l in enumerate(lines) if "wait_wgmma<0>" in l), None)
+    if start is None or drain is None:
         return "(consumer loop not found)"
-    return "\n".join(lines[max(0, start - 1):end + 2])
+    # ... through the release of the last stage after the drain
+    end = next((i for i in range(drain, len(lines)) if "empty[" in lines[i]), drain)
+    return "\n".join(lines[max(0, start - 1):end + 1])
 
 
 def main_loop_syncs(source: str) -> int:
@@ -299,7 +278,7 @@ def inspect_variant(name: str, shape: tuple[int, int, int] = (8192, 8192, 8192))
     """Everything the compile-only check says about a variant: lowered for sm_90a by TileLang (launch shape,
     shared memory, markers), then compiled by nvcc with ptxas -v (registers, stack, spills)."""
     try:
-        rep = tourkit.inspect_kernel(name, gemm_ws_program(*shape, **VARIANTS[name]), ARCH, nvcc=False)
+        rep = tourkit.inspect_kernel(name, program_for(name, *shape), ARCH, nvcc=False)
     except Exception as exc:
         return {"variant": name, "lowered": False, "error": tourkit.one_line(exc)}
     report = {"variant": name, "lowered": True, "threads": rep.threads, "grid": rep.grid,
@@ -324,15 +303,15 @@ def spilled_bytes(rep: dict) -> int:
 def list_variants(show_source: bool) -> int:
     """--list: each variant, whether it lowers and compiles for sm_90a, its markers, registers and spills."""
     failed = 0
-    for rep in inspect_variants(list(VARIANTS)):
-        name, kwargs = rep["variant"], VARIANTS[rep["variant"]]
+    for rep in inspect_variants(ALL_VARIANTS):
+        name, label = rep["variant"], describe(rep["variant"])
         if not rep["lowered"] or "error" in rep:
             failed += 1
             say(f"{name:16s} FAILED: {rep.get('error')}")
             continue
         spills = spilled_bytes(rep)
         verdict = "compiled" if not rep["missing_markers"] and not spills else "compiled, NOT WORTH A RUN"
-        say(f"{name:16s} {verdict}: {kwargs or 'defaults'}; {rep['threads']} threads, grid {rep['grid']}, "
+        say(f"{name:16s} {verdict}: {label}; {rep['threads']} threads, grid {rep['grid']}, "
             f"shared memory {tourkit.format_bytes(rep['smem_bytes'])}; registers {rep['registers']} (launch bound), "
             f"stack {rep['stack_bytes']} B, spills {rep['spill_stores']}/{rep['spill_loads']} B, "
             f"syncs in the K loop {rep['main_loop_syncs']}, missing markers {rep['missing_markers'] or 'none'}")
@@ -352,11 +331,21 @@ def kernel_names(variants: list[str]) -> list[str]:
 
 
 def program_for(name: str, M: int, N: int, K: int):
-    if name in TOUR_CONFIGS:
-        from sections.gemm_schedules import gemm_program
+    if name in EXPERIMENTS:
+        return gemm_pingpong_program(M, N, K, **EXPERIMENTS[name])
+    return gemm_program(M, N, K, TOUR_CONFIGS[name] if name in TOUR_CONFIGS else VARIANTS[name])
 
-        return gemm_program(M, N, K, TOUR_CONFIGS[name])
-    return gemm_ws_program(M, N, K, **VARIANTS[name])
+
+def describe(name: str) -> str:
+    if name in EXPERIMENTS:
+        kwargs = {"block_M": 128, "block_N": 128, "num_stages": 6, **EXPERIMENTS[name]}
+        return (f"ping-pong {kwargs['block_M']}x{kwargs['block_N']}x64 per warpgroup, s{kwargs['num_stages']}, "
+                f"persistent{H200_SMS}")
+    return VARIANTS[name].label()
+
+
+def is_persistent(name: str) -> bool:
+    return name in EXPERIMENTS or VARIANTS[name].persistent > 0
 
 
 def compile_kernel(name: str, M: int, N: int, K: int):
@@ -609,8 +598,8 @@ def parse_args(argv):
     ap.add_argument("--quick", action="store_true", help="8192^3 only")
     ap.add_argument("--shapes", type=lambda t: [parse_shape(s) for s in t.split(",")], default=None,
                     help="comma-separated MxNxK list (default: the five target shapes)")
-    ap.add_argument("--variants", type=lambda t: t.split(","), default=list(VARIANTS),
-                    help=f"comma-separated, of {', '.join(VARIANTS)}")
+    ap.add_argument("--variants", type=lambda t: t.split(","), default=list(ALL_VARIANTS),
+                    help=f"comma-separated, of {', '.join(ALL_VARIANTS)}")
     ap.add_argument("--rounds", type=int, default=4, help="turns per contender (tourkit.bench_interleaved)")
     ap.add_argument("--no-odd", action="store_true", help="skip the odd-size validation (1000x1000x1000 ...)")
     ap.add_argument("--list", action="store_true", help="the variants and whether each compiles for sm_90a "
@@ -619,9 +608,9 @@ def parse_args(argv):
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for gemm_ws_probe.json (default $OUT)")
     ap.add_argument("--child-validate", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    unknown = [v for v in args.variants if v not in VARIANTS]
+    unknown = [v for v in args.variants if v not in ALL_VARIANTS]
     if unknown:
-        ap.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")
+        ap.error(f"unknown variants {unknown}; known: {ALL_VARIANTS}")
     if args.shapes is None:
         args.shapes = [SHAPES[0]] if args.quick else SHAPES
     return args

@@ -32,6 +32,8 @@ from tourkit import Section, SectionSkip
 ACTIVATIONS = (None, "gelu", "gelu_erff", "gelu_tanh")
 
 _WARP_POLICIES = ("Square", "FullRow", "FullCol")
+KERNELS = ("tilelang", "ws")
+WS_STORE_BLOCK_N = 64  # the hand-written kernel stores C in block_M x 64 strips (a 128x256 tile would not fit)
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,14 @@ class GemmConfig:
     policy: str = "Square"
     staged_store: bool = True
     persistent: int = 0  # > 0: a persistent kernel of this many blocks (one per SM) walking the tiles
+    # "tilelang": T.Pipelined + T.gemm, TileLang's automatic warp specialization (every architecture);
+    # "ws": the hand-written warp-specialized kernel below (Hopper only; see gemm_ws_body).
+    kernel: str = "tilelang"
+    store_buffers: int = 1  # "ws": shared-memory strips staging the C store (2: one stores while one fills)
+
+    @property
+    def hand_ws(self) -> bool:
+        return self.kernel == "ws"
 
     def smem_bytes(self, dtype_bytes: int = 2) -> int:
         """Shared memory this schedule needs: `num_stages` copies of the A and B tiles, and the C tile
@@ -58,6 +68,9 @@ class GemmConfig:
         buffer (the tests check it)."""
         stages = max(1, self.num_stages)
         pipeline = stages * (self.block_M * self.block_K + self.block_K * self.block_N) * dtype_bytes
+        if self.hand_ws:  # its own ring, C strips and mbarriers all live at once; bias is read from global
+            strips = self.store_buffers * self.block_M * WS_STORE_BLOCK_N * dtype_bytes
+            return pipeline + strips + 2 * stages * 8 + 1024
         c_tile = self.block_M * self.block_N * dtype_bytes if self.staged_store else 0
         bias_tile = self.block_N * dtype_bytes
         if self.persistent:  # the loop over tiles keeps every buffer alive: no reuse
@@ -71,6 +84,8 @@ class GemmConfig:
             text += f" {self.policy}"
         if not self.staged_store:
             text += " direct"
+        if self.hand_ws:
+            text += " ws" + (f" store{self.store_buffers}" if self.store_buffers != 1 else "")
         if self.persistent:
             text += f" persistent{self.persistent}"
         return text
@@ -83,6 +98,15 @@ def consumer_registers(threads: int) -> int:
     """Registers a consumer thread may raise itself to (setmaxnreg) when `threads` consumer threads share an
     SM's 65536 with one 128-thread producer warpgroup: a multiple of 8, at most 240."""
     return min(240, (65536 - 128 * PRODUCER_REGISTERS) // threads // 8 * 8)
+
+
+def ws_register_split(consumers: int, persistent: bool) -> tuple[int, int]:
+    """(producer, consumer) registers per thread after setmaxnreg in the hand-written kernel. The producer
+    warpgroup keeps 24, or 40 when it also runs the persistent tile scheduler's index arithmetic (CUTLASS's
+    40/232); the consumers take what is left of the SM's 65536, a multiple of 8, at most 240."""
+    producer = 40 if persistent else PRODUCER_REGISTERS
+    consumer = min(240, (65536 - 128 * producer) // (128 * consumers) // 8 * 8)
+    return producer, consumer
 
 
 def fits(config: GemmConfig, smem_budget: int) -> bool:
@@ -98,22 +122,31 @@ def default_schedules(family: str, sm_count: int = 132) -> list[GemmConfig]:
     """Schedules worth comparing on an architecture family: one winner and its instructive neighbours.
     `sm_count` sizes the persistent kernel's grid (132 on an H100 SXM / H200)."""
     if family == "hopper":
-        # Measured on an H200 at 8192^3 (2026-12-02, bench/gemm_probe.py): the first two are level with
-        # cuBLAS (0.98-1.05x depending on the GPU's clock drift); each other row changes one knob.
+        # Measured on an H200 (2026-12-02, bench/gemm_ws_probe.py, ratios to cuBLAS in turns): the
+        # hand-written warp-specialized kernel (kernel="ws") keeps one wgmma batch in flight; persistent, it
+        # was 0.97-1.03x cuBLAS on the five target shapes. Its double-buffered store (store2) led at 4096^3.
+        # The first four rows are the --full shape sweep's leaders (shape_set_schedules).
+        hand_ws = dict(panel=8, policy="FullRow", kernel="ws")
         return [
-            GemmConfig(128, 256, 64, 4, 256, True),    # 2 consumer warpgroups share a 128x256 tile
+            GemmConfig(128, 256, 64, 4, 256, True, persistent=sm_count, **hand_ws),
+            GemmConfig(128, 256, 64, 4, 256, True, persistent=sm_count, store_buffers=2, **hand_ws),
+            # three consumer warpgroups, each a 256x64 column strip, 160 registers a thread (not 240; see
+            # consumer_registers): level with the hand-written kernel at 8192^3 and 8192x28672x4096
+            GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol"),
+            GemmConfig(128, 256, 64, 4, 256, True, **hand_ws),  # hand-written, one block per tile
+            # TileLang's automatic warp specialization: 2 consumer warpgroups share a 128x256 tile, but each
+            # waits for its whole wgmma batch every K step (0.92-0.97x); each other row changes one knob.
+            GemmConfig(128, 256, 64, 4, 256, True),
             GemmConfig(128, 256, 64, 4, 256, True, panel=8, policy="FullRow"),  # each warpgroup owns full rows
             GemmConfig(128, 256, 64, 3, 256, True),    # one stage less: less latency hidden (0.96-1.01x of s4)
-            # three consumer warpgroups, each a 256x64 column strip, 160 registers a thread (not 240; see
-            # consumer_registers): level with or ahead of the first row on the H200
-            GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol"),
             GemmConfig(256, 128, 64, 4, 256, True),    # the transposed tile
             GemmConfig(128, 256, 64, 4, 256, False),   # no L2 swizzle: 6-19% slower at 8192^3
             GemmConfig(128, 256, 64, 4, 256, True, staged_store=False),  # direct register->global store
             GemmConfig(128, 128, 64, 4, 256, True),    # a smaller tile: fewer FLOPs per byte loaded
             GemmConfig(64, 128, 64, 4, 128, True),     # one consumer warpgroup, small tile: ~0.7x
-            # A persistent kernel (one block per SM walks the tiles): the producer loads the next tile during
-            # the store, but TileLang 0.1.15 gives up the warpgroup register split (setmaxnreg) here: ~0.95x.
+            # TileLang's persistent kernel (T.Persistent): the producer loads the next tile during the store,
+            # but TileLang 0.1.15 gives up the warpgroup register split (setmaxnreg) here: ~0.95x. The
+            # hand-written persistent kernel (first row) supersedes it; kept to show what the split is worth.
             GemmConfig(128, 256, 64, 3, 256, True, panel=8, policy="FullRow", persistent=sm_count),
             GemmConfig(256, 256, 64, 4, 256, True),    # 256 KiB of shared memory: skipped on every GPU
         ]
@@ -153,12 +186,40 @@ def _check_problem(M: int, N: int, K: int, config: GemmConfig, activation, dtype
         raise ValueError(f"activation {activation!r} is not one of {ACTIVATIONS}")
     if config.policy not in _WARP_POLICIES:
         raise ValueError(f"warp policy {config.policy!r} is not one of {_WARP_POLICIES}")
+    if config.kernel not in KERNELS:
+        raise ValueError(f"kernel {config.kernel!r} is not one of {KERNELS}")
+    if config.hand_ws:
+        _check_hand_ws(config)
     # Rows of A (K elements) and of B and C (N elements) must start 16-byte aligned: TMA descriptors and
     # vectorized copies need it. Other sizes (1000, 1000 + 8k, ...) work, tails included.
     elem = 2 if dtype in ("float16", "bfloat16") else 4
     if (K * elem) % 16 or (N * elem) % 16:
         raise ValueError(f"GEMM with N={N}, K={K}: rows must be multiples of 16 bytes "
                          f"(N and K multiples of {16 // elem} for {dtype}); pad the operands")
+
+
+def _check_hand_ws(config: GemmConfig) -> None:
+    """The shapes the hand-written kernel is written for: each consumer warpgroup owns 64 full rows."""
+    consumers = config.block_M // 64
+    problems = []
+    if config.block_M % 64 or consumers < 1 or config.threads != 128 * consumers:
+        problems.append(f"block_M={config.block_M} must be 64 x (consumer warpgroups) and threads={config.threads} "
+                        f"128 x (consumer warpgroups)")
+    if config.policy != "FullRow":
+        problems.append(f"policy={config.policy!r} must be 'FullRow' (each warpgroup owns full rows)")
+    if config.block_N % WS_STORE_BLOCK_N:
+        problems.append(f"block_N={config.block_N} must be a multiple of the {WS_STORE_BLOCK_N}-column store strips")
+    if not config.staged_store or config.store_buffers not in (1, 2):
+        problems.append("the C store is staged in 1 or 2 shared strips (staged_store=True, store_buffers 1 or 2)")
+    if problems:
+        raise ValueError(f"hand-written warp-specialized schedule {config.label()}: " + "; ".join(problems))
+
+
+def require_hopper(config: GemmConfig, arch: str) -> None:
+    """The hand-written kernel uses TMA, wgmma and setmaxnreg: sm_90a only. Say so before lowering does."""
+    if config.hand_ws and arch != "sm_90a":
+        raise ValueError(f"{config.label()}: the hand-written warp-specialized kernel needs Hopper (sm_90a: TMA, "
+                         f"wgmma, setmaxnreg), not {arch}")
 
 
 # Abramowitz & Stegun 7.1.26: erfc(z) ~ t (a1 + t (a2 + t (a3 + t (a4 + t a5)))) exp(-z^2), t = 1 / (1 + p z),
@@ -187,19 +248,11 @@ def epilogue_pass_configs(activation: str | None) -> dict:
     return {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True} if activation == "gelu" else {}
 
 
-def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = False, activation: str | None = None,
-                 dtype: str = "float16", accum_dtype: str = "float32"):
-    """C = activation(A @ B + Bias) as a TileLang prim_func over A[M, K], B[K, N], (Bias[N],) C[M, N]."""
-    _check_problem(M, N, K, config, activation, dtype)
-    bM, bN, bK = config.block_M, config.block_N, config.block_K
-    policy = getattr(T.GemmWarpPolicy, config.policy)
+def activation_macro(bM: int, bN: int, activation: str | None):
+    """The activation on a bM x bN register accumulator, in place: one macro for both kernels."""
 
     @T.macro
-    def epilogue(C_local, Bias_shared):
-        """Bias and GELU on the register-resident accumulator, before the single store."""
-        if bias:
-            for i, j in T.Parallel(bM, bN):
-                C_local[i, j] = C_local[i, j] + Bias_shared[j]
+    def activate(C_local):
         if activation == "gelu":  # exact (to 1e-7) x * Phi(x), as torch's default, with a cheap erf
             for i, j in T.Parallel(bM, bN):
                 C_local[i, j] = gelu_exact(C_local[i, j], T.abs, T.exp2, T.max)
@@ -210,6 +263,53 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
             for i, j in T.Parallel(bM, bN):
                 x = C_local[i, j]
                 C_local[i, j] = 0.5 * x * (1.0 + T.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+
+    return activate
+
+
+def gemm_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str):
+    """The prim_func around a kernel body(A, B, Bias, C): with or without the Bias[N] argument."""
+    if bias:
+        @T.prim_func
+        def gemm_bias(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), Bias: T.Tensor((N,), dtype),
+                      C: T.Tensor((M, N), dtype)):
+            body(A, B, Bias, C)
+
+        return gemm_bias
+
+    @T.prim_func
+    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
+        body(A, B, None, C)
+
+    return gemm
+
+
+def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = False, activation: str | None = None,
+                 dtype: str = "float16", accum_dtype: str = "float32"):
+    """C = activation(A @ B + Bias) as a TileLang prim_func over A[M, K], B[K, N], (Bias[N],) C[M, N].
+    config.kernel picks the kernel: TileLang's pipelined one (below) or the hand-written one (gemm_ws_body)."""
+    _check_problem(M, N, K, config, activation, dtype)
+    activate = activation_macro(config.block_M, config.block_N, activation)
+    if config.hand_ws:
+        body = gemm_ws_body(M, N, K, config, bias, activate, dtype, accum_dtype)
+    else:
+        body = gemm_pipelined_body(M, N, K, config, bias, activate, dtype, accum_dtype)
+    return gemm_prim_func(M, N, K, body, bias, dtype)
+
+
+def gemm_pipelined_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activate, dtype: str,
+                        accum_dtype: str):
+    """TileLang's GEMM: T.Pipelined + T.gemm; on Hopper TileLang splits producer and consumers itself."""
+    bM, bN, bK = config.block_M, config.block_N, config.block_K
+    policy = getattr(T.GemmWarpPolicy, config.policy)
+
+    @T.macro
+    def epilogue(C_local, Bias_shared):
+        """Bias and GELU on the register-resident accumulator, before the single store."""
+        if bias:
+            for i, j in T.Parallel(bM, bN):
+                C_local[i, j] = C_local[i, j] + Bias_shared[j]
+        activate(C_local)
 
     @T.macro
     def tile(A, B, Bias, C, bx, by, A_shared, B_shared, C_local, Bias_shared, C_shared):
@@ -255,24 +355,160 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
                 T.use_swizzle(panel_size=config.panel, enable=config.swizzle)
                 tile(A, B, Bias, C, bx, by, A_shared, B_shared, C_local, Bias_shared, C_shared)
 
-    if bias:
-        @T.prim_func
-        def gemm_bias(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), Bias: T.Tensor((N,), dtype),
-                      C: T.Tensor((M, N), dtype)):
-            body(A, B, Bias, C)
+    return body
 
-        return gemm_bias
 
-    @T.prim_func
-    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
-        body(A, B, None, C)
+def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activate, dtype: str, accum_dtype: str):
+    """The hand-written warp-specialized Hopper kernel (kernel="ws"), as CUTLASS's Hopper mainloop does it.
+    TileLang's pipelined kernel makes its consumers wait for each K step's whole wgmma batch (wait<0>) before
+    the stage goes back to the producer, so the tensor cores idle between K steps. Here:
 
-    return gemm
+    * one producer warpgroup (registers lowered to 24, or 40 when persistent) waits for a free stage of a ring
+      of `num_stages` shared buffers (its `empty` mbarrier), issues the TMA loads of the A and B tiles into it
+      and arrives on the stage's `full` mbarrier, which completes when the bytes have landed;
+    * block_M / 64 consumer warpgroups (registers raised to 240 / 232), each owning 64 full rows of the tile,
+      wait for `full`, issue the stage's wgmma batch without waiting for it, then wait_wgmma(1): the previous
+      step's batch is finished, so only then is the previous step's stage released: one batch in flight;
+    * the epilogue (bias, activation) runs on the register accumulator; the fp16 result goes out through
+      block_M x 64 shared strips by TMA (store_buffers=2: one strip stores while the next is written);
+    * persistent > 0: that many blocks walk the tiles (T.PersistentTileScheduler, row panels of `panel` tile
+      rows as T.use_swizzle). Producer and consumers run the same tile loop and the ring's barrier phases
+      carry on across tiles (a k-step counter over the block's tiles), so the producer loads the next tile's
+      first stages while the consumers run the epilogue."""
+    bM, bN, bK, num_stages = config.block_M, config.block_N, config.block_K, config.num_stages
+    consumer_threads = config.threads
+    persistent = config.persistent > 0
+    producer_regs, consumer_regs = ws_register_split(consumer_threads // 128, persistent)
+    m_tiles, n_tiles, k_steps = T.ceildiv(M, bM), T.ceildiv(N, bN), T.ceildiv(K, bK)
+    strips, store_buffers = bN // WS_STORE_BLOCK_N, config.store_buffers
+    panel = config.panel if config.swizzle else 1
+    # FullRow: one m64n256 wgmma per 16 of K per warpgroup, the shape that reads shared memory least.
+    policy = T.GemmWarpPolicy.FullRow
+
+    def stage_of(step):
+        """A k-step's slot in the ring, and the parity of its round: the n-th completion of a stage's
+        barrier is phase n, whose parity is n & 1."""
+        return step % num_stages, (step // num_stages) & 1
+
+    @T.macro
+    def produce_tile(A, B, A_s, B_s, full, empty, m, n, first_step):
+        """The producer's loads of one output tile. `first_step` counts the k-steps this block loaded before
+        this tile, so the ring's phases carry on across tiles."""
+        for k in T.serial(k_steps):
+            stage, parity = stage_of(first_step + k)
+            # A fresh barrier sits in phase 0, so waiting for parity 1 returns at once: the first round of
+            # stages is free without any consumer arrival.
+            T.mbarrier_wait_parity(empty[stage], parity ^ 1)
+            # One elected thread issues the copies (expect_tx + TMA); every producer thread then arrives, and
+            # the phase completes when all 128 arrived and the bytes landed.
+            T.tma_copy(A[m * bM:(m + 1) * bM, k * bK:(k + 1) * bK], A_s[stage, :, :], barrier=full[stage])
+            T.tma_copy(B[k * bK:(k + 1) * bK, n * bN:(n + 1) * bN], B_s[stage, :, :], barrier=full[stage])
+            T.mbarrier_arrive(full[stage])
+
+    @T.macro
+    def consume_tile(A_s, B_s, C_local, full, empty, first_step):
+        """The consumers' wgmma batches of one tile, one batch kept in flight. On return every batch has
+        finished and every stage this tile used has been handed back."""
+        T.clear(C_local)
+        for k in T.serial(k_steps):
+            stage, parity = stage_of(first_step + k)
+            T.mbarrier_wait_parity(full[stage], parity)
+            T.wgmma_gemm(A_s[stage, :, :], B_s[stage, :, :], C_local, policy=policy)  # issued, not waited
+            T.wait_wgmma(1)  # at most this step's batch still runs: the previous step's batch is done
+            if k > 0:  # ... so its stage may be overwritten (step k-1 of this tile; none before step 0)
+                T.mbarrier_arrive(empty[stage_of(first_step + k - 1)[0]])
+        T.wait_wgmma(0)
+        # The last step's stage: the producer of a persistent kernel waits for it one ring round later.
+        T.mbarrier_arrive(empty[stage_of(first_step + k_steps - 1)[0]])
+
+    @T.macro
+    def add_bias(C_local, Bias, n):
+        """Bias straight from global memory into the registers (a shared copy would need a barrier over
+        the consumers). Columns past N read Bias[N - 1]: the TMA store clips them anyway."""
+        if bias:
+            for i, j in T.Parallel(bM, bN):
+                C_local[i, j] = C_local[i, j] + Bias[T.min(n * bN + j, N - 1)]
+
+    @T.macro
+    def store_tile(C, C_local, C_s, m, n):
+        """fp32 accumulator -> fp16 strips of block_M x 64 in shared memory -> global by TMA. TileLang puts a
+        named barrier over the consumer threads around each strip's shared writes, and one elected consumer
+        thread issues the stores. Before a strip buffer is rewritten only the store issued `store_buffers`
+        strips earlier must have finished reading it (across tiles too: the kernel drains once, at its end)."""
+        for j in T.unroll(strips):
+            buffer = j % store_buffers
+            T.tma_store_wait(store_buffers - 1)  # by the thread that issued the stores; a no-op for the rest
+            T.copy(C_local[:, j * WS_STORE_BLOCK_N:(j + 1) * WS_STORE_BLOCK_N], C_s[buffer, :, :])
+            column = n * bN + j * WS_STORE_BLOCK_N
+            T.tma_copy(C_s[buffer, :, :], C[m * bM:(m + 1) * bM, column:column + WS_STORE_BLOCK_N])
+
+    @T.macro
+    def finish_tile(C, Bias, C_local, C_s, m, n):
+        add_bias(C_local, Bias, n)
+        activate(C_local)
+        store_tile(C, C_local, C_s, m, n)
+
+    def buffers():
+        return (T.alloc_shared((num_stages, bM, bK), dtype),
+                T.alloc_shared((num_stages, bK, bN), dtype),
+                T.alloc_shared((store_buffers, bM, WS_STORE_BLOCK_N), dtype),
+                T.alloc_fragment((bM, bN), accum_dtype),
+                # full[s]: the producer warpgroup's 128 arrivals plus the TMA bytes; empty[s]: every consumer
+                # thread's arrival after its wgmma batch reading stage s is known finished.
+                T.alloc_barrier([128] * num_stages),
+                T.alloc_barrier([consumer_threads] * num_stages))
+
+    @T.macro
+    def one_tile_per_block(A, B, Bias, C):
+        with T.Kernel(n_tiles, m_tiles, threads=consumer_threads + 128) as (bx, by):
+            A_s, B_s, C_s, C_local, full, empty = buffers()
+            T.use_swizzle(panel_size=panel, enable=config.swizzle)
+            tid = T.get_thread_binding()
+            if tid >= consumer_threads:  # the producer warpgroup comes last
+                T.set_max_nreg(producer_regs, 0)
+                produce_tile(A, B, A_s, B_s, full, empty, by, bx, 0)
+            else:
+                T.set_max_nreg(consumer_regs, 1)
+                consume_tile(A_s, B_s, C_local, full, empty, 0)
+                finish_tile(C, Bias, C_local, C_s, by, bx)
+                T.tma_store_wait(0)  # shared memory must outlive the stores reading it
+
+    @T.macro
+    def persistent_blocks(A, B, Bias, C):
+        with T.Kernel(config.persistent, threads=consumer_threads + 128) as block_id:
+            A_s, B_s, C_s, C_local, full, empty = buffers()
+            tid = T.get_thread_binding()
+            # Both roles walk the same tiles in the same order, each with its own scheduler (the grid stride
+            # is config.persistent); `current_iter` counts this block's tiles.
+            if tid >= consumer_threads:
+                T.set_max_nreg(producer_regs, 0)
+                tiles = T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=config.persistent,
+                                                  swizzle_size=panel, column_major=False)
+                tiles.init(block_id)
+                while tiles.valid():
+                    produce_tile(A, B, A_s, B_s, full, empty, tiles.m_idx, tiles.n_idx, tiles.current_iter * k_steps)
+                    tiles.next_tile()
+            else:
+                T.set_max_nreg(consumer_regs, 1)
+                tiles = T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=config.persistent,
+                                                  swizzle_size=panel, column_major=False)
+                tiles.init(block_id)
+                while tiles.valid():
+                    consume_tile(A_s, B_s, C_local, full, empty, tiles.current_iter * k_steps)
+                    finish_tile(C, Bias, C_local, C_s, tiles.m_idx, tiles.n_idx)
+                    tiles.next_tile()
+                T.tma_store_wait(0)  # shared memory must outlive the stores reading it
+
+    return persistent_blocks if persistent else one_tile_per_block
 
 
 def compile_gemm(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = False, activation: str | None = None,
                  dtype: str = "float16", accum_dtype: str = "float32", pass_configs: dict | None = None):
     """Compile for the local GPU. The kernel writes into the caller's C: kernel(a, b, c) / kernel(a, b, bias, c)."""
+    if config.hand_ws:
+        device = tourkit.detect_device()
+        if device is not None:
+            require_hopper(config, device.arch)
     func = gemm_program(M, N, K, config, bias=bias, activation=activation, dtype=dtype, accum_dtype=accum_dtype)
     configs = {**epilogue_pass_configs(activation), **(pass_configs or {})}
     return tilelang.compile(func, out_idx=None, target="cuda", pass_configs=configs)
@@ -415,6 +651,10 @@ def show_generated_code(ctx, source: str, family: str) -> None:
     if family == "hopper" and "warpgroup_wait<0>" in source:
         ctx.log("Each K step issues a batch of wgmma and waits for it (warpgroup_wait<0>) before handing the "
                 "stage's buffers back to the producer warpgroup.")
+    if family == "hopper" and "wait_wgmma<1>" in source:
+        ctx.log("The hand-written kernel waits with wait_wgmma<1>: the previous K step's batch is done while this "
+                "step's still runs, so it releases the previous stage (empty[...].arrive()) and keeps one batch "
+                "in flight.")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -424,6 +664,8 @@ def show_generated_code(ctx, source: str, family: str) -> None:
 def compile_only(ctx, family: str, schedules: list[GemmConfig]) -> None:
     """Lower every fitting schedule for ctx.arch (nvcc for the default and a ragged size), check the
     instruction markers and that the shared-memory estimate bounds what the kernel allocates."""
+    for c in schedules:
+        require_hopper(c, ctx.arch)
     fitting = [c for c in schedules if fits(c, ctx.smem_budget)]
     for c in schedules:
         if c not in fitting:
@@ -452,7 +694,8 @@ def compile_only(ctx, family: str, schedules: list[GemmConfig]) -> None:
 
 def shape_set_schedules(schedules: list[GemmConfig], smem_budget: int) -> list[GemmConfig]:
     """The --full shape sweep tries the first four fitting schedules of the table (each table lists
-    first the ones that win on some shape)."""
+    first the ones that win on some shape; on Hopper: the hand-written kernel, persistent with one and two
+    store strips and one tile per block, and TileLang's 256x192 three-warpgroup schedule)."""
     return [c for c in schedules if fits(c, smem_budget)][:4]
 
 

@@ -1,16 +1,22 @@
 """gemm_schedules: the builder's API, schedule choice, shared-memory estimate and codegen (CPU); odd sizes (GPU)."""
 
+import dataclasses
+import re
+
 import pytest
 
 import tilelang_tour
 import tourkit
 from sections.gemm_schedules import (GemmConfig, compile_gemm, default_schedules, fits, gemm_flops, gemm_program,
-                                     reference)
+                                     reference, require_hopper, shape_set_schedules)
 
-HOPPER_DEFAULT = default_schedules("hopper")[0]
+HOPPER_TABLE = default_schedules("hopper")
+HOPPER_DEFAULT = HOPPER_TABLE[0]  # the hand-written warp-specialized kernel, persistent
+HOPPER_PIPELINED = next(c for c in HOPPER_TABLE if c.kernel == "tilelang")  # TileLang's own pipeline
+HAND_WS = [c for c in HOPPER_TABLE if c.hand_ws]
 AMPERE_DEFAULT = default_schedules("ampere")[0]
 EXPECTED = {"sm_80": ["cp_async", "ldmatrix", "mma_sync"], "sm_90a": ["wgmma", "tma_load", "mbarrier"]}
-DEFAULT_FOR = {"sm_80": AMPERE_DEFAULT, "sm_90a": HOPPER_DEFAULT}
+DEFAULT_FOR = {"sm_80": AMPERE_DEFAULT, "sm_90a": HOPPER_PIPELINED}
 
 
 @pytest.fixture(scope="module", params=["sm_80", "sm_90a"])
@@ -61,11 +67,12 @@ def test_persistent_kernel_launches_one_block_per_sm_and_walks_the_tiles():
     assert "exp2f(" in report.source and " < 32" in report.source  # 8 x 4 tiles of 128x256 cover 1000x1000
     assert config.label().endswith("persistent114")
     sized = [c for c in default_schedules("hopper", sm_count=78) if c.persistent]
-    assert [c.persistent for c in sized] == [78]
+    assert [c.persistent for c in sized] == [78, 78, 78]  # two hand-written, one T.Persistent
 
 
 def test_schedule_tables_differ_by_family_and_filter_by_budget():
     hopper, ampere = default_schedules("hopper"), default_schedules("ampere")
+    assert not any(c.hand_ws for family in ("ampere", "ada", "turing") for c in default_schedules(family))
     assert len(hopper) >= 6 and len(ampere) >= 6 and len(default_schedules("turing")) >= 6
     assert hopper != ampere and default_schedules("ada") == ampere
     assert fits(HOPPER_DEFAULT, tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin)
@@ -99,6 +106,101 @@ def test_section_compile_only_through_the_runner(arch):
     result = run.results[0]
     assert result.status == "passed", result.error_message
     assert result.headline["schedules"] >= 6
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The hand-written warp-specialized kernel (kernel="ws")
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=[(c, epilogue) for c in HAND_WS for epilogue in (False, True)],
+                ids=lambda p: f"{p[0].label().replace(' ', '_')}{'-bias-gelu' if p[1] else ''}")
+def ws_report(request):
+    config, epilogue = request.param
+    func = gemm_program(1001, 1032, 1000, config, bias=epilogue, activation="gelu" if epilogue else None)
+    return config, epilogue, tourkit.inspect_kernel("ws", func, "sm_90a", nvcc=False)
+
+
+def consumer_loop(source: str) -> str:
+    """From the consumers' first wait on a `full` barrier to their final drain (wait_wgmma<0>)."""
+    start = re.search(r"full\[[^\]]*\]\.wait\(", source)
+    end = source.index("wait_wgmma<0>")
+    return source[start.start():end]
+
+
+def test_ws_kernel_lowers_with_tma_wgmma_mbarriers_and_one_batch_in_flight(ws_report):
+    config, _, report = ws_report
+    tourkit.require_markers(report, ["wgmma", "tma_load", "mbarrier"])
+    assert report.threads == config.threads + 128  # the producer warpgroup, written by hand
+    loop = consumer_loop(report.source)
+    issue, wait_one = loop.index("wgmma_ss<"), loop.index("wait_wgmma<1>")
+    assert issue < wait_one < loop.index("empty[", wait_one)  # the previous stage is released after wait<1>
+    assert "__syncthreads" not in loop and "bar.sync" not in loop
+    assert re.search(r"empty\[[^\]]*\]\.wait\(.*\^ 1\)\);", report.source)  # the producer's flipped parity
+
+
+def test_ws_kernel_has_no_block_barrier_inside_a_role(ws_report):
+    """After the mbarrier init the roles never meet at __syncthreads again (the producer would not come)."""
+    _, _, report = ws_report
+    source = report.source
+    roles = source.index("warpgroup_reg_dealloc<")
+    assert source.count("__syncthreads") == source[:roles].count("__syncthreads") == 1
+    assert source.index("fence_barrier_init") < source.index("__syncthreads") < roles
+
+
+def test_ws_persistent_loop_strides_by_the_grid(ws_report):
+    config, _, report = ws_report
+    if config.persistent:
+        assert tuple(report.grid) == (config.persistent, 1, 1)
+        assert len(re.findall(rf"\+ {config.persistent}\);", report.source)) == 2  # producer and consumers
+        assert re.search(r"reg_dealloc<40>", report.source) and re.search(r"reg_alloc<232>", report.source)
+    else:
+        assert tuple(report.grid) == (-(-1032 // config.block_N), -(-1001 // config.block_M), 1)
+        assert re.search(r"reg_dealloc<24>", report.source) and re.search(r"reg_alloc<240>", report.source)
+
+
+def test_ws_epilogue_applies_bias_and_gelu_before_the_store(ws_report):
+    _, epilogue, report = ws_report
+    source = report.source
+    after_loop = source[source.index("wait_wgmma<0>"):]
+    if epilogue:
+        assert "Bias[min(" in after_loop and "exp2f(" in after_loop  # clamped bias column, the rational erfc
+        assert after_loop.index("Bias[") < after_loop.index("exp2f(") < after_loop.index("tma_store(")
+    else:
+        assert "Bias" not in source and "exp2f(" not in source
+
+
+def test_ws_smem_estimate_bounds_the_lowered_kernel(ws_report):
+    config, _, report = ws_report
+    assert report.smem_bytes <= config.smem_bytes() < report.smem_bytes + 4096
+    assert fits(config, tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin)
+
+
+def test_ws_is_hopper_only_and_checks_its_shape():
+    ws = HAND_WS[0]
+    require_hopper(ws, "sm_90a")
+    require_hopper(AMPERE_DEFAULT, "sm_80")
+    with pytest.raises(ValueError, match="needs Hopper"):
+        require_hopper(ws, "sm_80")
+    for bad, why in ((dict(block_M=256), "64 x"), (dict(policy="Square"), "FullRow"), (dict(block_N=200), "strips"),
+                     (dict(store_buffers=3), "store"), (dict(kernel="cutlass"), "kernel")):
+        with pytest.raises(ValueError, match=why):
+            gemm_program(1024, 1024, 1024, dataclasses.replace(ws, **bad))
+    assert ws.label() == "128x256x64 s4 t256 swz8 FullRow ws persistent132"
+    assert HAND_WS[1].label() == "128x256x64 s4 t256 swz8 FullRow ws store2 persistent132"
+
+
+def test_shape_set_leaders_are_the_hand_written_kernels_and_fullcol():
+    leaders = shape_set_schedules(HOPPER_TABLE, tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin)
+    assert len(leaders) == 4 and leaders[:2] == HAND_WS[:2] and HAND_WS[2] in leaders
+    assert any(c.policy == "FullCol" and c.kernel == "tilelang" for c in leaders)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a"])
+def test_compile_only_nvcc_compiles_the_ws_default_at_a_ragged_size(arch):
+    report = tourkit.inspect_kernel("ws", gemm_program(1000, 1000, 1000, HOPPER_DEFAULT, bias=True, activation="gelu"),
+                                    arch)
+    assert report.nvcc == "compiled"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -137,3 +239,28 @@ def test_three_consumer_warpgroups_split_the_registers_explicitly():
     assert f"reg_alloc<{consumer_registers(384)}>" in report.source and "reg_dealloc<24>" in report.source
     assert 384 * consumer_registers(384) + 128 * PRODUCER_REGISTERS <= 65536
     assert consumer_registers(256) == 240  # two consumer warpgroups keep TileLang's default
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", HAND_WS, ids=lambda c: c.label().replace(" ", "_"))
+@pytest.mark.parametrize("M,N,K", [(1000, 1000, 1000), (1001, 1032, 1000)])
+@pytest.mark.parametrize("epilogue", [False, True])
+def test_ws_schedules_validate_on_odd_sizes(config, M, N, K, epilogue):
+    """The hand-written kernels on tails in M, N and K, bare and with bias + exact GELU fused."""
+    import torch
+
+    if tourkit.detect_device().arch != "sm_90a":
+        pytest.skip("the hand-written warp-specialized kernel is Hopper-only")
+    config = dataclasses.replace(config, persistent=tourkit.detect_device().sm_count) if config.persistent else config
+    activation = "gelu" if epilogue else None
+    kernel = compile_gemm(M, N, K, config, bias=epilogue, activation=activation)
+    a = tourkit.random_tensor((M, K), torch.float16, seed=1)
+    b = tourkit.random_tensor((K, N), torch.float16, seed=2, scale=K ** -0.5)
+    c = tourkit.poison_(torch.empty((M, N), dtype=torch.float16, device="cuda"))
+    if epilogue:
+        bias = tourkit.random_tensor((N,), torch.float16, seed=3)
+        launch, ref = (lambda: kernel(a, b, bias, c)), reference(a, b, bias, activation)
+    else:
+        launch, ref = (lambda: kernel(a, b, c)), reference(a, b)
+    check = tourkit.validate(f"{config.label()} {M}x{N}x{K}", launch, c, ref, 5e-3)
+    assert check.passed, check.line()

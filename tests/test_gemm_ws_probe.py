@@ -1,6 +1,7 @@
 """bench/gemm_ws_probe.py: the hand-written warp-specialized Hopper GEMM lowers for sm_90a with the pipeline
 it was written for (CPU only; the GPU run is the probe itself)."""
 
+import dataclasses
 import os
 import re
 import sys
@@ -13,13 +14,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import gemm_ws_probe as probe  # noqa: E402
 
 
-@pytest.fixture(scope="module", params=[(name, shape) for name in probe.VARIANTS
+@pytest.fixture(scope="module", params=[(name, shape) for name in probe.ALL_VARIANTS
                                         for shape in [(8192, 8192, 8192), (1001, 1032, 1000)]],
                 ids=lambda p: f"{p[0]}-{'x'.join(map(str, p[1]))}")
 def lowered(request):
     name, shape = request.param
-    report = tourkit.inspect_kernel(name, probe.gemm_ws_program(*shape, **probe.VARIANTS[name]), "sm_90a",
-                                    nvcc=False)
+    report = tourkit.inspect_kernel(name, probe.program_for(name, *shape), "sm_90a", nvcc=False)
     return name, shape, report
 
 
@@ -27,7 +27,7 @@ def test_markers_launch_shape_and_shared_memory(lowered):
     name, (M, N, K), report = lowered
     assert probe.missing_markers(report.source) == []
     assert report.threads == 384  # two consumer warpgroups and the producer warpgroup
-    if probe.VARIANTS[name].get("persistent"):
+    if probe.is_persistent(name):
         assert report.grid == (probe.H200_SMS, 1, 1)
     else:
         assert report.grid == (-(-N // 256), -(-M // 128), 1)
@@ -64,23 +64,57 @@ def test_register_split_fits_the_register_file():
 
 
 def test_bad_arguments_are_rejected():
-    with pytest.raises(ValueError, match="64 x consumers"):
-        probe.gemm_ws_program(1024, 1024, 1024, block_M=256, consumers=2)
+    ws = probe.VARIANTS["ws"]
+    with pytest.raises(ValueError, match="64 x"):
+        probe.gemm_program(1024, 1024, 1024, dataclasses.replace(ws, block_M=256))
     with pytest.raises(ValueError, match="multiples of 8"):
-        probe.gemm_ws_program(1024, 1001, 1024)
+        probe.gemm_program(1024, 1001, 1024, ws)
     assert probe.parse_shape("8192x28672x4096") == (8192, 28672, 4096)
 
 
 def test_shapes_and_flags():
     args = probe.parse_args(["--quick"])
-    assert args.shapes == [(8192, 8192, 8192)] and args.variants == list(probe.VARIANTS)
+    assert args.shapes == [(8192, 8192, 8192)] and args.variants == probe.ALL_VARIANTS
     args = probe.parse_args(["--shapes", "4096x4096x4096,1024x8192x8192", "--variants", "ws"])
     assert args.shapes == [(4096, 4096, 4096), (1024, 8192, 8192)] and args.variants == ["ws"]
 
 
 @pytest.mark.skipif(tourkit.find_nvcc() is None, reason="needs nvcc")
 def test_ptxas_neither_spills_nor_serializes_wgmma():
-    for report in probe.inspect_variants(list(probe.VARIANTS)):
+    for report in probe.inspect_variants(probe.ALL_VARIANTS):
         assert "error" not in report, report.get("error")
         assert probe.spilled_bytes(report) == 0, report["variant"]
         assert not any("C7514" in w or "serialized" in w for w in report["warnings"]), report["warnings"]
+
+
+@pytest.fixture(scope="module", params=list(probe.EXPERIMENTS))
+def pingpong_source(request):
+    report = tourkit.inspect_kernel(request.param, probe.program_for(request.param, 1001, 1032, 1000), "sm_90a",
+                                    nvcc=False)
+    return report.source
+
+
+def consumer_branches(source: str) -> list[str]:
+    """The two consumer warpgroups' code: from each warpgroup_reg_alloc to the next one (or the end)."""
+    starts = [m.start() for m in re.finditer(r"warpgroup_reg_alloc<", source)]
+    return [source[a:b] for a, b in zip(starts, starts[1:] + [len(source)])]
+
+
+def test_pingpong_warpgroups_take_turns_on_their_own_tiles(pingpong_source):
+    """Each consumer warpgroup waits for its turn (bar.sync on its own id, 256 threads) before its K loop and
+    hands the turn over (bar.arrive on the other's id) after it, before its epilogue; each stores through its
+    own shared strip under a 128-thread barrier. No __syncthreads after the mbarrier init."""
+    branches = consumer_branches(pingpong_source)
+    assert len(branches) == 2
+    own_ids = []
+    for branch in branches:
+        sync = re.search(r"__sync_thread_partial\((\d+), 256\)", branch)
+        arrive = re.search(r"__named_barrier_arrive\((\d+), 256\)", branch)
+        assert sync and arrive and sync.group(1) != arrive.group(1)
+        assert sync.start() < branch.index("wgmma_ss<") < branch.index("wait_wgmma<0>") < arrive.start()
+        assert arrive.start() < branch.index("tma_store(")  # the turn passes before the epilogue
+        assert re.search(r"__sync_thread_partial\(\d+, 128\)", branch)  # the strip, this warpgroup alone
+        own_ids.append((sync.group(1), arrive.group(1)))
+    assert own_ids[0] == own_ids[1][::-1]  # each arrives where the other waits
+    assert pingpong_source.count("__syncthreads") == 1
+    assert "C_s0" in branches[1] and "C_s1" in branches[0]  # threadIdx >= 128 is tested first: warpgroup 1
