@@ -74,11 +74,13 @@ VARIANTS: dict[str, GemmConfig] = {
                                     **dict(HAND_WS, panel=16)),
 }
 
-# Experimental kernels written here first: name -> keyword arguments of gemm_pingpong_program.
-EXPERIMENTS: dict[str, dict] = {
-    "pingpong": dict(),                                  # 128x128 per warpgroup, 6 stages
-    "pingpong_s5": dict(num_stages=5),                   # one stage less (160 KiB ring)
-    "pingpong_192": dict(block_N=192, num_stages=4),     # 128x192 per warpgroup: fewer bytes per FLOP
+# Experimental kernels written here first: name -> (builder in this file, its keyword arguments). Builders are
+# looked up by name when called (they are defined below).
+EXPERIMENTS: dict[str, tuple[str, dict]] = {
+    "pingpong": ("gemm_pingpong_program", dict()),                    # 128x128 per warpgroup, 6 stages
+    "pingpong_s5": ("gemm_pingpong_program", dict(num_stages=5)),     # one stage less (160 KiB ring)
+    "pingpong_192": ("gemm_pingpong_program", dict(block_N=192, num_stages=4)),  # 128x192: fewer bytes a FLOP
+    "ws_multicast": ("gemm_ws_multicast_program", dict()),            # 2x1 clusters, B multicast by TMA
 }
 ALL_VARIANTS = list(VARIANTS) + list(EXPERIMENTS)
 
@@ -202,6 +204,78 @@ def gemm_pingpong_program(M: int, N: int, K: int, block_M: int = 128, block_N: i
                 consumer(C, A_s, B_s, C_local0, C_s0, full, empty, block_id, 0)
 
     return gemm_pingpong
+
+
+def gemm_ws_multicast_program(M: int, N: int, K: int, block_M: int = 128, block_N: int = 256, block_K: int = 64,
+                              num_stages: int = 4, panel: int = 8, dtype: str = "float16", accum_dtype: str = "float32"):
+    """C = A @ B with the ws kernel's roles (one producer, two consumer warpgroups on a 128x256 tile) in clusters
+    of two blocks on vertically adjacent tiles (rows m = 2 pair + rank, the same column n): they need the same
+    B tile every K step, so rank 0 loads it once by TMA multicast into both blocks' shared memory, halving
+    the L2 -> SM traffic of B (cuBLAS's 2x1 clusters do the same). Each block loads its own A tile.
+    A stage may be overwritten only when the consumers of *both* blocks are done with it, so every consumer
+    thread arrives on the stage's `empty` barrier in both blocks (cluster barriers, 2 x 256 arrivals)."""
+    import tilelang.language as T
+
+    consumer_threads = 256
+    producer_regs, consumer_regs = ws_register_split(2, False)
+    m_tiles, n_tiles, k_steps = T.ceildiv(M, block_M), T.ceildiv(N, block_N), T.ceildiv(K, block_K)
+    m_pairs = (m_tiles + 1) // 2
+    panel_pairs = max(1, panel // 2)  # panels of `panel` tile rows, as T.use_swizzle, in pairs of rows
+    policy = T.GemmWarpPolicy.FullRow
+
+    def stage_of(step):
+        return step % num_stages, (step // num_stages) & 1
+
+    @T.prim_func
+    def gemm_ws_multicast(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
+        with T.ClusterKernel(2, m_pairs * n_tiles, threads=consumer_threads + 128, cluster_dims=(2, 1, 1)) as (bx, p):
+            A_s = T.alloc_shared((num_stages, block_M, block_K), dtype)
+            B_s = T.alloc_shared((num_stages, block_K, block_N), dtype)
+            C_s = T.alloc_shared((block_M, 64), dtype)
+            C_local = T.alloc_fragment((block_M, block_N), accum_dtype)
+            full = T.alloc_barrier([128] * num_stages)
+            empty = T.alloc_cluster_barrier([2 * consumer_threads] * num_stages)
+            rank = T.block_rank_in_cluster()
+            # The pair's tile: panels of panel_pairs pair rows swept column by column (T.use_swizzle's order).
+            panel_id = p // (panel_pairs * n_tiles)
+            rows = T.min(panel_pairs, m_pairs - panel_id * panel_pairs)
+            within = p % (panel_pairs * n_tiles)
+            m = (panel_id * panel_pairs + within % rows) * 2 + rank
+            n = within // rows
+            T.cluster_sync()  # the peer's barriers are initialized before anyone arrives on them remotely
+            tid = T.get_thread_binding()
+            if tid >= consumer_threads:
+                T.set_max_nreg(producer_regs, 0)
+                for k in T.serial(k_steps):
+                    stage, parity = stage_of(k)
+                    T.mbarrier_wait_parity(empty[stage], parity ^ 1)
+                    T.tma_copy(A[m * block_M:(m + 1) * block_M, k * block_K:(k + 1) * block_K], A_s[stage, :, :],
+                               barrier=full[stage])
+                    T.tma_copy(B[k * block_K:(k + 1) * block_K, n * block_N:(n + 1) * block_N], B_s[stage, :, :],
+                               barrier=full[stage], cluster_mask=0b11)
+                    T.mbarrier_arrive(full[stage])
+            else:
+                T.set_max_nreg(consumer_regs, 1)
+                T.clear(C_local)
+                for k in T.serial(k_steps):
+                    stage, parity = stage_of(k)
+                    T.mbarrier_wait_parity(full[stage], parity)
+                    T.wgmma_gemm(A_s[stage, :, :], B_s[stage, :, :], C_local, policy=policy)
+                    T.wait_wgmma(1)
+                    if k > 0:
+                        T.mbarrier_arrive(empty[stage_of(k - 1)[0]], 0)
+                        T.mbarrier_arrive(empty[stage_of(k - 1)[0]], 1)
+                T.wait_wgmma(0)
+                T.mbarrier_arrive(empty[stage_of(k_steps - 1)[0]], 0)
+                T.mbarrier_arrive(empty[stage_of(k_steps - 1)[0]], 1)
+                for j in T.unroll(block_N // 64):
+                    T.tma_store_wait(0)
+                    T.copy(C_local[:, j * 64:(j + 1) * 64], C_s)
+                    T.tma_copy(C_s, C[m * block_M:(m + 1) * block_M, n * block_N + j * 64:n * block_N + (j + 1) * 64])
+                T.tma_store_wait(0)
+            T.cluster_sync()  # no block leaves while its peer may still arrive on its barriers
+
+    return gemm_ws_multicast
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -332,20 +406,25 @@ def kernel_names(variants: list[str]) -> list[str]:
 
 def program_for(name: str, M: int, N: int, K: int):
     if name in EXPERIMENTS:
-        return gemm_pingpong_program(M, N, K, **EXPERIMENTS[name])
+        builder, kwargs = EXPERIMENTS[name]
+        return globals()[builder](M, N, K, **kwargs)
     return gemm_program(M, N, K, TOUR_CONFIGS[name] if name in TOUR_CONFIGS else VARIANTS[name])
 
 
 def describe(name: str) -> str:
+    if name in EXPERIMENTS and EXPERIMENTS[name][0] == "gemm_ws_multicast_program":
+        return "ws 128x256x64 s4, clusters of 2 blocks along M, B by TMA multicast"
     if name in EXPERIMENTS:
-        kwargs = {"block_M": 128, "block_N": 128, "num_stages": 6, **EXPERIMENTS[name]}
+        kwargs = {"block_M": 128, "block_N": 128, "num_stages": 6, **EXPERIMENTS[name][1]}
         return (f"ping-pong {kwargs['block_M']}x{kwargs['block_N']}x64 per warpgroup, s{kwargs['num_stages']}, "
                 f"persistent{H200_SMS}")
     return VARIANTS[name].label()
 
 
 def is_persistent(name: str) -> bool:
-    return name in EXPERIMENTS or VARIANTS[name].persistent > 0
+    if name in EXPERIMENTS:
+        return EXPERIMENTS[name][0] == "gemm_pingpong_program"
+    return VARIANTS[name].persistent > 0
 
 
 def compile_kernel(name: str, M: int, N: int, K: int):

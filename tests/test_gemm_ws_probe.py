@@ -29,6 +29,8 @@ def test_markers_launch_shape_and_shared_memory(lowered):
     assert report.threads == 384  # two consumer warpgroups and the producer warpgroup
     if probe.is_persistent(name):
         assert report.grid == (probe.H200_SMS, 1, 1)
+    elif name == "ws_multicast":  # clusters of two blocks on vertically adjacent tiles
+        assert report.grid == (2, -(-M // 256) * -(-N // 256), 1)
     else:
         assert report.grid == (-(-N // 256), -(-M // 128), 1)
     assert report.smem_bytes <= probe.SMEM_LIMIT
@@ -87,7 +89,7 @@ def test_ptxas_neither_spills_nor_serializes_wgmma():
         assert not any("C7514" in w or "serialized" in w for w in report["warnings"]), report["warnings"]
 
 
-@pytest.fixture(scope="module", params=list(probe.EXPERIMENTS))
+@pytest.fixture(scope="module", params=[n for n, (b, _) in probe.EXPERIMENTS.items() if b == "gemm_pingpong_program"])
 def pingpong_source(request):
     report = tourkit.inspect_kernel(request.param, probe.program_for(request.param, 1001, 1032, 1000), "sm_90a",
                                     nvcc=False)
@@ -118,3 +120,18 @@ def test_pingpong_warpgroups_take_turns_on_their_own_tiles(pingpong_source):
     assert own_ids[0] == own_ids[1][::-1]  # each arrives where the other waits
     assert pingpong_source.count("__syncthreads") == 1
     assert "C_s0" in branches[1] and "C_s1" in branches[0]  # threadIdx >= 128 is tested first: warpgroup 1
+
+
+def test_multicast_shares_b_and_releases_stages_in_both_blocks():
+    """Rank 0 multicasts the B tile into both blocks; each block loads its own A; every consumer thread
+    arrives on the stage's `empty` barrier of both blocks, which wait for 2 x 256 arrivals; the blocks meet
+    at a cluster barrier before leaving."""
+    report = tourkit.inspect_kernel("mc", probe.program_for("ws_multicast", 1001, 1032, 1000), "sm_90a", nvcc=False)
+    source = report.source
+    assert "tma_load_multicast(B_desc" in source and "tma_load(A_desc" in source
+    assert "tma_load_multicast(A_desc" not in source
+    assert re.search(r"empty\[0\]\.init\(512\)", source) and re.search(r"full\[0\]\.init\(128\)", source)
+    loop = probe.consumer_main_loop(source)
+    assert re.search(r"empty\[[^\]]*\]\.arrive\(0u\);\s*empty\[[^\]]*\]\.arrive\(1u\);", loop)
+    tail = source[source.rindex("tma_store_wait"):]
+    assert "cluster_sync()" in tail
