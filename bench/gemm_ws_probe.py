@@ -59,7 +59,10 @@ SMEM_LIMIT = 227 * 1024  # dynamic shared memory one block may use on Hopper
 TOLERANCE = 5e-3  # as gemm_schedules: fp16 output over fp32 accumulation in another order
 
 SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (8192, 28672, 4096), (8192, 4096, 14336), (1024, 8192, 8192)]
-ODD_SHAPES = [(1000, 1000, 1000), (1001, 1032, 1000)]  # validated only: tails in M, N and K (TMA clips them)
+# Validated only: tails in M, N and K (TMA clips them). The third has enough tiles (31 x 33 of 128x128) for every
+# persistent block to take several, so both ping-pong warpgroups take turns on ragged tiles, and an odd number
+# of 128-row tiles (31), so the multicast kernel's last cluster has a block past M.
+ODD_SHAPES = [(1000, 1000, 1000), (1001, 1032, 1000), (3900, 4104, 1000)]
 
 # The variants of the hand-written kernel (gemm_schedules' kernel="ws"): name -> schedule.
 HAND_WS = dict(panel=8, policy="FullRow", kernel="ws")
@@ -81,6 +84,10 @@ EXPERIMENTS: dict[str, tuple[str, dict]] = {
     "pingpong_s5": ("gemm_pingpong_program", dict(num_stages=5)),     # one stage less (160 KiB ring)
     "pingpong_192": ("gemm_pingpong_program", dict(block_N=192, num_stages=4)),  # 128x192: fewer bytes a FLOP
     "ws_multicast": ("gemm_ws_multicast_program", dict()),            # 2x1 clusters, B multicast by TMA
+    "ws_multicast_persistent": ("gemm_ws_multicast_program", dict(persistent=True)),  # 66 clusters walk the pairs
+    # 64 clusters: in case the GPCs cannot hold 66 two-block clusters at once (an SM left over in a GPC with an
+    # odd SM count), which would leave the last clusters for a second wave
+    "ws_multicast_persistent128": ("gemm_ws_multicast_program", dict(persistent=True, num_sms=128)),
 }
 ALL_VARIANTS = list(VARIANTS) + list(EXPERIMENTS)
 
@@ -207,28 +214,74 @@ def gemm_pingpong_program(M: int, N: int, K: int, block_M: int = 128, block_N: i
 
 
 def gemm_ws_multicast_program(M: int, N: int, K: int, block_M: int = 128, block_N: int = 256, block_K: int = 64,
-                              num_stages: int = 4, panel: int = 8, dtype: str = "float16", accum_dtype: str = "float32"):
+                              num_stages: int = 4, panel: int = 8, persistent: bool = False, num_sms: int = H200_SMS,
+                              dtype: str = "float16", accum_dtype: str = "float32"):
     """C = A @ B with the ws kernel's roles (one producer, two consumer warpgroups on a 128x256 tile) in clusters
     of two blocks on vertically adjacent tiles (rows m = 2 pair + rank, the same column n): they need the same
     B tile every K step, so rank 0 loads it once by TMA multicast into both blocks' shared memory, halving
     the L2 -> SM traffic of B (cuBLAS's 2x1 clusters do the same). Each block loads its own A tile.
     A stage may be overwritten only when the consumers of *both* blocks are done with it, so every consumer
-    thread arrives on the stage's `empty` barrier in both blocks (cluster barriers, 2 x 256 arrivals)."""
+    thread arrives on the stage's `empty` barrier in both blocks (cluster barriers, 2 x 256 arrivals).
+    persistent=True: num_sms / 2 clusters walk the pairs of tiles (grid stride), the ring's phases carrying on
+    across tiles as in the ws kernel."""
     import tilelang.language as T
 
     consumer_threads = 256
-    producer_regs, consumer_regs = ws_register_split(2, False)
+    producer_regs, consumer_regs = ws_register_split(2, persistent)
     m_tiles, n_tiles, k_steps = T.ceildiv(M, block_M), T.ceildiv(N, block_N), T.ceildiv(K, block_K)
     m_pairs = (m_tiles + 1) // 2
+    pairs = m_pairs * n_tiles
+    clusters = num_sms // 2 if persistent else pairs
     panel_pairs = max(1, panel // 2)  # panels of `panel` tile rows, as T.use_swizzle, in pairs of rows
     policy = T.GemmWarpPolicy.FullRow
 
     def stage_of(step):
         return step % num_stages, (step // num_stages) & 1
 
+    def tile_of(p, rank):
+        """The block's tile of pair p: panels of panel_pairs pair rows swept column by column."""
+        panel_id = p // (panel_pairs * n_tiles)
+        rows = T.min(panel_pairs, m_pairs - panel_id * panel_pairs)
+        within = p % (panel_pairs * n_tiles)
+        return (panel_id * panel_pairs + within % rows) * 2 + rank, within // rows
+
+    @T.macro
+    def produce(A, B, A_s, B_s, full, empty, m, n, first_step):
+        for k in T.serial(k_steps):
+            stage, parity = stage_of(first_step + k)
+            T.mbarrier_wait_parity(empty[stage], parity ^ 1)
+            T.tma_copy(A[m * block_M:(m + 1) * block_M, k * block_K:(k + 1) * block_K], A_s[stage, :, :],
+                       barrier=full[stage])
+            T.tma_copy(B[k * block_K:(k + 1) * block_K, n * block_N:(n + 1) * block_N], B_s[stage, :, :],
+                       barrier=full[stage], cluster_mask=0b11)
+            T.mbarrier_arrive(full[stage])
+
+    @T.macro
+    def release(empty, step):
+        """This thread is done with the step's stage, in both blocks of the cluster."""
+        T.mbarrier_arrive(empty[stage_of(step)[0]], 0)
+        T.mbarrier_arrive(empty[stage_of(step)[0]], 1)
+
+    @T.macro
+    def consume_and_store(C, A_s, B_s, C_s, C_local, full, empty, m, n, first_step):
+        T.clear(C_local)
+        for k in T.serial(k_steps):
+            stage, parity = stage_of(first_step + k)
+            T.mbarrier_wait_parity(full[stage], parity)
+            T.wgmma_gemm(A_s[stage, :, :], B_s[stage, :, :], C_local, policy=policy)
+            T.wait_wgmma(1)
+            if k > 0:
+                release(empty, first_step + k - 1)
+        T.wait_wgmma(0)
+        release(empty, first_step + k_steps - 1)
+        for j in T.unroll(block_N // 64):
+            T.tma_store_wait(0)
+            T.copy(C_local[:, j * 64:(j + 1) * 64], C_s)
+            T.tma_copy(C_s, C[m * block_M:(m + 1) * block_M, n * block_N + j * 64:n * block_N + (j + 1) * 64])
+
     @T.prim_func
     def gemm_ws_multicast(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
-        with T.ClusterKernel(2, m_pairs * n_tiles, threads=consumer_threads + 128, cluster_dims=(2, 1, 1)) as (bx, p):
+        with T.ClusterKernel(2, clusters, threads=consumer_threads + 128, cluster_dims=(2, 1, 1)) as (bx, cluster):
             A_s = T.alloc_shared((num_stages, block_M, block_K), dtype)
             B_s = T.alloc_shared((num_stages, block_K, block_N), dtype)
             C_s = T.alloc_shared((block_M, 64), dtype)
@@ -236,42 +289,20 @@ def gemm_ws_multicast_program(M: int, N: int, K: int, block_M: int = 128, block_
             full = T.alloc_barrier([128] * num_stages)
             empty = T.alloc_cluster_barrier([2 * consumer_threads] * num_stages)
             rank = T.block_rank_in_cluster()
-            # The pair's tile: panels of panel_pairs pair rows swept column by column (T.use_swizzle's order).
-            panel_id = p // (panel_pairs * n_tiles)
-            rows = T.min(panel_pairs, m_pairs - panel_id * panel_pairs)
-            within = p % (panel_pairs * n_tiles)
-            m = (panel_id * panel_pairs + within % rows) * 2 + rank
-            n = within // rows
+            # This cluster's pairs of tiles: p = cluster + i * clusters (one pair when not persistent)
+            my_pairs = T.ceildiv(pairs - cluster, clusters)
             T.cluster_sync()  # the peer's barriers are initialized before anyone arrives on them remotely
             tid = T.get_thread_binding()
             if tid >= consumer_threads:
                 T.set_max_nreg(producer_regs, 0)
-                for k in T.serial(k_steps):
-                    stage, parity = stage_of(k)
-                    T.mbarrier_wait_parity(empty[stage], parity ^ 1)
-                    T.tma_copy(A[m * block_M:(m + 1) * block_M, k * block_K:(k + 1) * block_K], A_s[stage, :, :],
-                               barrier=full[stage])
-                    T.tma_copy(B[k * block_K:(k + 1) * block_K, n * block_N:(n + 1) * block_N], B_s[stage, :, :],
-                               barrier=full[stage], cluster_mask=0b11)
-                    T.mbarrier_arrive(full[stage])
+                for i in T.serial(my_pairs):
+                    m, n = tile_of(cluster + i * clusters, rank)
+                    produce(A, B, A_s, B_s, full, empty, m, n, i * k_steps)
             else:
                 T.set_max_nreg(consumer_regs, 1)
-                T.clear(C_local)
-                for k in T.serial(k_steps):
-                    stage, parity = stage_of(k)
-                    T.mbarrier_wait_parity(full[stage], parity)
-                    T.wgmma_gemm(A_s[stage, :, :], B_s[stage, :, :], C_local, policy=policy)
-                    T.wait_wgmma(1)
-                    if k > 0:
-                        T.mbarrier_arrive(empty[stage_of(k - 1)[0]], 0)
-                        T.mbarrier_arrive(empty[stage_of(k - 1)[0]], 1)
-                T.wait_wgmma(0)
-                T.mbarrier_arrive(empty[stage_of(k_steps - 1)[0]], 0)
-                T.mbarrier_arrive(empty[stage_of(k_steps - 1)[0]], 1)
-                for j in T.unroll(block_N // 64):
-                    T.tma_store_wait(0)
-                    T.copy(C_local[:, j * 64:(j + 1) * 64], C_s)
-                    T.tma_copy(C_s, C[m * block_M:(m + 1) * block_M, n * block_N + j * 64:n * block_N + (j + 1) * 64])
+                for i in T.serial(my_pairs):
+                    m, n = tile_of(cluster + i * clusters, rank)
+                    consume_and_store(C, A_s, B_s, C_s, C_local, full, empty, m, n, i * k_steps)
                 T.tma_store_wait(0)
             T.cluster_sync()  # no block leaves while its peer may still arrive on its barriers
 
@@ -413,7 +444,9 @@ def program_for(name: str, M: int, N: int, K: int):
 
 def describe(name: str) -> str:
     if name in EXPERIMENTS and EXPERIMENTS[name][0] == "gemm_ws_multicast_program":
-        return "ws 128x256x64 s4, clusters of 2 blocks along M, B by TMA multicast"
+        kwargs = EXPERIMENTS[name][1]
+        walk = f", persistent{kwargs.get('num_sms', H200_SMS)}" if kwargs.get("persistent") else ""
+        return f"ws 128x256x64 s4, clusters of 2 blocks along M, B by TMA multicast{walk}"
     if name in EXPERIMENTS:
         kwargs = {"block_M": 128, "block_N": 128, "num_stages": 6, **EXPERIMENTS[name][1]}
         return (f"ping-pong {kwargs['block_M']}x{kwargs['block_N']}x64 per warpgroup, s{kwargs['num_stages']}, "
@@ -423,7 +456,8 @@ def describe(name: str) -> str:
 
 def is_persistent(name: str) -> bool:
     if name in EXPERIMENTS:
-        return EXPERIMENTS[name][0] == "gemm_pingpong_program"
+        builder, kwargs = EXPERIMENTS[name]
+        return builder == "gemm_pingpong_program" or bool(kwargs.get("persistent"))
     return VARIANTS[name].persistent > 0
 
 

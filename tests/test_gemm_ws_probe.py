@@ -27,10 +27,12 @@ def test_markers_launch_shape_and_shared_memory(lowered):
     name, (M, N, K), report = lowered
     assert probe.missing_markers(report.source) == []
     assert report.threads == 384  # two consumer warpgroups and the producer warpgroup
-    if probe.is_persistent(name):
+    if name.startswith("ws_multicast"):  # clusters of two blocks on vertically adjacent tiles
+        pairs = -(-M // 256) * -(-N // 256)
+        blocks = probe.EXPERIMENTS[name][1].get("num_sms", probe.H200_SMS)
+        assert report.grid == (2, blocks // 2 if probe.is_persistent(name) else pairs, 1)
+    elif probe.is_persistent(name):
         assert report.grid == (probe.H200_SMS, 1, 1)
-    elif name == "ws_multicast":  # clusters of two blocks on vertically adjacent tiles
-        assert report.grid == (2, -(-M // 256) * -(-N // 256), 1)
     else:
         assert report.grid == (-(-N // 256), -(-M // 128), 1)
     assert report.smem_bytes <= probe.SMEM_LIMIT
@@ -122,11 +124,12 @@ def test_pingpong_warpgroups_take_turns_on_their_own_tiles(pingpong_source):
     assert "C_s0" in branches[1] and "C_s1" in branches[0]  # threadIdx >= 128 is tested first: warpgroup 1
 
 
-def test_multicast_shares_b_and_releases_stages_in_both_blocks():
+@pytest.mark.parametrize("name", ["ws_multicast", "ws_multicast_persistent"])
+def test_multicast_shares_b_and_releases_stages_in_both_blocks(name):
     """Rank 0 multicasts the B tile into both blocks; each block loads its own A; every consumer thread
     arrives on the stage's `empty` barrier of both blocks, which wait for 2 x 256 arrivals; the blocks meet
     at a cluster barrier before leaving."""
-    report = tourkit.inspect_kernel("mc", probe.program_for("ws_multicast", 1001, 1032, 1000), "sm_90a", nvcc=False)
+    report = tourkit.inspect_kernel(name, probe.program_for(name, 1001, 1032, 1000), "sm_90a", nvcc=False)
     source = report.source
     assert "tma_load_multicast(B_desc" in source and "tma_load(A_desc" in source
     assert "tma_load_multicast(A_desc" not in source
