@@ -27,6 +27,15 @@ each variant here is a GemmConfig):
   (a k-step counter over all of this block's tiles), so the producer loads the next tile's first stages
   while the consumers run the epilogue.
 
+Experiments written here first (EXPERIMENTS; not in the section until an H200 run says they win):
+
+* pingpong*: CUTLASS's ping-pong schedule, persistent: the two consumer warpgroups work on different tiles
+  (128x128 or 128x192 each) and take turns through two named barriers, so one's epilogue overlaps the other's
+  K loop (gemm_pingpong_program);
+* ws_multicast*: the ws roles in 2x1 clusters on vertically adjacent tiles; rank 0 loads their common B tile
+  once by TMA multicast into both blocks, halving B's L2 -> SM traffic as cuBLAS's clusters do; one tile per
+  cluster or 66 / 64 persistent clusters (gemm_ws_multicast_program).
+
 The probe validates each kernel in a child process under a time limit (a barrier-phase bug deadlocks the GPU
 rather than crashing), launches it again many times to look for races (an fp16 GEMM with a fixed
 accumulation order must give bit-identical results every launch), and only then times the kernels that
