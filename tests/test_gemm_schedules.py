@@ -7,7 +7,8 @@ import pytest
 
 import tilelang_tour
 import tourkit
-from sections.gemm_schedules import (GemmConfig, compile_gemm, default_schedules, fits, gemm_flops, gemm_program,
+from sections.gemm_schedules import (GemmConfig, compile_gemm, default_schedules, epilogue_pass_configs, fits,
+                                     gemm_flops, gemm_program,
                                      reference, require_hopper, shape_set_schedules)
 
 HOPPER_TABLE = default_schedules("hopper")
@@ -241,11 +242,30 @@ def test_three_consumer_warpgroups_split_the_registers_explicitly():
     assert consumer_registers(256) == 240  # two consumer warpgroups keep TileLang's default
 
 
+WS_ODD_SIZES = [(1000, 1000, 1000), (1001, 1032, 1000)]
+
+
+@pytest.fixture(scope="module")
+def ws_kernels_compiled():
+    """Compile every kernel of the test below at once, on all cores (each test then loads it from the cache)."""
+    device = tourkit.detect_device()
+    if device is None or device.arch != "sm_90a":
+        return
+    jobs = []
+    for config in HAND_WS:
+        config = dataclasses.replace(config, persistent=device.sm_count) if config.persistent else config
+        for M, N, K in WS_ODD_SIZES:
+            for activation in (None, "gelu"):
+                jobs.append((gemm_program(M, N, K, config, bias=activation is not None, activation=activation),
+                             epilogue_pass_configs(activation)))
+    tourkit.compile_many(jobs)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", HAND_WS, ids=lambda c: c.label().replace(" ", "_"))
-@pytest.mark.parametrize("M,N,K", [(1000, 1000, 1000), (1001, 1032, 1000)])
+@pytest.mark.parametrize("M,N,K", WS_ODD_SIZES)
 @pytest.mark.parametrize("epilogue", [False, True])
-def test_ws_schedules_validate_on_odd_sizes(config, M, N, K, epilogue):
+def test_ws_schedules_validate_on_odd_sizes(config, M, N, K, epilogue, ws_kernels_compiled):
     """The hand-written kernels on tails in M, N and K, bare and with bias + exact GELU fused."""
     import torch
 
