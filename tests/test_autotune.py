@@ -268,6 +268,30 @@ def test_verify_winner_ranks_the_whole_space_and_measures_the_gap(monkeypatch):
     assert any("MORE than 2%" in line for line in ctx.report)
 
 
+def test_verify_winner_judges_the_gap_head_to_head(monkeypatch):
+    """The screen (one pair of rounds over the whole space) misreads the winner's configuration by 25%, as
+    happened on the H200; the head-to-head of the winner and the screen's fastest decides the gap."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch, "matmul", lambda a, b: 1.00)
+    _fake_timed_run(monkeypatch, float)
+    space = autotune.search_space("hopper")[:4]
+    latency = [1.10, 0.95, 1.20, 1.30]  # space[2] is the winner: 0.96 ms, but its screen reading says 1.20
+    candidates = [(c, (lambda a, b, t=t: t)) for c, t in zip(space, latency)]
+    ctx = tourkit.TourContext(echo=False)
+    autotune.verify_winner(ctx, 64, 64, 64, space[2], lambda a, b: 0.96, candidates, [("pick", lambda a, b: 0.99)],
+                           None, None)
+    assert ctx.metrics["screen_gap_to_fastest"] == pytest.approx(1.20 / 0.95 - 1)
+    assert ctx.headlines["gap_to_fastest"] == pytest.approx(round(0.96 / 0.95 - 1, 4))
+    assert set(ctx.metrics["head_to_head"]) == {"winner", "cuBLAS", autotune.to_gemm_config(space[1]).label(),
+                                                autotune.to_gemm_config(space[0]).label()}
+    assert any("within 2%" in line and "screen alone put it 26.3%" in line for line in ctx.report)
+    # a winner that is the fastest head to head is called the fastest
+    ctx = tourkit.TourContext(echo=False)
+    autotune.verify_winner(ctx, 64, 64, 64, space[2], lambda a, b: 0.90, candidates, [("pick", lambda a, b: 0.99)],
+                           None, None)
+    assert ctx.headlines["gap_to_fastest"] == 0 and any("it is the fastest" in line for line in ctx.report)
+
+
 def _leaders_for_refinement(latency):
     """Four leaders (config, kernel, the autotuner's ms); each kernel 'returns' its true latency."""
     space = autotune.search_space("hopper")[:4]
