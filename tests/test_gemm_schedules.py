@@ -165,8 +165,13 @@ def test_ws_epilogue_applies_bias_and_gelu_before_the_store(ws_report):
     source = report.source
     after_loop = source[source.index("wait_wgmma<0>"):]
     if epilogue:
-        assert "Bias[min(" in after_loop and "exp2f(" in after_loop  # clamped bias column, the rational erfc
-        assert after_loop.index("Bias[") < after_loop.index("exp2f(") < after_loop.index("tma_store(")
+        # The producer loads the tile's bias columns by TMA; the consumers wait for them, add them from shared
+        # memory (never from global memory per element), hand the buffer back, then GELU, then the store.
+        producer = source[:source.index("warpgroup_reg_alloc")]
+        assert "tma_load(Bias_desc, bias_full[0]" in producer and "bias_empty[0].wait(" in producer
+        assert "Bias[" not in source and "exp2f(" in after_loop  # the rational erfc's exponential
+        assert (after_loop.index("bias_full[0].wait(") < after_loop.index("Bias_s") <
+                after_loop.index("bias_empty[0].arrive()") < after_loop.index("exp2f(") < after_loop.index("tma_store("))
     else:
         assert "Bias" not in source and "exp2f(" not in source
 
