@@ -29,10 +29,12 @@ COMPILE_MODE = "max-autotune-no-cudagraphs"
 def fused_config(family: str, smem_budget: int) -> GemmConfig:
     """The GEMM schedule the fused kernel uses: the first TileLang-pipelined default schedule that fits.
 
-    Not the hand-written warp-specialized kernel, although it leads the GEMM table: its consumers read the
-    bias from global memory for every element (staging it in shared memory would need a barrier the
-    producer does not take part in), and on the H200 (2026-12-02) that made the fused kernel 9% slower
-    than its own bare GEMM: 1.04-1.05x eager and 0.95-0.96x torch.compile in two runs."""
+    Not (yet) the hand-written warp-specialized kernel that leads the GEMM table. With its consumers reading
+    the bias from global memory per element it ran 9% slower fused than bare (H200, 2026-12-02: 1.04-1.05x
+    eager, 0.95-0.96x torch.compile in two runs). Its producer now loads each tile's bias by TMA, and
+    bench/fused_epilogue_probe.py put it ahead (fused: 1.105x eager, 1.062x torch.compile, against 1.092x
+    and 1.049x for this schedule in the same turns), but only the exact GELU has run on a GPU that way so
+    far: the section switches once the tanh form has too."""
     for config in default_schedules(family):
         if not config.hand_ws and fits(config, smem_budget):
             return config
