@@ -58,7 +58,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import tourkit  # noqa: E402  (no tilelang work at import)
-from sections.gemm_schedules import GemmConfig, gemm_program, ws_register_split  # noqa: E402
+from sections.gemm_schedules import GemmConfig, gemm_program, ws_pipeline, ws_register_split  # noqa: E402
 
 register_split = ws_register_split  # the section's; kept under the probe's old name
 
@@ -131,37 +131,10 @@ def gemm_pingpong_program(M: int, N: int, K: int, block_M: int = 128, block_N: i
     producer_regs, consumer_regs = ws_register_split(2, True)
     m_tiles, n_tiles, k_steps = T.ceildiv(M, block_M), T.ceildiv(N, block_N), T.ceildiv(K, block_K)
     strip = 64
-    policy = T.GemmWarpPolicy.FullRow
     total_tiles = m_tiles * n_tiles
     ORDER_BARRIER = (8, 9)  # named barrier ids for the math order (TileLang's own partial syncs use low ids)
-
-    def stage_of(step):
-        return step % num_stages, (step // num_stages) & 1
-
-    @T.macro
-    def produce_tile(A, B, A_s, B_s, full, empty, m, n, first_step):
-        for k in T.serial(k_steps):
-            stage, parity = stage_of(first_step + k)
-            T.mbarrier_wait_parity(empty[stage], parity ^ 1)
-            T.tma_copy(A[m * block_M:(m + 1) * block_M, k * block_K:(k + 1) * block_K], A_s[stage, :, :],
-                       barrier=full[stage])
-            T.tma_copy(B[k * block_K:(k + 1) * block_K, n * block_N:(n + 1) * block_N], B_s[stage, :, :],
-                       barrier=full[stage])
-            T.mbarrier_arrive(full[stage])
-
-    @T.macro
-    def mainloop(A_s, B_s, C_local, full, empty, first_step):
-        """One warpgroup's K loop over its tile, one wgmma batch in flight (as gemm_schedules' ws kernel)."""
-        T.clear(C_local)
-        for k in T.serial(k_steps):
-            stage, parity = stage_of(first_step + k)
-            T.mbarrier_wait_parity(full[stage], parity)
-            T.wgmma_gemm(A_s[stage, :, :], B_s[stage, :, :], C_local, policy=policy)
-            T.wait_wgmma(1)
-            if k > 0:
-                T.mbarrier_arrive(empty[stage_of(first_step + k - 1)[0]])
-        T.wait_wgmma(0)
-        T.mbarrier_arrive(empty[stage_of(first_step + k_steps - 1)[0]])
+    # the section's ring: one warpgroup's K loop over its tile (mainloop), one wgmma batch in flight
+    _, produce_tile, mainloop = ws_pipeline(block_M, block_N, block_K, k_steps, num_stages)
 
     @T.macro
     def store(C, C_local, C_s, m, n):
@@ -242,10 +215,6 @@ def gemm_ws_multicast_program(M: int, N: int, K: int, block_M: int = 128, block_
     pairs = m_pairs * n_tiles
     clusters = num_sms // 2 if persistent else pairs
     panel_pairs = max(1, panel // 2)  # panels of `panel` tile rows, as T.use_swizzle, in pairs of rows
-    policy = T.GemmWarpPolicy.FullRow
-
-    def stage_of(step):
-        return step % num_stages, (step // num_stages) & 1
 
     def tile_of(p, rank):
         """The block's tile of pair p: panels of panel_pairs pair rows swept column by column."""
@@ -255,34 +224,18 @@ def gemm_ws_multicast_program(M: int, N: int, K: int, block_M: int = 128, block_
         return (panel_id * panel_pairs + within % rows) * 2 + rank, within // rows
 
     @T.macro
-    def produce(A, B, A_s, B_s, full, empty, m, n, first_step):
-        for k in T.serial(k_steps):
-            stage, parity = stage_of(first_step + k)
-            T.mbarrier_wait_parity(empty[stage], parity ^ 1)
-            T.tma_copy(A[m * block_M:(m + 1) * block_M, k * block_K:(k + 1) * block_K], A_s[stage, :, :],
-                       barrier=full[stage])
-            T.tma_copy(B[k * block_K:(k + 1) * block_K, n * block_N:(n + 1) * block_N], B_s[stage, :, :],
-                       barrier=full[stage], cluster_mask=0b11)
-            T.mbarrier_arrive(full[stage])
-
-    @T.macro
     def release(empty, step):
         """This thread is done with the step's stage, in both blocks of the cluster."""
-        T.mbarrier_arrive(empty[stage_of(step)[0]], 0)
-        T.mbarrier_arrive(empty[stage_of(step)[0]], 1)
+        T.mbarrier_arrive(empty[step % num_stages], 0)
+        T.mbarrier_arrive(empty[step % num_stages], 1)
+
+    # the section's ring, with B multicast to both blocks and stages handed back in both
+    _, produce, consume = ws_pipeline(block_M, block_N, block_K, k_steps, num_stages, b_cluster_mask=0b11,
+                                      release=release)
 
     @T.macro
     def consume_and_store(C, A_s, B_s, C_s, C_local, full, empty, m, n, first_step):
-        T.clear(C_local)
-        for k in T.serial(k_steps):
-            stage, parity = stage_of(first_step + k)
-            T.mbarrier_wait_parity(full[stage], parity)
-            T.wgmma_gemm(A_s[stage, :, :], B_s[stage, :, :], C_local, policy=policy)
-            T.wait_wgmma(1)
-            if k > 0:
-                release(empty, first_step + k - 1)
-        T.wait_wgmma(0)
-        release(empty, first_step + k_steps - 1)
+        consume(A_s, B_s, C_local, full, empty, first_step)
         for j in T.unroll(block_N // 64):
             T.tma_store_wait(0)
             T.copy(C_local[:, j * 64:(j + 1) * 64], C_s)

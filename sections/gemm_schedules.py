@@ -358,6 +358,65 @@ def gemm_pipelined_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, 
     return body
 
 
+def ws_pipeline(block_M: int, block_N: int, block_K: int, k_steps, num_stages: int, *, b_cluster_mask=None,
+                release=None):
+    """The ring of the hand-written kernels: (stage_of, produce_tile, consume_tile).
+
+    stage_of(step): a k-step's slot in the ring and the parity of its round (the n-th completion of a
+    stage's barrier is phase n, parity n & 1). produce_tile: the producer's TMA loads of one output tile.
+    consume_tile: the consumers' wgmma batches of one tile, one batch kept in flight. `first_step` counts
+    the k-steps this block went through before the tile, so the ring's phases carry on across tiles.
+    b_cluster_mask multicasts B within a thread-block cluster; release(empty, step) replaces the plain
+    arrival that hands a stage back (a cluster hands it back in every block)."""
+    policy = T.GemmWarpPolicy.FullRow  # one m64nN wgmma per 16 of K per warpgroup: shared memory read least
+
+    def stage_of(step):
+        return step % num_stages, (step // num_stages) & 1
+
+    @T.macro
+    def give_back(empty, step):
+        if release is None:
+            T.mbarrier_arrive(empty[stage_of(step)[0]])
+        else:
+            release(empty, step)
+
+    @T.macro
+    def produce_tile(A, B, A_s, B_s, full, empty, m, n, first_step):
+        for k in T.serial(k_steps):
+            stage, parity = stage_of(first_step + k)
+            # A fresh barrier sits in phase 0, so waiting for parity 1 returns at once: the first round of
+            # stages is free without any consumer arrival.
+            T.mbarrier_wait_parity(empty[stage], parity ^ 1)
+            # One elected thread issues the copies (expect_tx + TMA); every producer thread then arrives, and
+            # the phase completes when all of them arrived and the bytes landed.
+            T.tma_copy(A[m * block_M:(m + 1) * block_M, k * block_K:(k + 1) * block_K], A_s[stage, :, :],
+                       barrier=full[stage])
+            if b_cluster_mask is None:
+                T.tma_copy(B[k * block_K:(k + 1) * block_K, n * block_N:(n + 1) * block_N], B_s[stage, :, :],
+                           barrier=full[stage])
+            else:
+                T.tma_copy(B[k * block_K:(k + 1) * block_K, n * block_N:(n + 1) * block_N], B_s[stage, :, :],
+                           barrier=full[stage], cluster_mask=b_cluster_mask)
+            T.mbarrier_arrive(full[stage])
+
+    @T.macro
+    def consume_tile(A_s, B_s, C_local, full, empty, first_step):
+        """On return every batch has finished and every stage this tile used has been handed back."""
+        T.clear(C_local)
+        for k in T.serial(k_steps):
+            stage, parity = stage_of(first_step + k)
+            T.mbarrier_wait_parity(full[stage], parity)
+            T.wgmma_gemm(A_s[stage, :, :], B_s[stage, :, :], C_local, policy=policy)  # issued, not waited
+            T.wait_wgmma(1)  # at most this step's batch still runs: the previous step's batch is done
+            if k > 0:  # ... so its stage may be overwritten (step k-1 of this tile; none before step 0)
+                give_back(empty, first_step + k - 1)
+        T.wait_wgmma(0)
+        # The last step's stage: the producer of a persistent kernel waits for it one ring round later.
+        give_back(empty, first_step + k_steps - 1)
+
+    return stage_of, produce_tile, consume_tile
+
+
 def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activate, dtype: str, accum_dtype: str):
     """The hand-written warp-specialized Hopper kernel (kernel="ws"), as CUTLASS's Hopper mainloop does it.
     TileLang's pipelined kernel makes its consumers wait for each K step's whole wgmma batch (wait<0>) before
@@ -382,13 +441,7 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
     m_tiles, n_tiles, k_steps = T.ceildiv(M, bM), T.ceildiv(N, bN), T.ceildiv(K, bK)
     strips, store_buffers = bN // WS_STORE_BLOCK_N, config.store_buffers
     panel = config.panel if config.swizzle else 1
-    # FullRow: one m64n256 wgmma per 16 of K per warpgroup, the shape that reads shared memory least.
-    policy = T.GemmWarpPolicy.FullRow
-
-    def stage_of(step):
-        """A k-step's slot in the ring, and the parity of its round: the n-th completion of a stage's
-        barrier is phase n, whose parity is n & 1."""
-        return step % num_stages, (step // num_stages) & 1
+    _, produce_tile, consume_tile = ws_pipeline(bM, bN, bK, k_steps, num_stages)
 
     @T.macro
     def produce_bias(Bias, Bias_s, bias_full, bias_empty, n, tile):
@@ -398,37 +451,6 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
             T.mbarrier_wait_parity(bias_empty[0], (tile & 1) ^ 1)
             T.tma_copy(Bias[n * bN:(n + 1) * bN], Bias_s, barrier=bias_full[0])
             T.mbarrier_arrive(bias_full[0])
-
-    @T.macro
-    def produce_tile(A, B, A_s, B_s, full, empty, m, n, first_step):
-        """The producer's loads of one output tile. `first_step` counts the k-steps this block loaded before
-        this tile, so the ring's phases carry on across tiles."""
-        for k in T.serial(k_steps):
-            stage, parity = stage_of(first_step + k)
-            # A fresh barrier sits in phase 0, so waiting for parity 1 returns at once: the first round of
-            # stages is free without any consumer arrival.
-            T.mbarrier_wait_parity(empty[stage], parity ^ 1)
-            # One elected thread issues the copies (expect_tx + TMA); every producer thread then arrives, and
-            # the phase completes when all 128 arrived and the bytes landed.
-            T.tma_copy(A[m * bM:(m + 1) * bM, k * bK:(k + 1) * bK], A_s[stage, :, :], barrier=full[stage])
-            T.tma_copy(B[k * bK:(k + 1) * bK, n * bN:(n + 1) * bN], B_s[stage, :, :], barrier=full[stage])
-            T.mbarrier_arrive(full[stage])
-
-    @T.macro
-    def consume_tile(A_s, B_s, C_local, full, empty, first_step):
-        """The consumers' wgmma batches of one tile, one batch kept in flight. On return every batch has
-        finished and every stage this tile used has been handed back."""
-        T.clear(C_local)
-        for k in T.serial(k_steps):
-            stage, parity = stage_of(first_step + k)
-            T.mbarrier_wait_parity(full[stage], parity)
-            T.wgmma_gemm(A_s[stage, :, :], B_s[stage, :, :], C_local, policy=policy)  # issued, not waited
-            T.wait_wgmma(1)  # at most this step's batch still runs: the previous step's batch is done
-            if k > 0:  # ... so its stage may be overwritten (step k-1 of this tile; none before step 0)
-                T.mbarrier_arrive(empty[stage_of(first_step + k - 1)[0]])
-        T.wait_wgmma(0)
-        # The last step's stage: the producer of a persistent kernel waits for it one ring round later.
-        T.mbarrier_arrive(empty[stage_of(first_step + k_steps - 1)[0]])
 
     @T.macro
     def add_bias(C_local, Bias_s, bias_full, bias_empty, tile):
