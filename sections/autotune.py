@@ -8,7 +8,9 @@ this practical:
 
 * The space is a product of values per knob, plus a short list of extra configurations that a product
   cannot express: on Hopper, a 256x192 tile on three consumer warpgroups (384 threads) with the FullCol
-  warp policy, the best hand-picked schedule of `gemm_schedules`.
+  warp policy, and `gemm_schedules`' hand-written warp-specialized kernel (one tile per block, and persistent
+  on one block per SM with one or two store strips). Which kernel to run is a knob like the others: the
+  autotuner times the pipelined and the hand-written kernels side by side, built by the same builder.
 * A schedule whose tiles need more shared memory than one block may use cannot launch. We filter those
   out, extras included, *before* compiling, from the tile sizes alone, and say how many and why.
 * The result is cached, keyed by the function's source, its arguments, the configuration list and the
@@ -51,8 +53,7 @@ import time
 import tilelang
 
 import tourkit
-from sections.gemm_schedules import (PRODUCER_REGISTERS, GemmConfig, consumer_registers, default_schedules, fits,
-                                     gemm_flops, gemm_program)
+from sections.gemm_schedules import GemmConfig, default_schedules, fits, gemm_flops, gemm_program
 from tourkit import ARCH_SPECS, Section, SectionSkip
 
 TUNE_SIZE = 8192
@@ -61,7 +62,7 @@ QUICK_TUNE_SIZE = 2048
 # ~170 ms per configuration: long enough that two configurations 2% apart are told apart.
 WARMUP_ITERS, TIMED_ITERS = 10, 100
 TOLERANCE = 2e-3  # fp16 output, fp32 accumulation, vs a float64 reference
-RETIME_ALL_UP_TO = 18  # spaces up to this size are re-timed whole after tuning (about 8 s at 8192^3)
+RETIME_ALL_UP_TO = 24  # spaces up to this size are re-timed whole after tuning (about 10 s at 8192^3)
 # The refinement: the autotuner's 4 fastest and cuBLAS in three forward/backward pairs of turns (30 timings
 # of ~0.15 s at 8192^3: about 5 s). Its median over three pairs outvotes one pair spoilt by a clock step.
 REFINE_LEADERS, REFINE_ROUNDS = 4, 6
@@ -71,8 +72,9 @@ REFINE_LEADERS, REFINE_ROUNDS = 4, 6
 # ---------------------------------------------------------------------------------------------------------
 
 TUNED_KEYS = ("block_M", "block_N", "block_K", "num_stages", "threads", "swizzle")
-# GemmConfig fields that only the extra configurations set; gemm_for_tuning passes them on.
-PASSED_KEYS = ("panel", "policy")
+# GemmConfig fields that only the extra configurations set; gemm_for_tuning passes them on (the warp policy,
+# and which kernel: TileLang's pipeline or the hand-written warp-specialized one, persistent or not).
+PASSED_KEYS = ("panel", "policy", "kernel", "persistent", "store_buffers")
 SCHEDULE_KEYS = TUNED_KEYS + PASSED_KEYS
 
 # Per architecture family: the default space (about a minute on an H200) and the full one (--full).
@@ -102,17 +104,26 @@ SPACES: dict[str, dict[str, dict[str, list]]] = {
 SPACES["ada"] = SPACES["ampere"]
 
 # Per family, schedules outside the product, searched with the default and the full space alike.
-EXTRAS: dict[str, list[GemmConfig]] = {
-    "hopper": [
-        # Three consumer warpgroups, each a 256x64 column strip with 160 registers a thread: the best
-        # hand-picked schedule of gemm_schedules at 8192^3 on the H200 (225 KiB: just inside 227 KiB).
+def extra_schedules(family: str, sm_count: int = 132) -> list[GemmConfig]:
+    """Schedules a product of per-knob values cannot express. On Hopper: the 256x192 tile on three consumer
+    warpgroups (TileLang's pipeline), and gemm_schedules' hand-written warp-specialized kernel (kernel="ws": one
+    wgmma batch kept in flight), one block per tile and persistent on `sm_count` blocks, with one or two store
+    strips. The same GEMM builder builds them all; only the schedule's knobs differ."""
+    if family not in SPACES:
+        raise ValueError(f"no autotune space for architecture family {family!r}")
+    if family != "hopper":
+        return []
+    hand_ws = dict(panel=8, policy="FullRow", kernel="ws")
+    return [
+        # Three consumer warpgroups, each a 256x64 column strip with 160 registers a thread: level with the
+        # hand-written kernel at 8192^3 on the H200 (225 KiB: just inside 227 KiB).
         GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol"),
         GemmConfig(256, 192, 64, 3, 384, True, panel=8, policy="FullCol"),  # its 3-stage sibling (169 KiB)
-    ],
-    "ampere": [],
-    "turing": [],
-}
-EXTRAS["ada"] = EXTRAS["ampere"]
+        GemmConfig(128, 256, 64, 4, 256, True, persistent=sm_count, **hand_ws),
+        GemmConfig(128, 256, 64, 4, 256, True, persistent=sm_count, store_buffers=2, **hand_ws),
+        GemmConfig(128, 256, 64, 4, 256, True, **hand_ws),
+    ]
+
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(GemmConfig) if f.default is not dataclasses.MISSING}
 
@@ -136,17 +147,15 @@ def product_space(family: str, full: bool = False) -> list[dict]:
     return [dict(zip(TUNED_KEYS, values)) for values in itertools.product(*(axes[k] for k in TUNED_KEYS))]
 
 
-def extra_space(family: str) -> list[dict]:
-    if family not in EXTRAS:
-        raise ValueError(f"no autotune space for architecture family {family!r}")
-    return [config_dict(c) for c in EXTRAS[family]]
+def extra_space(family: str, sm_count: int = 132) -> list[dict]:
+    return [config_dict(c) for c in extra_schedules(family, sm_count)]
 
 
-def search_space(family: str, full: bool = False) -> list[dict]:
+def search_space(family: str, full: bool = False, sm_count: int = 132) -> list[dict]:
     """The product of the family's tuned values, then the extras it does not already hold: the config
-    dicts tilelang.autotune takes."""
+    dicts tilelang.autotune takes. `sm_count` sizes the persistent extras' grids."""
     space = product_space(family, full)
-    for config in extra_space(family):
+    for config in extra_space(family, sm_count):
         if config not in space:
             space.append(config)
     return space
@@ -173,6 +182,11 @@ def filter_space(configs: list[dict], smem_budget: int) -> tuple[list[dict], lis
         else:
             dropped.append((config, gemm_config.smem_bytes()))
     return kept, dropped
+
+
+def sm_count(ctx) -> int:
+    """The GPU's SM count (the persistent extras' grid); 132 (H100 SXM / H200) when compiling without one."""
+    return ctx.device.sm_count if ctx.device is not None else 132
 
 
 def report_filter(ctx, space: list[dict], kept: list[dict], dropped: list[tuple[dict, int]]) -> None:
@@ -206,19 +220,20 @@ def report_filter(ctx, space: list[dict], kept: list[dict], dropped: list[tuple[
 
 
 def gemm_for_tuning(M, N, K, builder="", block_M=128, block_N=128, block_K=64, num_stages=3, threads=256,
-                    swizzle=True, panel=10, policy="Square"):
+                    swizzle=True, panel=10, policy="Square", kernel="tilelang", persistent=0, store_buffers=1):
     """The GEMM of gemm_schedules, with the schedule as keyword arguments for tilelang.autotune.
     `builder` only enters the autotuner's cache key (see builder_hash)."""
     return gemm_program(M, N, K, GemmConfig(block_M, block_N, block_K, num_stages, threads, swizzle, panel=panel,
-                                            policy=policy))
+                                            policy=policy, kernel=kernel, persistent=persistent,
+                                            store_buffers=store_buffers))
 
 
 def builder_hash() -> str:
-    """A short hash of the code the tuned function builds on: editing it invalidates cached results.
-    (consumer_registers sizes the 384-thread extras' register split.)"""
-    source = "".join(inspect.getsource(f) for f in (gemm_program, GemmConfig, consumer_registers))
-    source += f"PRODUCER_REGISTERS={PRODUCER_REGISTERS}"
-    return hashlib.sha256(source.encode()).hexdigest()[:16]
+    """A short hash of the code the tuned function builds on (the whole gemm_schedules module: both kernels,
+    their register splits, the epilogue): editing it invalidates cached results."""
+    from sections import gemm_schedules
+
+    return hashlib.sha256(inspect.getsource(gemm_schedules).encode()).hexdigest()[:16]
 
 
 def make_tuner(configs: list[dict], target="cuda"):
@@ -449,7 +464,7 @@ def compile_only(ctx, kept: list[dict]) -> None:
 
 def run(ctx) -> None:
     family = ARCH_SPECS[ctx.arch].family
-    space = search_space(family, ctx.full)
+    space = search_space(family, ctx.full, sm_count(ctx))
     kept, dropped = filter_space(space, ctx.smem_budget)
     report_filter(ctx, space, kept, dropped)
     if ctx.compile_only or not ctx.has_gpu:

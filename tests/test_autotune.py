@@ -17,6 +17,11 @@ HOPPER_BUDGET = tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin
 
 THREE_WARPGROUPS = GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol")
 THREE_WARPGROUPS_S3 = GemmConfig(256, 192, 64, 3, 384, True, panel=8, policy="FullCol")
+HAND_WS = dict(panel=8, policy="FullRow", kernel="ws")
+WS_PERSISTENT = GemmConfig(128, 256, 64, 4, 256, True, persistent=132, **HAND_WS)
+WS_STORE2_PERSISTENT = GemmConfig(128, 256, 64, 4, 256, True, persistent=132, store_buffers=2, **HAND_WS)
+WS_ONE_TILE = GemmConfig(128, 256, 64, 4, 256, True, **HAND_WS)
+HAND_WRITTEN = [WS_PERSISTENT, WS_STORE2_PERSISTENT, WS_ONE_TILE]
 
 
 def test_search_space_is_the_product_of_its_axes_plus_the_extras():
@@ -68,8 +73,23 @@ def test_config_dict_round_trips_and_keeps_product_dicts_short():
     # fields gemm_for_tuning does not pass on cannot enter the space
     with pytest.raises(ValueError, match="staged_store"):
         autotune.config_dict(GemmConfig(128, 256, 64, 4, 256, True, staged_store=False))
-    with pytest.raises(ValueError, match="persistent"):
-        autotune.config_dict(GemmConfig(128, 256, 64, 3, 256, True, persistent=132))
+    # the hand-written kernel's knobs are passed on
+    for config in HAND_WRITTEN:
+        kwargs = autotune.config_dict(config)
+        assert kwargs["kernel"] == "ws" and autotune.to_gemm_config(kwargs) == config
+    assert "store_buffers" not in autotune.config_dict(WS_PERSISTENT)
+
+
+def test_hopper_extras_hold_the_hand_written_kernel_sized_for_the_gpu():
+    kept, _ = autotune.filter_space(autotune.search_space("hopper"), HOPPER_BUDGET)
+    kept_configs = [autotune.to_gemm_config(c) for c in kept]
+    assert all(c in kept_configs for c in HAND_WRITTEN)
+    # the persistent grids follow the SM count (an H100 PCIe has 114 SMs)
+    on_114 = [autotune.to_gemm_config(c) for c in autotune.search_space("hopper", sm_count=114)]
+    assert {c.persistent for c in on_114 if c.hand_ws} == {0, 114}
+    # no hand-written kernel (TMA, wgmma, setmaxnreg) outside Hopper
+    for family in ("ampere", "ada", "turing"):
+        assert not any(autotune.to_gemm_config(c).hand_ws for c in autotune.search_space(family, True))
 
 
 def test_default_space_is_small_and_full_is_larger():
@@ -124,13 +144,18 @@ def test_tuned_function_passes_panel_and_policy_on():
     assert tuned != autotune.gemm_for_tuning(1024, 1024, 1024, "x", **plain).script()
 
 
-def test_builder_hash_covers_the_register_split(monkeypatch):
+def test_builder_hash_covers_the_gemm_builder_module(monkeypatch):
+    import inspect
+
+    from sections import gemm_schedules
+
     before = autotune.builder_hash()
+    real = inspect.getsource
 
-    def consumer_registers(threads):  # another split: the 384-thread extras would change
-        return 168
+    def edited(obj):  # the builder module as if a register split or a kernel had been edited
+        return real(obj) + "\n# edited" if obj is gemm_schedules else real(obj)
 
-    monkeypatch.setattr(autotune, "consumer_registers", consumer_registers)
+    monkeypatch.setattr(inspect, "getsource", edited)
     assert autotune.builder_hash() != before
 
 
@@ -351,19 +376,23 @@ def test_compile_only_builds_the_extras_that_fit(monkeypatch):
     kept, _ = autotune.filter_space(autotune.search_space("hopper"), HOPPER_BUDGET)
     autotune.compile_only(ctx, kept)
     assert THREE_WARPGROUPS.label() in built and THREE_WARPGROUPS_S3.label() in built
-    assert len(built) == 5  # a sample of three from the product, and the two extras
+    assert all(c.label() in built for c in HAND_WRITTEN)
+    assert len(built) == 8  # a sample of three from the product, and the five extras
 
 
 def test_extras_lower_within_their_shared_memory_estimate():
     """The filter judges the extras by GemmConfig.smem_bytes; the lowered kernel must not need more (the
     4-stage tile is within 2 KiB of the 227 KiB budget)."""
-    configs = [THREE_WARPGROUPS, THREE_WARPGROUPS_S3]
+    configs = [THREE_WARPGROUPS, THREE_WARPGROUPS_S3] + HAND_WRITTEN
     reports = tourkit.inspect_kernels([(c.label(), autotune.gemm_for_tuning(2048, 2048, 2048, "x",
                                                                             **autotune.config_dict(c)), "sm_90a")
                                        for c in configs], nvcc=False)
     for config, report in zip(configs, reports):
         assert report.smem_bytes <= config.smem_bytes() <= HOPPER_BUDGET
-        assert report.threads == 512  # three consumer warpgroups and TileLang's producer
+    assert [r.threads for r in reports[:2]] == [512, 512]  # three consumer warpgroups and TileLang's producer
+    for config, report in zip(HAND_WRITTEN, reports[2:]):  # the hand-written kernel, through the tuned function
+        assert report.threads == 384 and "warpgroup_reg_alloc" in report.source
+        assert report.grid[0] == (132 if config.persistent else 2048 // 256)
 
 
 def test_run_refines_the_autotuners_pick_then_checks_it_against_the_space(monkeypatch):
