@@ -64,12 +64,15 @@ def reference(a, b, bias, activation: str):
         torch.backends.cuda.matmul.allow_tf32 = prev
 
 
-def compiled_eager(mode: str):
+def compiled_eager(mode: str, activation: str = "gelu"):
     """torch.compile of the eager expression, or (None, reason) where torch.compile cannot run."""
     import torch
 
+    def expression(a, b, bias):
+        return eager(a, b, bias, activation)
+
     try:
-        return torch.compile(eager, mode=mode, dynamic=False), None
+        return torch.compile(expression, mode=mode, dynamic=False), None
     except Exception as exc:  # e.g. no Triton / no C compiler on this machine
         return None, tourkit.one_line(exc)
 

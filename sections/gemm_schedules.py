@@ -32,7 +32,7 @@ from tourkit import Section, SectionSkip
 ACTIVATIONS = (None, "gelu", "gelu_erff", "gelu_tanh")
 
 _WARP_POLICIES = ("Square", "FullRow", "FullCol")
-KERNELS = ("tilelang", "ws")
+KERNELS = ("tilelang", "ws", "pingpong")
 WS_STORE_BLOCK_N = 64  # the hand-written kernel stores C in block_M x 64 strips (a 128x256 tile would not fit)
 
 
@@ -52,13 +52,15 @@ class GemmConfig:
     staged_store: bool = True
     persistent: int = 0  # > 0: a persistent kernel of this many blocks (one per SM) walking the tiles
     # "tilelang": T.Pipelined + T.gemm, TileLang's automatic warp specialization (every architecture);
-    # "ws": the hand-written warp-specialized kernel below (Hopper only; see gemm_ws_body).
+    # "ws": the hand-written warp-specialized kernel below (Hopper only; see gemm_ws_body);
+    # "pingpong": the same roles, each consumer warpgroup on its own tiles, taking turns (gemm_pingpong_body).
     kernel: str = "tilelang"
     store_buffers: int = 1  # "ws": shared-memory strips staging the C store (2: one stores while one fills)
 
     @property
     def hand_ws(self) -> bool:
-        return self.kernel == "ws"
+        """One of the hand-written warp-specialized kernels (Hopper only)."""
+        return self.kernel in ("ws", "pingpong")
 
     def smem_bytes(self, dtype_bytes: int = 2) -> int:
         """Shared memory this schedule needs: `num_stages` copies of the A and B tiles, and the C tile
@@ -68,6 +70,8 @@ class GemmConfig:
         buffer (the tests check it)."""
         stages = max(1, self.num_stages)
         pipeline = stages * (self.block_M * self.block_K + self.block_K * self.block_N) * dtype_bytes
+        if self.kernel == "pingpong":  # the ring; per consumer warpgroup a C strip and a bias tile
+            return pipeline + 2 * (self.block_M * WS_STORE_BLOCK_N + self.block_N) * dtype_bytes + 2 * stages * 8 + 1056
         if self.hand_ws:  # its own ring, C strips and mbarriers all live at once; bias is read from global
             strips = self.store_buffers * self.block_M * WS_STORE_BLOCK_N * dtype_bytes
             return pipeline + strips + 2 * stages * 8 + 1024
@@ -84,7 +88,9 @@ class GemmConfig:
             text += f" {self.policy}"
         if not self.staged_store:
             text += " direct"
-        if self.hand_ws:
+        if self.kernel == "pingpong":
+            text += " pingpong"
+        elif self.hand_ws:
             text += " ws" + (f" store{self.store_buffers}" if self.store_buffers != 1 else "")
         if self.persistent:
             text += f" persistent{self.persistent}"
@@ -199,10 +205,19 @@ def _check_problem(M: int, N: int, K: int, config: GemmConfig, activation, dtype
 
 
 def _check_hand_ws(config: GemmConfig) -> None:
-    """The shapes the hand-written kernel is written for: each consumer warpgroup owns 64 full rows."""
+    """The shapes the hand-written kernels are written for: each consumer warpgroup owns 64 full rows (ws), or
+    two warpgroups each own whole tiles of 64 or 128 rows (pingpong, persistent)."""
     consumers = config.block_M // 64
     problems = []
-    if config.block_M % 64 or consumers < 1 or config.threads != 128 * consumers:
+    if config.kernel == "pingpong":
+        if config.block_M not in (64, 128) or config.threads != 256:
+            problems.append(f"block_M={config.block_M} must be 64 or 128 and threads={config.threads} 256 "
+                            f"(two consumer warpgroups, each on its own tile)")
+        if config.persistent <= 0:
+            problems.append("persistent must be > 0 (the two warpgroups alternate over a block's tiles)")
+        if config.store_buffers != 1:
+            problems.append("store_buffers must be 1 (one strip per warpgroup)")
+    elif config.block_M % 64 or consumers < 1 or config.threads != 128 * consumers:
         problems.append(f"block_M={config.block_M} must be 64 x (consumer warpgroups) and threads={config.threads} "
                         f"128 x (consumer warpgroups)")
     if config.policy != "FullRow":
@@ -287,10 +302,13 @@ def gemm_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str):
 def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = False, activation: str | None = None,
                  dtype: str = "float16", accum_dtype: str = "float32"):
     """C = activation(A @ B + Bias) as a TileLang prim_func over A[M, K], B[K, N], (Bias[N],) C[M, N].
-    config.kernel picks the kernel: TileLang's pipelined one (below) or the hand-written one (gemm_ws_body)."""
+    config.kernel picks the kernel: TileLang's pipelined one (below) or a hand-written one (gemm_ws_body,
+    gemm_pingpong_body)."""
     _check_problem(M, N, K, config, activation, dtype)
     activate = activation_macro(config.block_M, config.block_N, activation)
-    if config.hand_ws:
+    if config.kernel == "pingpong":
+        body = gemm_pingpong_body(M, N, K, config, bias, activate, dtype, accum_dtype)
+    elif config.hand_ws:
         body = gemm_ws_body(M, N, K, config, bias, activate, dtype, accum_dtype)
     else:
         body = gemm_pipelined_body(M, N, K, config, bias, activate, dtype, accum_dtype)
@@ -539,6 +557,106 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
                 T.tma_store_wait(0)  # shared memory must outlive the stores reading it
 
     return persistent_blocks if persistent else one_tile_per_block
+
+
+MATH_ORDER_BARRIERS = (8, 9)  # named barrier ids of the ping-pong turns (TileLang's own syncs use low ids)
+
+
+def gemm_pingpong_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activate, dtype: str,
+                       accum_dtype: str):
+    """kernel="pingpong": CUTLASS's ping-pong schedule, persistent. The roles of gemm_ws_body, but the two
+    consumer warpgroups work on *different* output tiles: warpgroup 0 takes the block's even tiles, warpgroup
+    1 its odd ones, each a whole block_M x block_N accumulator (128x128 fp32: 128 registers a thread). They
+    take turns on the tensor cores: one's K loop starts when the other's has passed its last `full` wait
+    (named barriers MATH_ORDER_BARRIERS), so while one warpgroup runs its epilogue (bias, activation,
+    conversion, TMA store) the other's wgmma keep the tensor cores busy. That is what a heavy fused epilogue
+    wants: in gemm_ws_body the tensor cores idle while both warpgroups run it. The turns are also what makes
+    the shared ring safe: without them a warpgroup would wait on `full` for a step two ring rounds ahead, and
+    a parity wait cannot tell that round from the current one. The producer loads each tile's bias into the
+    bias slot of the warpgroup that takes it."""
+    bM, bN, bK, num_stages = config.block_M, config.block_N, config.block_K, config.num_stages
+    workers = config.persistent
+    producer_regs, consumer_regs = ws_register_split(2, True)
+    m_tiles, n_tiles, k_steps = T.ceildiv(M, bM), T.ceildiv(N, bN), T.ceildiv(K, bK)
+    total_tiles = m_tiles * n_tiles
+    strips = bN // WS_STORE_BLOCK_N
+    panel = config.panel if config.swizzle else 1
+    _, produce_tile, mainloop = ws_pipeline(bM, bN, bK, k_steps, num_stages)
+
+    def scheduler(block_id):
+        tiles = T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=workers, swizzle_size=panel,
+                                          column_major=False)
+        tiles.init(block_id)
+        return tiles
+
+    @T.macro
+    def produce_bias(Bias, Bias_s, bias_full, bias_empty, n, tile):
+        """Tile `tile`'s bias columns into the slot of the warpgroup that takes it, once that warpgroup has
+        added its previous tile's (its (tile // 2)-th use of the slot)."""
+        if bias:
+            slot = tile % 2
+            T.mbarrier_wait_parity(bias_empty[slot], ((tile // 2) & 1) ^ 1)
+            T.tma_copy(Bias[n * bN:(n + 1) * bN], Bias_s[slot, :], barrier=bias_full[slot])
+            T.mbarrier_arrive(bias_full[slot])
+
+    @T.macro
+    def store_tile(C, C_local, C_s, m, n):
+        """The warpgroup's tile out through its own block_M x 64 shared strip, by TMA."""
+        for j in T.unroll(strips):
+            T.tma_store_wait(0)  # the strip's previous store has finished reading it
+            T.copy(C_local[:, j * WS_STORE_BLOCK_N:(j + 1) * WS_STORE_BLOCK_N], C_s)
+            column = n * bN + j * WS_STORE_BLOCK_N
+            T.tma_copy(C_s, C[m * bM:(m + 1) * bM, column:column + WS_STORE_BLOCK_N])
+
+    @T.macro
+    def consumer(C, A_s, B_s, C_local, C_s, Bias_s, full, empty, bias_full, bias_empty, block_id, turn):
+        T.set_max_nreg(consumer_regs, 1)
+        tiles = scheduler(block_id)
+        while tiles.valid():
+            if tiles.current_iter % 2 == turn:
+                if tiles.current_iter > 0:  # the other warpgroup's K loop has passed its last `full` wait
+                    T.sync_threads(MATH_ORDER_BARRIERS[turn], 256)
+                mainloop(A_s, B_s, C_local, full, empty, tiles.current_iter * k_steps)
+                if block_id + (tiles.current_iter + 1) * workers < total_tiles:  # the other has a next tile
+                    T.named_barrier_arrive(MATH_ORDER_BARRIERS[1 - turn], 256)
+                if bias:
+                    T.mbarrier_wait_parity(bias_full[turn], (tiles.current_iter // 2) & 1)
+                    for i, j in T.Parallel(bM, bN):
+                        C_local[i, j] = C_local[i, j] + Bias_s[turn, j]
+                    T.mbarrier_arrive(bias_empty[turn])
+                activate(C_local)
+                store_tile(C, C_local, C_s, tiles.m_idx, tiles.n_idx)
+            tiles.next_tile()
+        T.tma_store_wait(0)  # shared memory must outlive the stores reading it
+
+    @T.macro
+    def pingpong(A, B, Bias, C):
+        with T.Kernel(workers, threads=384) as block_id:
+            A_s = T.alloc_shared((num_stages, bM, bK), dtype)
+            B_s = T.alloc_shared((num_stages, bK, bN), dtype)
+            C_s0 = T.alloc_shared((bM, WS_STORE_BLOCK_N), dtype)
+            C_s1 = T.alloc_shared((bM, WS_STORE_BLOCK_N), dtype)
+            C_local0 = T.alloc_fragment((bM, bN), accum_dtype)
+            C_local1 = T.alloc_fragment((bM, bN), accum_dtype)
+            Bias_s = T.alloc_shared((2, bN), dtype)
+            full = T.alloc_barrier([128] * num_stages)  # the producer warpgroup's arrivals plus the TMA bytes
+            empty = T.alloc_barrier([128] * num_stages)  # one warpgroup consumes a stage
+            bias_full = T.alloc_barrier([128, 128])
+            bias_empty = T.alloc_barrier([128, 128])
+            tid = T.get_thread_binding()
+            if tid >= 256:
+                T.set_max_nreg(producer_regs, 0)
+                tiles = scheduler(block_id)
+                while tiles.valid():
+                    produce_bias(Bias, Bias_s, bias_full, bias_empty, tiles.n_idx, tiles.current_iter)
+                    produce_tile(A, B, A_s, B_s, full, empty, tiles.m_idx, tiles.n_idx, tiles.current_iter * k_steps)
+                    tiles.next_tile()
+            elif tid >= 128:
+                consumer(C, A_s, B_s, C_local1, C_s1, Bias_s, full, empty, bias_full, bias_empty, block_id, 1)
+            else:
+                consumer(C, A_s, B_s, C_local0, C_s0, Bias_s, full, empty, bias_full, bias_empty, block_id, 0)
+
+    return pingpong
 
 
 def compile_gemm(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = False, activation: str | None = None,

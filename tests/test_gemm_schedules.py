@@ -15,6 +15,9 @@ HOPPER_TABLE = default_schedules("hopper")
 HOPPER_DEFAULT = HOPPER_TABLE[0]  # the hand-written warp-specialized kernel, persistent
 HOPPER_PIPELINED = next(c for c in HOPPER_TABLE if c.kernel == "tilelang")  # TileLang's own pipeline
 HAND_WS = [c for c in HOPPER_TABLE if c.hand_ws]
+_PINGPONG = dict(panel=8, policy="FullRow", kernel="pingpong")
+PINGPONG = [GemmConfig(128, 128, 64, 6, 256, True, persistent=132, **_PINGPONG),
+            GemmConfig(128, 192, 64, 4, 256, True, persistent=132, **_PINGPONG)]
 AMPERE_DEFAULT = default_schedules("ampere")[0]
 EXPECTED = {"sm_80": ["cp_async", "ldmatrix", "mma_sync"], "sm_90a": ["wgmma", "tma_load", "mbarrier"]}
 DEFAULT_FOR = {"sm_80": AMPERE_DEFAULT, "sm_90a": HOPPER_PIPELINED}
@@ -209,6 +212,58 @@ def test_compile_only_nvcc_compiles_the_ws_default_at_a_ragged_size(arch):
     assert report.nvcc == "compiled"
 
 
+@pytest.fixture(scope="module", params=[(c, epilogue) for c in PINGPONG for epilogue in (False, True)],
+                ids=lambda p: f"{p[0].label().replace(' ', '_')}{'-bias-gelu' if p[1] else ''}")
+def pingpong_report(request):
+    config, epilogue = request.param
+    func = gemm_program(3900, 4104, 1000, config, bias=epilogue, activation="gelu" if epilogue else None)
+    return config, epilogue, tourkit.inspect_kernel("pingpong", func, "sm_90a", nvcc=False)
+
+
+def test_pingpong_warpgroups_take_turns_on_their_own_tiles(pingpong_report):
+    config, _, report = pingpong_report
+    tourkit.require_markers(report, ["wgmma", "tma_load", "mbarrier"])
+    assert report.threads == 384 and tuple(report.grid) == (132, 1, 1)
+    source = report.source
+    assert re.search(r"reg_dealloc<40>", source) and re.search(r"reg_alloc<232>", source)
+    # two consumer branches, each a whole tile's K loop (its own wgmma batches, one in flight)
+    assert source.count("wait_wgmma<1>") == 2 and source.count("wait_wgmma<0>") >= 2
+    # the turns: each warpgroup syncs on its own named barrier and arrives on the other's
+    assert sorted(re.findall(r"__sync_thread_partial\((\d+), 256\)", source)) == ["8", "9"]
+    assert sorted(re.findall(r"__named_barrier_arrive\((\d+), 256\)", source)) == ["8", "9"]
+    # each warpgroup's strip store syncs only its own 128 threads, on ids below the turns'
+    assert all(int(i) < 8 for i in re.findall(r"__sync_thread_partial\((\d+), 128\)", source))
+    roles = source.index("warpgroup_reg_dealloc<")
+    assert source.count("__syncthreads") == source[:roles].count("__syncthreads") == 1
+    assert report.smem_bytes <= config.smem_bytes() < report.smem_bytes + 4096
+    assert fits(config, tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin)
+
+
+def test_pingpong_bias_has_a_slot_per_warpgroup(pingpong_report):
+    _, epilogue, report = pingpong_report
+    source = report.source
+    if not epilogue:
+        assert "Bias" not in source and "exp2f(" not in source
+        return
+    producer = source[:source.index("warpgroup_reg_alloc")]
+    assert "tma_load(Bias_desc, bias_full[" in producer and "bias_empty[" in producer
+    assert "Bias[" not in source  # never per element from global memory
+    for slot in (0, 1):  # each consumer warpgroup waits for its slot, adds, hands it back, then GELU and store
+        after = source[source.index(f"bias_full[{slot}].wait("):]
+        assert after.index("Bias_s") < after.index(f"bias_empty[{slot}].arrive()") < after.index("exp2f(") < \
+            after.index("tma_store(")
+
+
+def test_pingpong_checks_its_shape():
+    for bad, why in ((dict(block_M=256), "64 or 128"), (dict(threads=384), "threads"), (dict(persistent=0), "persistent"),
+                     (dict(store_buffers=2), "store_buffers"), (dict(policy="Square"), "FullRow")):
+        with pytest.raises(ValueError, match=why):
+            gemm_program(1024, 1024, 1024, dataclasses.replace(PINGPONG[0], **bad))
+    with pytest.raises(ValueError, match="needs Hopper"):
+        require_hopper(PINGPONG[0], "sm_80")
+    assert PINGPONG[0].label() == "128x128x64 s6 t256 swz8 FullRow pingpong persistent132"
+
+
 # ---------------------------------------------------------------------------------------------------------
 # GPU
 # ---------------------------------------------------------------------------------------------------------
@@ -248,6 +303,14 @@ def test_three_consumer_warpgroups_split_the_registers_explicitly():
 
 
 WS_ODD_SIZES = [(1000, 1000, 1000), (1001, 1032, 1000)]
+# The ping-pong kernels on 132 blocks get at most one tile a block at those sizes (warpgroup 1 idles), so they
+# also run with 5 blocks, each walking ~14-16 tiles: both warpgroups take many turns, on ragged tiles too.
+GPU_HAND_WRITTEN = HAND_WS + PINGPONG + [dataclasses.replace(PINGPONG[0], persistent=5)]
+
+
+def on_this_gpu(config: GemmConfig, sm_count: int) -> GemmConfig:
+    """A persistent grid sized for the H200 (132) becomes one of this GPU's SM count; a small test grid stays."""
+    return dataclasses.replace(config, persistent=sm_count) if config.persistent == 132 else config
 
 
 @pytest.fixture(scope="module")
@@ -257,8 +320,8 @@ def ws_kernels_compiled():
     if device is None or device.arch != "sm_90a":
         return
     jobs = []
-    for config in HAND_WS:
-        config = dataclasses.replace(config, persistent=device.sm_count) if config.persistent else config
+    for config in GPU_HAND_WRITTEN:
+        config = on_this_gpu(config, device.sm_count)
         for M, N, K in WS_ODD_SIZES:
             for activation in (None, "gelu"):
                 jobs.append((gemm_program(M, N, K, config, bias=activation is not None, activation=activation),
@@ -267,7 +330,7 @@ def ws_kernels_compiled():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", HAND_WS, ids=lambda c: c.label().replace(" ", "_"))
+@pytest.mark.parametrize("config", GPU_HAND_WRITTEN, ids=lambda c: c.label().replace(" ", "_"))
 @pytest.mark.parametrize("M,N,K", WS_ODD_SIZES)
 @pytest.mark.parametrize("epilogue", [False, True])
 def test_ws_schedules_validate_on_odd_sizes(config, M, N, K, epilogue, ws_kernels_compiled):
@@ -276,7 +339,7 @@ def test_ws_schedules_validate_on_odd_sizes(config, M, N, K, epilogue, ws_kernel
 
     if tourkit.detect_device().arch != "sm_90a":
         pytest.skip("the hand-written warp-specialized kernel is Hopper-only")
-    config = dataclasses.replace(config, persistent=tourkit.detect_device().sm_count) if config.persistent else config
+    config = on_this_gpu(config, tourkit.detect_device().sm_count)
     activation = "gelu" if epilogue else None
     kernel = compile_gemm(M, N, K, config, bias=epilogue, activation=activation)
     a = tourkit.random_tensor((M, K), torch.float16, seed=1)
