@@ -9,8 +9,11 @@ intermediates never touch global memory. The kernel is the `gemm_schedules` buil
 tanh approximation matches `approximate="tanh"`. The exact form is written as max(x, 0) - |x|·erfc(|x|/√2)/2
 with a rational erfc (Abramowitz & Stegun 7.1.26, error 1.5e-7): 18 PTX instructions per element with the bias
 add, against 32 with CUDA's erff, which matters because the epilogue runs while the tensor cores wait (measured
-on the H200, default schedule, one run: 2.6% over the bare GEMM, against 4.6% with erff). We compare with eager
-PyTorch and with torch.compile, which fuses the epilogue too (into a Triton or cuBLAS-epilogue kernel).
+on the H200, default schedule, one run: 2.6% over the bare GEMM, against 4.6% with erff). Second lesson: the
+schedule that wins bare is not the one that wins fused. On Hopper the fused kernel runs the GEMM table's
+ping-pong schedule, where each consumer warpgroup owns its own tile and the two take turns on the tensor cores,
+so one's epilogue hides under the other's K loop (see fused_config). We compare with eager PyTorch and with
+torch.compile, which fuses the epilogue too (into a Triton or cuBLAS-epilogue kernel).
 """
 
 import time
@@ -26,19 +29,28 @@ TORCH_GELU = dict(APPROXIMATE, gelu_erff="none")
 COMPILE_MODE = "max-autotune-no-cudagraphs"
 
 
-def fused_config(family: str, smem_budget: int) -> GemmConfig:
-    """The GEMM schedule the fused kernel uses: the first TileLang-pipelined default schedule that fits.
-
-    Not (yet) the hand-written warp-specialized kernel that leads the GEMM table. With its consumers reading
-    the bias from global memory per element it ran 9% slower fused than bare (H200, 2026-12-02: 1.04-1.05x
-    eager, 0.95-0.96x torch.compile in two runs). Its producer now loads each tile's bias by TMA, and
-    bench/fused_epilogue_probe.py put it ahead (fused: 1.105x eager, 1.062x torch.compile, against 1.092x
-    and 1.049x for this schedule in the same turns), but only the exact GELU has run on a GPU that way so
-    far: the section switches once the tanh form has too."""
-    for config in default_schedules(family):
-        if not config.hand_ws and fits(config, smem_budget):
+def fused_config(family: str, smem_budget: int, sm_count: int = 132) -> GemmConfig:
+    """The GEMM schedule the fused kernel uses. On Hopper: the ping-pong kernel of the GEMM table (two consumer
+    warpgroups, each on its own 128x192 tile, taking turns on the tensor cores), because a fused epilogue is
+    work the tensor cores would otherwise wait for: while one warpgroup adds the bias, applies GELU and stores,
+    the other's wgmma run. On the H200 (2026-12-02, bench/fused_epilogue_probe.py, in turns at 8192^3) it led
+    every other schedule fused: exact GELU 1.153x eager and 1.066x torch.compile, tanh 1.156x and 1.055x,
+    against 1.117x / 1.033x for the hand-written cooperative kernel (both warpgroups on one 128x256 tile),
+    which leads bare, and 1.123x / 1.038x for the best TileLang-pipelined schedule. Elsewhere: the first
+    default schedule that fits. `sm_count` sizes the persistent grid."""
+    schedules = [c for c in default_schedules(family, sm_count) if fits(c, smem_budget)]
+    for config in schedules:
+        if config.kernel == "pingpong":
+            return config
+    for config in schedules:
+        if not config.hand_ws:
             return config
     raise SectionSkip(f"no GEMM schedule fits the {smem_budget} B of shared memory a block may use here")
+
+
+def sm_count(ctx) -> int:
+    """The GPU's SM count (the persistent grid); 132 (H100 SXM / H200) when compiling without one."""
+    return ctx.device.sm_count if ctx.device is not None else 132
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -186,7 +198,7 @@ def compile_only(ctx, config: GemmConfig) -> None:
 
 def prepare(ctx, log=None) -> None:
     """The four fused kernels run() launches, compiled at once (its own compiles then come from the cache)."""
-    config = fused_config(tourkit.ARCH_SPECS[ctx.arch].family, ctx.smem_budget)
+    config = fused_config(tourkit.ARCH_SPECS[ctx.arch].family, ctx.smem_budget, sm_count(ctx))
     size = 2048 if ctx.quick else 8192
     tourkit.compile_many([(gemm_program(m, m, m, config, bias=True, activation=activation),
                            epilogue_pass_configs(activation))
@@ -195,7 +207,7 @@ def prepare(ctx, log=None) -> None:
 
 def run(ctx) -> None:
     family = tourkit.ARCH_SPECS[ctx.arch].family
-    config = fused_config(family, ctx.smem_budget)
+    config = fused_config(family, ctx.smem_budget, sm_count(ctx))
     if ctx.compile_only:
         compile_only(ctx, config)
         return

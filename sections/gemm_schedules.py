@@ -140,6 +140,10 @@ def default_schedules(family: str, sm_count: int = 132) -> list[GemmConfig]:
             # consumer_registers): level with the hand-written kernel at 8192^3 and 8192x28672x4096
             GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol"),
             GemmConfig(128, 256, 64, 4, 256, True, **hand_ws),  # hand-written, one block per tile
+            # ping-pong: each consumer warpgroup its own 128x192 tile, taking turns on the tensor cores, so one's
+            # epilogue runs under the other's K loop. Bare it trails the rows above (0.96-0.99x cuBLAS, 2026-12-02
+            # probes); with bias + GELU fused it leads (1.15x eager, 1.07x torch.compile): the fusion section's.
+            GemmConfig(128, 192, 64, 4, 256, True, persistent=sm_count, **dict(hand_ws, kernel="pingpong")),
             # TileLang's automatic warp specialization: 2 consumer warpgroups share a 128x256 tile, but each
             # waits for its whole wgmma batch every K step (0.92-0.97x); each other row changes one knob.
             GemmConfig(128, 256, 64, 4, 256, True),

@@ -66,6 +66,9 @@ def test_fused_config_is_a_fitting_default_schedule():
         budget = tourkit.ARCH_SPECS[arch].smem_per_block_optin
         config = fusion.fused_config(family, budget)
         assert config in default_schedules(family) and fits(config, budget)
+        assert config.kernel == ("pingpong" if family == "hopper" else "tilelang")
+    # the persistent grid follows the GPU
+    assert fusion.fused_config("hopper", tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin, 114).persistent == 114
 
 
 def test_section_compile_only_through_the_runner():
@@ -79,7 +82,7 @@ def test_section_compile_only_through_the_runner():
 @pytest.mark.parametrize("M,N,K", [(1000, 1000, 1000), (256, 512, 136)])
 def test_fused_matches_float32_torch_on_the_gpu(M, N, K, activation):
     device = tourkit.detect_device()
-    config = fusion.fused_config(device.family, device.smem_per_block_optin)
+    config = fusion.fused_config(device.family, device.smem_per_block_optin, device.sm_count)
     kernel = compile_gemm(M, N, K, config, bias=True, activation=activation)
     a, b, bias, c = fusion.fused_inputs(M, N, K, seed=9)
     ref = fusion.reference(a, b, bias, activation)

@@ -14,10 +14,11 @@ from sections.gemm_schedules import (GemmConfig, compile_gemm, default_schedules
 HOPPER_TABLE = default_schedules("hopper")
 HOPPER_DEFAULT = HOPPER_TABLE[0]  # the hand-written warp-specialized kernel, persistent
 HOPPER_PIPELINED = next(c for c in HOPPER_TABLE if c.kernel == "tilelang")  # TileLang's own pipeline
-HAND_WS = [c for c in HOPPER_TABLE if c.hand_ws]
+HAND_WS = [c for c in HOPPER_TABLE if c.kernel == "ws"]
 _PINGPONG = dict(panel=8, policy="FullRow", kernel="pingpong")
 PINGPONG = [GemmConfig(128, 128, 64, 6, 256, True, persistent=132, **_PINGPONG),
             GemmConfig(128, 192, 64, 4, 256, True, persistent=132, **_PINGPONG)]
+assert PINGPONG[1] in HOPPER_TABLE  # the fusion section's schedule
 AMPERE_DEFAULT = default_schedules("ampere")[0]
 EXPECTED = {"sm_80": ["cp_async", "ldmatrix", "mma_sync"], "sm_90a": ["wgmma", "tma_load", "mbarrier"]}
 DEFAULT_FOR = {"sm_80": AMPERE_DEFAULT, "sm_90a": HOPPER_PIPELINED}
@@ -71,7 +72,7 @@ def test_persistent_kernel_launches_one_block_per_sm_and_walks_the_tiles():
     assert "exp2f(" in report.source and " < 32" in report.source  # 8 x 4 tiles of 128x256 cover 1000x1000
     assert config.label().endswith("persistent114")
     sized = [c for c in default_schedules("hopper", sm_count=78) if c.persistent]
-    assert [c.persistent for c in sized] == [78, 78, 78]  # two hand-written, one T.Persistent
+    assert [c.persistent for c in sized] == [78, 78, 78, 78]  # two hand-written, ping-pong, one T.Persistent
 
 
 def test_schedule_tables_differ_by_family_and_filter_by_budget():
