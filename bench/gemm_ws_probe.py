@@ -34,12 +34,19 @@ Experiments written here first (EXPERIMENTS; not in the section until an H200 ru
   K loop (gemm_pingpong_program);
 * ws_multicast*: the ws roles in 2x1 clusters on vertically adjacent tiles; rank 0 loads their common B tile
   once by TMA multicast into both blocks, halving B's L2 -> SM traffic as cuBLAS's clusters do; one tile per
-  cluster or 66 / 64 persistent clusters (gemm_ws_multicast_program).
+  cluster or 66 / 64 persistent clusters (gemm_ws_multicast_program);
+* ws_streamk*: the persistent ws kernel with stream-K for the last waves. 4096^3 has 512 tiles of 128x256 for
+  132 SMs (3.88 waves) and 8192x4096x14336 1024 (7.76): in the persistent kernel's last wave 16 and 29 SMs
+  idle. Here the blocks walk whole tiles for the first waves, then split the last waves' k-steps evenly;
+  a tile cut between blocks is finished by the block holding its first k-steps, which adds the others'
+  fp32 partial sums from a global workspace once their flags say they are there
+  (gemm_ws_streamk_program, StreamKPlan; the kernel also takes Workspace and Flags, see FixupMemory).
 
 The probe validates each kernel in a child process under a time limit (a barrier-phase bug deadlocks the GPU
 rather than crashing), launches it again many times to look for races (an fp16 GEMM with a fixed
-accumulation order must give bit-identical results every launch), and only then times the kernels that
-passed, in turns (tourkit.bench_interleaved) against torch.matmul (cuBLAS) and the tour's two best schedules.
+accumulation order must give bit-identical results every launch; stream-K adds its partial sums in a fixed
+order, and must leave its flags at zero), and only then times the kernels that passed, in turns
+(tourkit.bench_interleaved) against torch.matmul (cuBLAS) and the tour's two best schedules.
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
@@ -52,6 +59,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -97,6 +105,13 @@ EXPERIMENTS: dict[str, tuple[str, dict]] = {
     # 64 clusters: in case the GPCs cannot hold 66 two-block clusters at once (an SM left over in a GPC with an
     # odd SM count), which would leave the last clusters for a second wave
     "ws_multicast_persistent128": ("gemm_ws_multicast_program", dict(persistent=True, num_sms=128)),
+    # 132 blocks: data-parallel whole waves, then the last two waves' tiles (one full, the partial one) split
+    # evenly along K: 1-2 tiles' worth a block, so a split tile is cut in two and its finisher waits for one
+    # block, which published its part early (its first stream-K work)
+    "ws_streamk": ("gemm_ws_streamk_program", dict()),
+    # only the partial wave split: less than a tile a block, a tile cut in two or three pieces computed at the
+    # same time (less fixup work, but the finisher may wait)
+    "ws_streamk_tail": ("gemm_ws_streamk_program", dict(sk_waves=1)),
 }
 ALL_VARIANTS = list(VARIANTS) + list(EXPERIMENTS)
 
@@ -272,6 +287,254 @@ def gemm_ws_multicast_program(M: int, N: int, K: int, block_M: int = 128, block_
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Experimental: stream-K, against the persistent kernel's partial last wave
+# ---------------------------------------------------------------------------------------------------------
+
+STREAMK_BARRIER = 10  # named barrier id of the fixup (TileLang's strip syncs use 3, the ping-pong kernel 8 and 9)
+
+
+@dataclass(frozen=True)
+class StreamKPlan:
+    """Who computes what in the stream-K kernel, as formulas over a block index g that run both in Python (ints:
+    the tests) and in the kernel (g a TIR expression; `maximum`/`minimum` are then T.max/T.min, passed in as
+    the section's gelu_exact takes its operations): the CPU test checks the kernel's own arithmetic.
+
+    The unit of work is one iteration, a (tile, k-step) pair. Tiles are numbered in the persistent kernel's order
+    (T.PersistentTileScheduler, row panels). The first `dp_tiles` are data-parallel: block g takes tiles
+    g, g + G, ... whole (G = num_sms). The iterations of the remaining tiles, numbered tile-major from 0 (the
+    stream-K iterations, `sk_iters` of them), are split evenly: block g takes [begin(g), begin(g + 1)), after
+    its data-parallel tiles. Its range cuts the tiles it touches into segments, the i-th a k-step range
+    [kb, ke) of stream-K tile t: the whole tile; the head of a tile (kb = 0, only the last segment can be one):
+    this block finishes it, adding the partial sums of the later blocks whose ranges start inside it; or a
+    contribution (kb > 0, only the first segment can be one): published to the block's workspace slot."""
+
+    tiles: int
+    k_steps: int
+    num_sms: int
+    dp_tiles: int
+
+    @property
+    def sk_iters(self) -> int:
+        return (self.tiles - self.dp_tiles) * self.k_steps
+
+    def dp_count(self, g):
+        """Data-parallel tiles of block g (dp_tiles is a multiple of G, or all tiles when fewer than G)."""
+        return (self.dp_tiles - g + self.num_sms - 1) // self.num_sms
+
+    def begin(self, g):
+        """Block g's first stream-K iteration; begin(G) = sk_iters. Ranges may be empty (fewer iterations than
+        blocks)."""
+        return g * self.sk_iters // self.num_sms
+
+    def segment_count(self, g):
+        """Tiles block g's range touches, if it is not empty."""
+        return (self.begin(g + 1) - 1) // self.k_steps - self.begin(g) // self.k_steps + 1
+
+    def segment(self, g, i, maximum=max, minimum=min):
+        """Block g's i-th segment: (t, kb, ke, offset), k-steps [kb, ke) of stream-K tile t (the tile dp_tiles + t
+        of the persistent order), `offset` the block's stream-K iterations before it (for the ring's phases)."""
+        k = self.k_steps
+        first, end = self.begin(g), self.begin(g + 1)
+        t = first // k + i
+        lo, hi = maximum(first, t * k), minimum(end, (t + 1) * k)
+        return t, lo - t * k, hi - t * k, lo - first
+
+    def waiting_range(self, g, t):
+        """The blocks g + 1 ... end - 1 whose ranges start before stream-K tile t ends: block g, the head of t,
+        adds their partial sums (those with an empty range have none). begin(d) < E  <=>  d < E * G / sk_iters."""
+        tile_end = (t + 1) * self.k_steps
+        return g + 1, (tile_end * self.num_sms + self.sk_iters - 1) // self.sk_iters
+
+    def waits_for(self, g, t) -> list[int]:
+        """waiting_range without the empty ranges, as the kernel's loop skips them."""
+        return [d for d in range(*self.waiting_range(g, t)) if self.begin(d) < self.begin(d + 1)]
+
+
+def streamk_plan(M: int, N: int, K: int, block_M: int, block_N: int, block_K: int, num_sms: int,
+                 sk_waves: int = 2) -> StreamKPlan:
+    """Data-parallel whole waves, then stream-K over the last `sk_waves` waves' worth of tiles (the partial wave
+    and sk_waves - 1 full ones before it). A whole number of waves, or fewer tiles than blocks: all
+    data-parallel (splitting one wave of tiles over more blocks is split-K's regime, not tried here)."""
+    if sk_waves < 1:
+        raise ValueError(f"sk_waves={sk_waves} must be at least 1")
+    tiles = -(-M // block_M) * -(-N // block_N)
+    k_steps = -(-K // block_K)
+    if tiles % num_sms == 0 or tiles < num_sms:
+        dp_tiles = tiles
+    else:
+        dp_tiles = max(0, tiles // num_sms - (sk_waves - 1)) * num_sms
+    plan = StreamKPlan(tiles, k_steps, num_sms, dp_tiles)
+    if (plan.sk_iters + plan.k_steps) * num_sms >= 2 ** 31:  # the kernel's index arithmetic is int32
+        raise ValueError(f"{M}x{N}x{K}: too many stream-K iterations for int32 index arithmetic")
+    return plan
+
+
+def streamk_segments(M: int, N: int, K: int, block_M: int, block_N: int, block_K: int, num_sms: int,
+                     sk_waves: int = 2) -> list[list[tuple[int, int, int, str]]]:
+    """Each block's work in order: (tile in the persistent order, kb, ke, role), role "whole" (the usual
+    epilogue), "finish" (the head: add the later blocks' partial sums, then the epilogue) or "contribute"
+    (publish the partial sum). The same formulas as the kernel (StreamKPlan)."""
+    plan = streamk_plan(M, N, K, block_M, block_N, block_K, num_sms, sk_waves)
+    blocks = []
+    for g in range(num_sms):
+        work = [(g + i * num_sms, 0, plan.k_steps, "whole") for i in range(plan.dp_count(g))]
+        if plan.begin(g + 1) > plan.begin(g):
+            for i in range(plan.segment_count(g)):
+                t, kb, ke, _ = plan.segment(g, i)
+                role = "contribute" if kb > 0 else "whole" if ke == plan.k_steps else "finish"
+                work.append((plan.dp_tiles + t, kb, ke, role))
+        blocks.append(work)
+    return blocks
+
+
+def gemm_ws_streamk_program(M: int, N: int, K: int, block_M: int = 128, block_N: int = 256, block_K: int = 64,
+                            num_stages: int = 4, num_sms: int = H200_SMS, panel: int = 8, sk_waves: int = 2,
+                            dtype: str = "float16", accum_dtype: str = "float32"):
+    """C = A @ B, persistent (one block per SM), the ws roles and ring, with the tiles of the last waves split
+    along K (stream-K, StreamKPlan): 4096^3 has 512 tiles of 128x256 for 132 SMs, 3.88 waves, so the
+    persistent kernel's last wave leaves 16 SMs idle; here every block gets 3.88 tiles' worth of iterations.
+
+    Each block first walks its data-parallel tiles as the persistent kernel does, then its stream-K segments;
+    producer and consumers walk the same list, and the ring's step count carries on across all of it (this
+    block's data-parallel k-steps, then its stream-K iterations so far). A segment that is the head of a
+    tile leaves the tile to this block: after its K loop it waits for each later block d whose range starts
+    inside the tile (their flag), adds d's fp32 partial sum from Workspace[d] and resets the flag, then runs
+    the usual epilogue. A contributing segment (a block's first one) stores its accumulator into
+    Workspace[g] and sets Flags[g]. No wait cycle: a block contributes before any of its own waits, and
+    waits only for later blocks, which reach their contribution without waiting. All G blocks must be
+    resident at once (a waiting block holds its SM): 208 KiB of shared memory each, one per SM, G <= SMs.
+    The partial sums are added in block order: the result is the same every launch.
+
+    Memory ordering of the fixup (PTX memory model): every consumer thread stores its part of the partial
+    sum with plain (vectorized) stores, fences (__threadfence) and meets the others at a named barrier, after
+    which one thread stores flag = 1 with release semantics; the finisher's thread 0 spins on an acquire
+    load, the consumers meet at the barrier and fence again, then read. (Relaxed atomic stores of the
+    partial sum, one float each, made ptxas serialize the wgmma: C7514.)
+
+    Workspace (num_sms, block_M, block_N) fp32 and Flags (num_sms,) int32 are the caller's, flags zeroed once:
+    the kernel leaves them at zero (the finisher resets each flag it consumed); see FixupMemory."""
+    import tilelang.language as T
+
+    consumers = block_M // 64
+    consumer_threads = 128 * consumers
+    producer_regs, consumer_regs = ws_register_split(consumers, True)
+    plan = streamk_plan(M, N, K, block_M, block_N, block_K, num_sms, sk_waves)
+    m_tiles, n_tiles, k_steps = T.ceildiv(M, block_M), T.ceildiv(N, block_N), T.ceildiv(K, block_K)
+    strip = 64
+    # the section's ring: whole tiles as the persistent kernel walks them; stage_of for the segments below
+    stage_of, produce_tile, consume_tile = ws_pipeline(block_M, block_N, block_K, k_steps, num_stages)
+
+    @T.macro
+    def produce_steps(A, B, A_s, B_s, full, empty, m, n, kb, ke, first_step):
+        """ws_pipeline's produce_tile over k-steps [kb, ke) of the tile only."""
+        for i in T.serial(ke - kb):
+            stage, parity = stage_of(first_step + i)
+            k = kb + i
+            T.mbarrier_wait_parity(empty[stage], parity ^ 1)
+            T.tma_copy(A[m * block_M:(m + 1) * block_M, k * block_K:(k + 1) * block_K], A_s[stage, :, :],
+                       barrier=full[stage])
+            T.tma_copy(B[k * block_K:(k + 1) * block_K, n * block_N:(n + 1) * block_N], B_s[stage, :, :],
+                       barrier=full[stage])
+            T.mbarrier_arrive(full[stage])
+
+    @T.macro
+    def consume_steps(A_s, B_s, C_local, full, empty, steps, first_step):
+        """ws_pipeline's consume_tile over `steps` k-steps: one wgmma batch in flight, the previous step's stage
+        released after wait_wgmma(1), the last one after the drain."""
+        T.clear(C_local)
+        for k in T.serial(steps):
+            stage, parity = stage_of(first_step + k)
+            T.mbarrier_wait_parity(full[stage], parity)
+            T.wgmma_gemm(A_s[stage, :, :], B_s[stage, :, :], C_local, policy=T.GemmWarpPolicy.FullRow)
+            T.wait_wgmma(1)
+            if k > 0:
+                T.mbarrier_arrive(empty[stage_of(first_step + k - 1)[0]])
+        T.wait_wgmma(0)
+        T.mbarrier_arrive(empty[stage_of(first_step + steps - 1)[0]])
+
+    @T.macro
+    def store_tile(C, C_local, C_s, m, n):
+        """The tile out through one block_M x 64 shared strip by TMA, as the ws kernel (store_buffers=1)."""
+        for j in T.unroll(block_N // strip):
+            T.tma_store_wait(0)
+            T.copy(C_local[:, j * strip:(j + 1) * strip], C_s)
+            column = n * block_N + j * strip
+            T.tma_copy(C_s, C[m * block_M:(m + 1) * block_M, column:column + strip])
+
+    @T.macro
+    def publish(Workspace, Flags, C_local, g, tid):
+        """A contribution: this block's partial sum into its workspace slot, then its flag, released."""
+        T.copy(C_local, Workspace[g, :, :])
+        T.call_extern("handle", "__threadfence")  # this thread's stores, device-wide, before the barrier
+        T.sync_threads(STREAMK_BARRIER, consumer_threads)
+        if tid == 0:
+            T.atomic_store(Flags[g], 1, memory_order="release")
+
+    @T.macro
+    def add_partials(Workspace, Flags, C_local, g, t, tid):
+        """The head of stream-K tile t: add the partial sums of the later blocks whose ranges start inside it."""
+        first, end = plan.waiting_range(g, t)
+        for d in T.serial(first, end):
+            if plan.begin(d) < plan.begin(d + 1):  # a block without stream-K work contributes nothing
+                if tid == 0:
+                    while T.atomic_load(Flags[d], memory_order="acquire") == 0:
+                        pass
+                    # d publishes once a launch, so the flag may be reset at once, for the next launch
+                    T.atomic_store(Flags[d], 0, memory_order="relaxed")
+                T.sync_threads(STREAMK_BARRIER, consumer_threads)
+                T.call_extern("handle", "__threadfence")  # no read below may see memory from before the flag
+                for i, j in T.Parallel(block_M, block_N):
+                    C_local[i, j] += Workspace[d, i, j]
+
+    @T.prim_func
+    def gemm_ws_streamk(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype),
+                        Workspace: T.Tensor((num_sms, block_M, block_N), accum_dtype),
+                        Flags: T.Tensor((num_sms,), "int32")):
+        with T.Kernel(num_sms, threads=consumer_threads + 128) as g:
+            A_s = T.alloc_shared((num_stages, block_M, block_K), dtype)
+            B_s = T.alloc_shared((num_stages, block_K, block_N), dtype)
+            C_s = T.alloc_shared((block_M, strip), dtype)
+            C_local = T.alloc_fragment((block_M, block_N), accum_dtype)
+            full = T.alloc_barrier([128] * num_stages)
+            empty = T.alloc_barrier([consumer_threads] * num_stages)
+            # the persistent kernel's tile order, as a pure function of the tile number
+            order = T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=num_sms, swizzle_size=panel,
+                                              column_major=False, stateful=False)
+            dp_steps = plan.dp_count(g) * k_steps  # the ring's steps before the stream-K segments
+            tid = T.get_thread_binding()
+            if tid >= consumer_threads:
+                T.set_max_nreg(producer_regs, 0)
+                for i in T.serial(plan.dp_count(g)):
+                    m, n = order.coord(g + i * num_sms)
+                    produce_tile(A, B, A_s, B_s, full, empty, m, n, i * k_steps)
+                if plan.sk_iters > 0 and plan.begin(g + 1) > plan.begin(g):
+                    for i in T.serial(plan.segment_count(g)):
+                        t, kb, ke, offset = plan.segment(g, i, T.max, T.min)
+                        m, n = order.coord(plan.dp_tiles + t)
+                        produce_steps(A, B, A_s, B_s, full, empty, m, n, kb, ke, dp_steps + offset)
+            else:
+                T.set_max_nreg(consumer_regs, 1)
+                for i in T.serial(plan.dp_count(g)):
+                    m, n = order.coord(g + i * num_sms)
+                    consume_tile(A_s, B_s, C_local, full, empty, i * k_steps)
+                    store_tile(C, C_local, C_s, m, n)
+                if plan.sk_iters > 0 and plan.begin(g + 1) > plan.begin(g):
+                    for i in T.serial(plan.segment_count(g)):
+                        t, kb, ke, offset = plan.segment(g, i, T.max, T.min)
+                        m, n = order.coord(plan.dp_tiles + t)
+                        consume_steps(A_s, B_s, C_local, full, empty, ke - kb, dp_steps + offset)
+                        if kb > 0:
+                            publish(Workspace, Flags, C_local, g, tid)
+                        else:
+                            if ke < k_steps:
+                                add_partials(Workspace, Flags, C_local, g, t, tid)
+                            store_tile(C, C_local, C_s, m, n)
+                T.tma_store_wait(0)
+
+    return gemm_ws_streamk
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Compile-only inspection (no GPU): markers, the main loop, ptxas registers and spills
 # ---------------------------------------------------------------------------------------------------------
 
@@ -341,6 +604,36 @@ def ptxas_report(source: str, arch: str = ARCH) -> dict:
                          ("warning" in l or "Performance Loss" in l)]}
 
 
+def ptx_source(source: str, arch: str = ARCH) -> str:
+    """The PTX nvcc makes of TileLang's CUDA source (ptxas_report's flags): where the stream-K fixup's plain
+    loads and stores ended up against its fences, barriers and flag accesses (ordered by inline asm that
+    has no memory clobber, in part)."""
+    from tilelang.env import CUTLASS_INCLUDE_DIR, TILELANG_TEMPLATE_PATH
+
+    nvcc = tourkit.find_nvcc()
+    if nvcc is None:
+        raise RuntimeError("nvcc not found")
+    with tempfile.TemporaryDirectory() as tmp:
+        cu, ptx = os.path.join(tmp, "kernel.cu"), os.path.join(tmp, "kernel.ptx")
+        with open(cu, "w") as f:
+            f.write(source)
+        cmd = [nvcc, "--ptx", "-O3", "-lineinfo", f"-arch={arch}", "-std=c++20", f"-I{TILELANG_TEMPLATE_PATH}",
+               f"-I{CUTLASS_INCLUDE_DIR}", "-o", ptx, cu]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"nvcc --ptx: {(done.stdout + done.stderr).strip()[-300:]}")
+        with open(ptx) as f:
+            return f.read()
+
+
+def fixup_code(source: str) -> str:
+    """The stream-K fixup in the generated CUDA: from the partial sum's store into the workspace to the
+    finisher's reads of it (empty for a kernel without one)."""
+    lines = source.splitlines()
+    uses = [i for i, line in enumerate(lines) if "Workspace + " in line or "Workspace[" in line]
+    return "\n".join(lines[uses[0] - 2:uses[-1] + 1]) if uses else ""
+
+
 def inspect_variant(name: str, shape: tuple[int, int, int] = (8192, 8192, 8192)) -> dict:
     """Everything the compile-only check says about a variant: lowered for sm_90a by TileLang (launch shape,
     shared memory, markers), then compiled by nvcc with ptxas -v (registers, stack, spills)."""
@@ -386,6 +679,9 @@ def list_variants(show_source: bool) -> int:
             say(f"    ptxas: {warning}")
         if show_source:
             say(tourkit.indent(consumer_main_loop(rep["source"]), "    | "))
+            if fixup_code(rep["source"]):
+                say("    the stream-K fixup (publish; wait, reset, add):")
+                say(tourkit.indent(fixup_code(rep["source"]), "    | "))
     return 1 if failed else 0
 
 
@@ -409,6 +705,10 @@ def describe(name: str) -> str:
         kwargs = EXPERIMENTS[name][1]
         walk = f", persistent{kwargs.get('num_sms', H200_SMS)}" if kwargs.get("persistent") else ""
         return f"ws 128x256x64 s4, clusters of 2 blocks along M, B by TMA multicast{walk}"
+    if name in EXPERIMENTS and EXPERIMENTS[name][0] == "gemm_ws_streamk_program":
+        kwargs = {"num_sms": H200_SMS, "sk_waves": 2, **EXPERIMENTS[name][1]}
+        return (f"ws 128x256x64 s4, persistent{kwargs['num_sms']}, stream-K over the last "
+                f"{kwargs['sk_waves']} wave{'s' if kwargs['sk_waves'] > 1 else ''} of tiles")
     if name in EXPERIMENTS:
         kwargs = {"block_M": 128, "block_N": 128, "num_stages": 6, **EXPERIMENTS[name][1]}
         return (f"ping-pong {kwargs['block_M']}x{kwargs['block_N']}x64 per warpgroup, s{kwargs['num_stages']}, "
@@ -419,16 +719,52 @@ def describe(name: str) -> str:
 def is_persistent(name: str) -> bool:
     if name in EXPERIMENTS:
         builder, kwargs = EXPERIMENTS[name]
-        return builder == "gemm_pingpong_program" or bool(kwargs.get("persistent"))
+        return builder in ("gemm_pingpong_program", "gemm_ws_streamk_program") or bool(kwargs.get("persistent"))
     return VARIANTS[name].persistent > 0
 
 
 def compile_kernel(name: str, M: int, N: int, K: int):
     """The kernel for the local GPU, writing into the caller's C: kernel(a, b, c). A hit in TileLang's kernel
-    cache after precompile()."""
+    cache after precompile(). A stream-K kernel (more tensors after C: Workspace, Flags) comes wrapped in
+    FixupMemory, which owns them."""
     import tilelang
 
-    return tilelang.compile(program_for(name, M, N, K), out_idx=None, target="cuda")
+    func = program_for(name, M, N, K)
+    kernel = tilelang.compile(func, out_idx=None, target="cuda")
+    if len(func.params) == 3:
+        return kernel
+    workspace, flags = (func.buffer_map[param] for param in func.params[3:])
+    return FixupMemory(kernel, tuple(int(d) for d in workspace.shape), int(flags.shape[0]))
+
+
+class FixupMemory:
+    """kernel(a, b, c) for the stream-K kernel, which also takes Workspace (one fp32 partial tile per block) and
+    Flags (one int32 per block): allocated zeroed at the first call, then passed to every launch. The kernel
+    must leave the flags at zero (flags_left: the validation child checks it). A grid larger than the GPU's
+    SM count is refused: the blocks wait for one another, so all must be resident at once, one per SM."""
+
+    def __init__(self, kernel, workspace_shape: tuple[int, ...], blocks: int):
+        self.kernel, self.workspace_shape, self.blocks = kernel, workspace_shape, blocks
+        self.workspace = self.flags = None
+
+    def __call__(self, a, b, c):
+        if self.flags is None:
+            self._allocate(a.device)
+        return self.kernel(a, b, c, self.workspace, self.flags)
+
+    def _allocate(self, device) -> None:
+        import torch
+
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        if sms < self.blocks:
+            raise RuntimeError(f"{self.blocks} blocks that wait for one another need as many SMs; this GPU has "
+                               f"{sms}: the kernel would deadlock")
+        self.workspace = torch.zeros(self.workspace_shape, dtype=torch.float32, device=device)
+        self.flags = torch.zeros((self.blocks,), dtype=torch.int32, device=device)
+
+    def flags_left(self) -> int:
+        """Flags not at zero (after the launches so far have finished)."""
+        return 0 if self.flags is None else int(self.flags.count_nonzero().item())
 
 
 def precompile(jobs: list[tuple[str, tuple[int, int, int]]]) -> None:
@@ -525,15 +861,20 @@ def child_validate(jobs: list[tuple[str, tuple[int, int, int]]]) -> int:
             kernel(a, b, c)
             wait_for_gpu(f"{name} {shape_text(shape)} first launch", FIRST_LAUNCH_S)
             error = tourkit.relative_error(c, ref)
+            extra = {}
+            if isinstance(kernel, FixupMemory):  # stream-K: every flag reset by the block that consumed it
+                extra["flags_left"] = kernel.flags_left()
             differing = None
             if error <= TOLERANCE:
                 differing = count_differing_launches(kernel, a, b, c, f"{name} {shape_text(shape)}")
+                if isinstance(kernel, FixupMemory):
+                    extra["flags_left"] = max(extra["flags_left"], kernel.flags_left())
         except Exception as exc:
             print(json.dumps({"event": "result", "kernel": name, "shape": shape, "error": tourkit.one_line(exc)}),
                   flush=True)
             return 4
         print(json.dumps({"event": "result", "kernel": name, "shape": shape, "rel_error": error,
-                          "differing_launches": differing}), flush=True)
+                          "differing_launches": differing, **extra}), flush=True)
     return 0
 
 
@@ -599,7 +940,8 @@ def validate_in_children(jobs: list[tuple[str, tuple[int, int, int]]]) -> dict:
 
 
 def passed(result: dict) -> bool:
-    return result.get("rel_error", float("inf")) <= TOLERANCE and result.get("differing_launches") == 0
+    return (result.get("rel_error", float("inf")) <= TOLERANCE and result.get("differing_launches") == 0
+            and not result.get("flags_left"))
 
 
 def verdict(result: dict) -> str:
@@ -610,7 +952,10 @@ def verdict(result: dict) -> str:
         return f"FAILED: {text} (tolerance {TOLERANCE:.0e})"
     if result.get("differing_launches"):
         return f"FAILED: {text}, but {result['differing_launches']} of {RACE_LAUNCHES} repeated launches differ (a race)"
-    return f"ok: {text}, {RACE_LAUNCHES} repeated launches bit-identical"
+    if result.get("flags_left"):
+        return f"FAILED: {text}, but {result['flags_left']} stream-K flags left set after a launch"
+    flags = ", flags reset" if "flags_left" in result else ""
+    return f"ok: {text}, {RACE_LAUNCHES} repeated launches bit-identical{flags}"
 
 
 # ---------------------------------------------------------------------------------------------------------
