@@ -29,9 +29,6 @@ each variant here is a GemmConfig):
 
 Experiments written here first (EXPERIMENTS; not in the section until an H200 run says they win):
 
-* pingpong*: CUTLASS's ping-pong schedule, persistent: the two consumer warpgroups work on different tiles
-  (128x128 or 128x192 each) and take turns through two named barriers, so one's epilogue overlaps the other's
-  K loop (gemm_pingpong_program);
 * ws_multicast*: the ws roles in 2x1 clusters on vertically adjacent tiles; rank 0 loads their common B tile
   once by TMA multicast into both blocks, halving B's L2 -> SM traffic as cuBLAS's clusters do; one tile per
   cluster or 66 / 64 persistent clusters (gemm_ws_multicast_program);
@@ -41,6 +38,13 @@ Experiments written here first (EXPERIMENTS; not in the section until an H200 ru
   a tile cut between blocks is finished by the block holding its first k-steps, which adds the others'
   fp32 partial sums from a global workspace once their flags say they are there
   (gemm_ws_streamk_program, StreamKPlan; the kernel also takes Workspace and Flags, see FixupMemory).
+  H200, 2026-12-02: both validated (bit-identical over 20 launches, flags reset) but lost to the persistent
+  kernel, 0.914 / 0.933x cuBLAS against 0.987x at 4096^3, 0.908 / 0.986x against 1.028x at 8192x4096x14336.
+  The likely reason: blocks working on different k-ranges at the same moment share no A or B slices in L2,
+  so the split iterations stream from HBM (a 4096^3 k-step needs ~1.3 us of HBM for 0.56 us of wgmma).
+
+The ping-pong kernel (kernel="pingpong") started here and now lives in the section (gemm_pingpong_body; the
+fusion section's schedule on Hopper); the pingpong* variants time it bare.
 
 The probe validates each kernel in a child process under a time limit (a barrier-phase bug deadlocks the GPU
 rather than crashing), launches it again many times to look for races (an fp16 GEMM with a fixed
@@ -92,14 +96,17 @@ VARIANTS: dict[str, GemmConfig] = {
     # of the operand with the longer K rows (8192x4096x14336: 116 MiB a wave against 149 MiB).
     "ws_persistent_p16": GemmConfig(128, 256, 64, 4, 256, True, persistent=H200_SMS,
                                     **dict(HAND_WS, panel=16)),
+    # The section's ping-pong kernel (kernel="pingpong"): each consumer warpgroup on its own tile, taking turns,
+    # so one's epilogue overlaps the other's K loop. 128x128 with 6 stages, 5 stages, and 128x192 (fewer bytes
+    # a FLOP; the fusion section's schedule).
+    "pingpong": GemmConfig(128, 128, 64, 6, 256, True, persistent=H200_SMS, **dict(HAND_WS, kernel="pingpong")),
+    "pingpong_s5": GemmConfig(128, 128, 64, 5, 256, True, persistent=H200_SMS, **dict(HAND_WS, kernel="pingpong")),
+    "pingpong_192": GemmConfig(128, 192, 64, 4, 256, True, persistent=H200_SMS, **dict(HAND_WS, kernel="pingpong")),
 }
 
 # Experimental kernels written here first: name -> (builder in this file, its keyword arguments). Builders are
 # looked up by name when called (they are defined below).
 EXPERIMENTS: dict[str, tuple[str, dict]] = {
-    "pingpong": ("gemm_pingpong_program", dict()),                    # 128x128 per warpgroup, 6 stages
-    "pingpong_s5": ("gemm_pingpong_program", dict(num_stages=5)),     # one stage less (160 KiB ring)
-    "pingpong_192": ("gemm_pingpong_program", dict(block_N=192, num_stages=4)),  # 128x192: fewer bytes a FLOP
     "ws_multicast": ("gemm_ws_multicast_program", dict()),            # 2x1 clusters, B multicast by TMA
     "ws_multicast_persistent": ("gemm_ws_multicast_program", dict(persistent=True)),  # 66 clusters walk the pairs
     # 64 clusters: in case the GPCs cannot hold 66 two-block clusters at once (an SM left over in a GPC with an
@@ -124,90 +131,6 @@ TOUR_CONFIGS: dict[str, GemmConfig] = {
 
 def say(text: str = "") -> None:
     print(text, flush=True)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Experimental: the ping-pong schedule (CUTLASS's KernelTmaWarpSpecializedPingpong), not yet in the section
-# ---------------------------------------------------------------------------------------------------------
-
-def gemm_pingpong_program(M: int, N: int, K: int, block_M: int = 128, block_N: int = 128, block_K: int = 64,
-                          num_stages: int = 6, num_sms: int = H200_SMS, panel: int = 8, dtype: str = "float16",
-                          accum_dtype: str = "float32"):
-    """C = A @ B, persistent, with the two consumer warpgroups on *different* output tiles: warpgroup 0 takes
-    this block's even tiles, warpgroup 1 its odd ones, each a whole block_M x block_N tile (a 128x128 fp32
-    accumulator: 128 registers a thread). The producer loads the block's tiles in order through one ring, so
-    the ring itself orders the two: warpgroup 1's first stages land only as warpgroup 0's last K steps free
-    theirs, and while one warpgroup runs its epilogue (conversion, shared strips, TMA store) the other's
-    wgmma keep the tensor cores busy. Each warpgroup stages its store in its own shared strips."""
-    import tilelang.language as T
-
-    if block_N % 64 or block_M % 64:
-        raise ValueError("block_M and block_N must be multiples of 64")
-    producer_regs, consumer_regs = ws_register_split(2, True)
-    m_tiles, n_tiles, k_steps = T.ceildiv(M, block_M), T.ceildiv(N, block_N), T.ceildiv(K, block_K)
-    strip = 64
-    total_tiles = m_tiles * n_tiles
-    ORDER_BARRIER = (8, 9)  # named barrier ids for the math order (TileLang's own partial syncs use low ids)
-    # the section's ring: one warpgroup's K loop over its tile (mainloop), one wgmma batch in flight
-    _, produce_tile, mainloop = ws_pipeline(block_M, block_N, block_K, k_steps, num_stages)
-
-    @T.macro
-    def store(C, C_local, C_s, m, n):
-        """The warpgroup's own tile out through its own 128x64 shared strip, by TMA."""
-        for j in T.unroll(block_N // strip):
-            T.tma_store_wait(0)  # the strip's previous store has finished reading it
-            T.copy(C_local[:, j * strip:(j + 1) * strip], C_s)
-            column = n * block_N + j * strip
-            T.tma_copy(C_s, C[m * block_M:(m + 1) * block_M, column:column + strip])
-
-    @T.macro
-    def consumer(C, A_s, B_s, C_local, C_s, full, empty, block_id, parity_of_tiles):
-        """Warpgroup `parity_of_tiles` takes the block's tiles of that parity. The math order: its K loop
-        starts only when the other warpgroup's K loop of the previous tile has passed all its `full` waits
-        (named barrier ORDER_BARRIER[parity]: its 128 threads sync, the other's 128 arrive). Without it this
-        warpgroup would wait on `full` for a step two ring rounds ahead, and a parity wait cannot tell a
-        round from the one two rounds later: it would pass at once on stale data."""
-        T.set_max_nreg(consumer_regs, 1)
-        tiles = T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=num_sms, swizzle_size=panel,
-                                          column_major=False)
-        tiles.init(block_id)
-        while tiles.valid():
-            if tiles.current_iter % 2 == parity_of_tiles:
-                if tiles.current_iter > 0:
-                    T.sync_threads(ORDER_BARRIER[parity_of_tiles], 256)
-                mainloop(A_s, B_s, C_local, full, empty, tiles.current_iter * k_steps)
-                if block_id + (tiles.current_iter + 1) * num_sms < total_tiles:  # the other has a next tile
-                    T.named_barrier_arrive(ORDER_BARRIER[1 - parity_of_tiles], 256)
-                store(C, C_local, C_s, tiles.m_idx, tiles.n_idx)
-            tiles.next_tile()
-        T.tma_store_wait(0)
-
-    @T.prim_func
-    def gemm_pingpong(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
-        with T.Kernel(num_sms, threads=384) as block_id:
-            A_s = T.alloc_shared((num_stages, block_M, block_K), dtype)
-            B_s = T.alloc_shared((num_stages, block_K, block_N), dtype)
-            C_s0 = T.alloc_shared((block_M, strip), dtype)
-            C_s1 = T.alloc_shared((block_M, strip), dtype)
-            C_local0 = T.alloc_fragment((block_M, block_N), accum_dtype)
-            C_local1 = T.alloc_fragment((block_M, block_N), accum_dtype)
-            full = T.alloc_barrier([128] * num_stages)
-            empty = T.alloc_barrier([128] * num_stages)  # one warpgroup consumes a stage
-            tid = T.get_thread_binding()
-            if tid >= 256:
-                T.set_max_nreg(producer_regs, 0)
-                tiles = T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=num_sms, swizzle_size=panel,
-                                                  column_major=False)
-                tiles.init(block_id)
-                while tiles.valid():
-                    produce_tile(A, B, A_s, B_s, full, empty, tiles.m_idx, tiles.n_idx, tiles.current_iter * k_steps)
-                    tiles.next_tile()
-            elif tid >= 128:
-                consumer(C, A_s, B_s, C_local1, C_s1, full, empty, block_id, 1)
-            else:
-                consumer(C, A_s, B_s, C_local0, C_s0, full, empty, block_id, 0)
-
-    return gemm_pingpong
 
 
 def gemm_ws_multicast_program(M: int, N: int, K: int, block_M: int = 128, block_N: int = 256, block_K: int = 64,
@@ -709,17 +632,13 @@ def describe(name: str) -> str:
         kwargs = {"num_sms": H200_SMS, "sk_waves": 2, **EXPERIMENTS[name][1]}
         return (f"ws 128x256x64 s4, persistent{kwargs['num_sms']}, stream-K over the last "
                 f"{kwargs['sk_waves']} wave{'s' if kwargs['sk_waves'] > 1 else ''} of tiles")
-    if name in EXPERIMENTS:
-        kwargs = {"block_M": 128, "block_N": 128, "num_stages": 6, **EXPERIMENTS[name][1]}
-        return (f"ping-pong {kwargs['block_M']}x{kwargs['block_N']}x64 per warpgroup, s{kwargs['num_stages']}, "
-                f"persistent{H200_SMS}")
     return VARIANTS[name].label()
 
 
 def is_persistent(name: str) -> bool:
     if name in EXPERIMENTS:
         builder, kwargs = EXPERIMENTS[name]
-        return builder in ("gemm_pingpong_program", "gemm_ws_streamk_program") or bool(kwargs.get("persistent"))
+        return builder == "gemm_ws_streamk_program" or bool(kwargs.get("persistent"))
     return VARIANTS[name].persistent > 0
 
 

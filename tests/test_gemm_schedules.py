@@ -232,8 +232,20 @@ def test_pingpong_warpgroups_take_turns_on_their_own_tiles(pingpong_report):
     # the turns: each warpgroup syncs on its own named barrier and arrives on the other's
     assert sorted(re.findall(r"__sync_thread_partial\((\d+), 256\)", source)) == ["8", "9"]
     assert sorted(re.findall(r"__named_barrier_arrive\((\d+), 256\)", source)) == ["8", "9"]
-    # each warpgroup's strip store syncs only its own 128 threads, on ids below the turns'
-    assert all(int(i) < 8 for i in re.findall(r"__sync_thread_partial\((\d+), 128\)", source))
+    # In each consumer branch: wait for the turn (its own id), the K loop, hand the turn over (the other's id),
+    # then the epilogue; the strip store syncs only the warpgroup's own 128 threads, on an id below the turns'.
+    starts = [m.start() for m in re.finditer(r"warpgroup_reg_alloc<", source)]
+    branches = [source[a:b] for a, b in zip(starts, starts[1:] + [len(source)])]
+    assert len(branches) == 2
+    turns = []
+    for branch in branches:
+        sync = re.search(r"__sync_thread_partial\((\d+), 256\)", branch)
+        arrive = re.search(r"__named_barrier_arrive\((\d+), 256\)", branch)
+        assert sync.start() < branch.index("wgmma_ss<") < branch.index("wait_wgmma<0>") < arrive.start()
+        assert arrive.start() < branch.index("tma_store(")  # the turn passes before the epilogue
+        assert all(int(i) < 8 for i in re.findall(r"__sync_thread_partial\((\d+), 128\)", branch))
+        turns.append((sync.group(1), arrive.group(1)))
+    assert turns[0] == turns[1][::-1]  # each arrives where the other waits
     roles = source.index("warpgroup_reg_dealloc<")
     assert source.count("__syncthreads") == source[:roles].count("__syncthreads") == 1
     assert report.smem_bytes <= config.smem_bytes() < report.smem_bytes + 4096

@@ -98,39 +98,6 @@ def test_ptxas_neither_spills_nor_serializes_wgmma():
         assert not any("C7514" in w or "serialized" in w for w in report["warnings"]), report["warnings"]
 
 
-@pytest.fixture(scope="module", params=[n for n, (b, _) in probe.EXPERIMENTS.items() if b == "gemm_pingpong_program"])
-def pingpong_source(request):
-    report = tourkit.inspect_kernel(request.param, probe.program_for(request.param, 1001, 1032, 1000), "sm_90a",
-                                    nvcc=False)
-    return report.source
-
-
-def consumer_branches(source: str) -> list[str]:
-    """The two consumer warpgroups' code: from each warpgroup_reg_alloc to the next one (or the end)."""
-    starts = [m.start() for m in re.finditer(r"warpgroup_reg_alloc<", source)]
-    return [source[a:b] for a, b in zip(starts, starts[1:] + [len(source)])]
-
-
-def test_pingpong_warpgroups_take_turns_on_their_own_tiles(pingpong_source):
-    """Each consumer warpgroup waits for its turn (bar.sync on its own id, 256 threads) before its K loop and
-    hands the turn over (bar.arrive on the other's id) after it, before its epilogue; each stores through its
-    own shared strip under a 128-thread barrier. No __syncthreads after the mbarrier init."""
-    branches = consumer_branches(pingpong_source)
-    assert len(branches) == 2
-    own_ids = []
-    for branch in branches:
-        sync = re.search(r"__sync_thread_partial\((\d+), 256\)", branch)
-        arrive = re.search(r"__named_barrier_arrive\((\d+), 256\)", branch)
-        assert sync and arrive and sync.group(1) != arrive.group(1)
-        assert sync.start() < branch.index("wgmma_ss<") < branch.index("wait_wgmma<0>") < arrive.start()
-        assert arrive.start() < branch.index("tma_store(")  # the turn passes before the epilogue
-        assert re.search(r"__sync_thread_partial\(\d+, 128\)", branch)  # the strip, this warpgroup alone
-        own_ids.append((sync.group(1), arrive.group(1)))
-    assert own_ids[0] == own_ids[1][::-1]  # each arrives where the other waits
-    assert pingpong_source.count("__syncthreads") == 1
-    assert "C_s0" in branches[1] and "C_s1" in branches[0]  # threadIdx >= 128 is tested first: warpgroup 1
-
-
 @pytest.mark.parametrize("name", ["ws_multicast", "ws_multicast_persistent"])
 def test_multicast_shares_b_and_releases_stages_in_both_blocks(name):
     """Rank 0 multicasts the B tile into both blocks; each block loads its own A; every consumer thread
