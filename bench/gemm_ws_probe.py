@@ -96,6 +96,8 @@ VARIANTS: dict[str, GemmConfig] = {
     # of the operand with the longer K rows (8192x4096x14336: 116 MiB a wave against 149 MiB).
     "ws_persistent_p16": GemmConfig(128, 256, 64, 4, 256, True, persistent=H200_SMS,
                                     **dict(HAND_WS, panel=16)),
+    # The whole tile staged (4 strips) next to a 3-stage ring: the epilogue never waits for a store.
+    "ws_persistent_s3_store4": GemmConfig(128, 256, 64, 3, 256, True, persistent=H200_SMS, store_buffers=4, **HAND_WS),
     # The section's ping-pong kernel (kernel="pingpong"): each consumer warpgroup on its own tile, taking turns,
     # so one's epilogue overlaps the other's K loop. 128x128 with 6 stages, 5 stages, and 128x192 (fewer bytes
     # a FLOP; the fusion section's schedule).

@@ -72,7 +72,7 @@ def test_persistent_kernel_launches_one_block_per_sm_and_walks_the_tiles():
     assert "exp2f(" in report.source and " < 32" in report.source  # 8 x 4 tiles of 128x256 cover 1000x1000
     assert config.label().endswith("persistent114")
     sized = [c for c in default_schedules("hopper", sm_count=78) if c.persistent]
-    assert [c.persistent for c in sized] == [78, 78, 78, 78]  # two hand-written, ping-pong, one T.Persistent
+    assert [c.persistent for c in sized] == [78] * 5  # three hand-written, ping-pong, one T.Persistent
 
 
 def test_schedule_tables_differ_by_family_and_filter_by_budget():
@@ -193,7 +193,7 @@ def test_ws_is_hopper_only_and_checks_its_shape():
     with pytest.raises(ValueError, match="needs Hopper"):
         require_hopper(ws, "sm_80")
     for bad, why in ((dict(block_M=256), "64 x"), (dict(policy="Square"), "FullRow"), (dict(block_N=200), "strips"),
-                     (dict(store_buffers=3), "store"), (dict(kernel="cutlass"), "kernel")):
+                     (dict(store_buffers=5), "store"), (dict(kernel="cutlass"), "kernel")):
         with pytest.raises(ValueError, match=why):
             gemm_program(1024, 1024, 1024, dataclasses.replace(ws, **bad))
     assert ws.label() == "128x256x64 s4 t256 swz8 FullRow ws persistent132"
@@ -202,7 +202,8 @@ def test_ws_is_hopper_only_and_checks_its_shape():
 
 def test_shape_set_leaders_are_the_hand_written_kernels_and_fullcol():
     leaders = shape_set_schedules(HOPPER_TABLE, tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin)
-    assert len(leaders) == 4 and leaders[:2] == HAND_WS[:2] and HAND_WS[2] in leaders
+    assert len(leaders) == 5 and leaders[:3] == HAND_WS[:3] and HAND_WS[3] in leaders
+    assert HAND_WS[2].store_buffers == 4 and HAND_WS[2].num_stages == 3  # the whole tile staged
     assert any(c.policy == "FullCol" and c.kernel == "tilelang" for c in leaders)
 
 
