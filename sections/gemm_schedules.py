@@ -756,9 +756,9 @@ def run_schedule_table(ctx, M: int, N: int, K: int, schedules: list[GemmConfig])
     contenders = {"cuBLAS": lambda: torch.matmul(a, b, out=c_cublas)}
     for config, kernel in kernels.items():
         contenders[config.label()] = (lambda k: lambda: k(a, b, c))(kernel)
-    ms = tourkit.bench_interleaved(contenders, rounds=2)  # one pair: a long table
+    ms = tourkit.bench_interleaved(contenders, rounds=2)  # one pair: a long table, a screen
     cublas_ms = ms.pop("cuBLAS")
-    best = min(kernels, key=lambda cfg: ms[cfg.label()])
+    fastest = min(kernels, key=lambda cfg: ms[cfg.label()])
     flops = gemm_flops(M, N, K)
 
     rows = []
@@ -769,7 +769,7 @@ def run_schedule_table(ctx, M: int, N: int, K: int, schedules: list[GemmConfig])
         t = ms[config.label()]
         rows.append([config.label(), tourkit.format_bytes(config.smem_bytes()), f"{tourkit.tflops(flops, t):.0f}",
                      f"{tourkit.speedup(cublas_ms, t):.3f}x", tourkit.format_error(errors[config]),
-                     "<- best" if config == best else ""])
+                     "<- fastest here" if config == fastest else ""])
     rows.append(["cuBLAS (torch.matmul)", "-", f"{tourkit.tflops(flops, cublas_ms):.0f}", "1.000x",
                  tourkit.format_error(tourkit.relative_error(c_cublas, ref)), ""])
     ctx.log(f"\nC[{M}x{N}] = A[{M}x{K}] @ B[{K}x{N}], fp16 in, fp32 accumulation, fp16 out "
@@ -777,7 +777,39 @@ def run_schedule_table(ctx, M: int, N: int, K: int, schedules: list[GemmConfig])
     ctx.table(["schedule", "smem", "TFLOP/s", "vs cuBLAS", "rel. error", ""], rows)
     ctx.metric(schedules={cfg.label(): round(tourkit.speedup(cublas_ms, ms[cfg.label()]), 3) for cfg in kernels},
                cublas_tflops=round(tourkit.tflops(flops, cublas_ms)))
-    return best, tourkit.speedup(cublas_ms, ms[best.label()]), tourkit.tflops(flops, ms[best.label()]), kernels[best]
+    leaders = sorted(kernels, key=lambda cfg: ms[cfg.label()])[:HEAD_TO_HEAD_LEADERS]
+    best, ratio, tflops = head_to_head(ctx, M, N, K, leaders, kernels, (a, b, c, c_cublas))
+    return best, ratio, tflops, kernels[best]
+
+
+HEAD_TO_HEAD_LEADERS, HEAD_TO_HEAD_ROUNDS = 3, 6
+
+
+def head_to_head(ctx, M: int, N: int, K: int, leaders: list[GemmConfig], kernels: dict, tensors):
+    """The table's fastest schedules against cuBLAS again, three forward/backward pairs. One pair over fifteen
+    GEMMs running at the GPU's power limit misreads a kernel by a few percent (on the H200 the same kernel's
+    ratio to cuBLAS moved from 0.99x to 1.07x between runs), so the table is a screen and this is the
+    verdict: the fastest here is the section's best schedule."""
+    import torch
+
+    a, b, c, c_cublas = tensors
+    contenders = {"cuBLAS": lambda: torch.matmul(a, b, out=c_cublas)}
+    for config in leaders:
+        contenders[config.label()] = (lambda k: lambda: k(a, b, c))(kernels[config])
+    ms = tourkit.bench_interleaved(contenders, rounds=HEAD_TO_HEAD_ROUNDS)
+    cublas_ms = ms.pop("cuBLAS")
+    best = min(leaders, key=lambda cfg: ms[cfg.label()])
+    flops = gemm_flops(M, N, K)
+    ctx.log(f"\nHead to head: the table's {len(leaders)} fastest and cuBLAS, {HEAD_TO_HEAD_ROUNDS // 2} "
+            f"forward/backward pairs")
+    ctx.table(["schedule", "median ms", "TFLOP/s", "vs cuBLAS", ""],
+              [[cfg.label(), f"{ms[cfg.label()]:.3f}", f"{tourkit.tflops(flops, ms[cfg.label()]):.0f}",
+                f"{tourkit.speedup(cublas_ms, ms[cfg.label()]):.3f}x", "<- best" if cfg == best else ""]
+               for cfg in leaders] + [["cuBLAS (torch.matmul)", f"{cublas_ms:.3f}", f"{tourkit.tflops(flops, cublas_ms):.0f}",
+                                       "1.000x", ""]])
+    ratio = tourkit.speedup(cublas_ms, ms[best.label()])
+    ctx.metric(head_to_head={cfg.label(): round(tourkit.speedup(cublas_ms, ms[cfg.label()]), 3) for cfg in leaders})
+    return best, ratio, tourkit.tflops(flops, ms[best.label()])
 
 
 def run_shape_set(ctx, schedules: list[GemmConfig]) -> dict[str, float]:

@@ -366,3 +366,26 @@ def test_ws_schedules_validate_on_odd_sizes(config, M, N, K, epilogue, ws_kernel
         launch, ref = (lambda: kernel(a, b, c)), reference(a, b)
     check = tourkit.validate(f"{config.label()} {M}x{N}x{K}", launch, c, ref, 5e-3)
     assert check.passed, check.line()
+
+
+def test_head_to_head_decides_the_best_schedule(monkeypatch):
+    """The table is a screen; the verdict comes from the leaders timed again against cuBLAS, three pairs."""
+    from sections import gemm_schedules
+
+    leaders = HAND_WS[:3]
+    timed = {}
+
+    def fake_bench(contenders, rounds):
+        timed.update(rounds=rounds, names=list(contenders))
+        # the screen's fastest (first) is slower head to head than the second
+        return {"cuBLAS": 1.00, leaders[0].label(): 1.02, leaders[1].label(): 0.95, leaders[2].label(): 0.99}
+
+    monkeypatch.setattr(tourkit, "bench_interleaved", fake_bench)
+    ctx = tourkit.TourContext(echo=False)
+    kernels = {cfg: object() for cfg in leaders}
+    best, ratio, tflops = gemm_schedules.head_to_head(ctx, 1024, 1024, 1024, leaders, kernels, (None,) * 4)
+    assert timed["rounds"] == 6 and timed["names"] == ["cuBLAS"] + [c.label() for c in leaders]
+    assert best == leaders[1] and abs(ratio - 1 / 0.95) < 1e-9
+    assert abs(tflops - gemm_flops(1024, 1024, 1024) / 0.95e-3 / 1e12) < 1e-6
+    assert ctx.metrics["head_to_head"][leaders[0].label()] == round(1 / 1.02, 3)
+    assert any("<- best" in line and leaders[1].label() in line for line in ctx.report)
