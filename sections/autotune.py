@@ -9,7 +9,7 @@ this practical:
 * The space is a product of values per knob, plus a short list of extra configurations that a product
   cannot express: on Hopper, a 256x192 tile on three consumer warpgroups (384 threads) with the FullCol
   warp policy, and `gemm_schedules`' hand-written warp-specialized kernel (one tile per block, and persistent
-  on one block per SM with one or two store strips). Which kernel to run is a knob like the others: the
+  on one block per SM with one, two or four store strips). Which kernel to run is a knob like the others: the
   autotuner times the pipelined and the hand-written kernels side by side, built by the same builder.
 * A schedule whose tiles need more shared memory than one block may use cannot launch. We filter those
   out, extras included, *before* compiling, from the tile sizes alone, and say how many and why.
@@ -107,8 +107,8 @@ SPACES["ada"] = SPACES["ampere"]
 def extra_schedules(family: str, sm_count: int = 132) -> list[GemmConfig]:
     """Schedules a product of per-knob values cannot express. On Hopper: the 256x192 tile on three consumer
     warpgroups (TileLang's pipeline), and gemm_schedules' hand-written warp-specialized kernel (kernel="ws": one
-    wgmma batch kept in flight), one block per tile and persistent on `sm_count` blocks, with one or two store
-    strips. The same GEMM builder builds them all; only the schedule's knobs differ."""
+    wgmma batch kept in flight), one block per tile and persistent on `sm_count` blocks, with one, two or four
+    store strips. The same GEMM builder builds them all; only the schedule's knobs differ."""
     if family not in SPACES:
         raise ValueError(f"no autotune space for architecture family {family!r}")
     if family != "hopper":
@@ -121,6 +121,7 @@ def extra_schedules(family: str, sm_count: int = 132) -> list[GemmConfig]:
         GemmConfig(256, 192, 64, 3, 384, True, panel=8, policy="FullCol"),  # its 3-stage sibling (169 KiB)
         GemmConfig(128, 256, 64, 4, 256, True, persistent=sm_count, **hand_ws),
         GemmConfig(128, 256, 64, 4, 256, True, persistent=sm_count, store_buffers=2, **hand_ws),
+        GemmConfig(128, 256, 64, 3, 256, True, persistent=sm_count, store_buffers=4, **hand_ws),  # whole tile staged
         GemmConfig(128, 256, 64, 4, 256, True, **hand_ws),
     ]
 

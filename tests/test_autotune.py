@@ -20,8 +20,9 @@ THREE_WARPGROUPS_S3 = GemmConfig(256, 192, 64, 3, 384, True, panel=8, policy="Fu
 HAND_WS = dict(panel=8, policy="FullRow", kernel="ws")
 WS_PERSISTENT = GemmConfig(128, 256, 64, 4, 256, True, persistent=132, **HAND_WS)
 WS_STORE2_PERSISTENT = GemmConfig(128, 256, 64, 4, 256, True, persistent=132, store_buffers=2, **HAND_WS)
+WS_STORE4_PERSISTENT = GemmConfig(128, 256, 64, 3, 256, True, persistent=132, store_buffers=4, **HAND_WS)
 WS_ONE_TILE = GemmConfig(128, 256, 64, 4, 256, True, **HAND_WS)
-HAND_WRITTEN = [WS_PERSISTENT, WS_STORE2_PERSISTENT, WS_ONE_TILE]
+HAND_WRITTEN = [WS_PERSISTENT, WS_STORE2_PERSISTENT, WS_STORE4_PERSISTENT, WS_ONE_TILE]
 
 
 def test_search_space_is_the_product_of_its_axes_plus_the_extras():
@@ -377,7 +378,7 @@ def test_compile_only_builds_the_extras_that_fit(monkeypatch):
     autotune.compile_only(ctx, kept)
     assert THREE_WARPGROUPS.label() in built and THREE_WARPGROUPS_S3.label() in built
     assert all(c.label() in built for c in HAND_WRITTEN)
-    assert len(built) == 8  # a sample of three from the product, and the five extras
+    assert len(built) == 9  # a sample of three from the product, and the six extras
 
 
 def test_extras_lower_within_their_shared_memory_estimate():
