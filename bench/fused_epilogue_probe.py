@@ -53,6 +53,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", type=int, default=8192)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--only", default="",
+                    help="time only the schedules whose label contains this text (e.g. pingpong), with eager and "
+                         "torch.compile: the fusion section's three contenders")
     ap.add_argument("--activations", default="gelu,gelu_tanh",
                     help="comma-separated: each is validated on every kernel, then timed (gelu: exact, gelu_tanh)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -63,7 +66,7 @@ def main(argv=None):
     from sections.gemm_schedules import compile_gemm, epilogue_pass_configs, gemm_flops, gemm_program
 
     device = tourkit.detect_device()
-    configs = schedules(device.sm_count)
+    configs = [c for c in schedules(device.sm_count) if args.only in c.label()]
     activations = args.activations.split(",")
     size = args.size
     sizes = CHECK_SIZES + [(size, size, size)]
