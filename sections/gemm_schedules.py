@@ -11,7 +11,13 @@ lives in registers (`T.alloc_fragment`) until a staged store writes it out once,
 The schedule (block_M, block_N, block_K, num_stages, threads, swizzle) is the knob: bigger tiles reuse
 more data per byte loaded but need more shared memory and registers; more stages hide more latency but
 multiply the shared memory; `T.use_swizzle` reorders the blocks so neighbours share A and B tiles in L2.
-The section runs a table of schedules for your GPU against cuBLAS (torch.matmul) and marks the best.
+
+On Hopper the table also holds kernels whose warp specialization is written by hand, with the same tile
+language (T.alloc_barrier, T.tma_copy, T.wgmma_gemm, T.wait_wgmma, T.set_max_nreg): a TMA producer
+warpgroup and consumer warpgroups that keep one wgmma batch in flight (gemm_ws_body), on a persistent grid,
+with the tile's store staged in one, two or all four 128x64 strips; and the ping-pong variant, where each
+consumer warpgroup owns its own tile and the two take turns on the tensor cores (gemm_pingpong_body). The
+section runs the table against cuBLAS (torch.matmul) as a screen, then its three fastest head to head.
 
 The same builder also takes a fused epilogue (bias, GELU) that the `fusion` section uses.
 """
