@@ -161,6 +161,11 @@ FA_CONFIGS = [
     ("ws 128x160 s2 fm persistent st q2", "flash_attention_forward_ws", dict(block_M=128, block_N=160, num_stages=2,
                                                                              fast_math=True, persistent=True,
                                                                              stage_output=True, q_stages=2)),
+    # the default with the last partial wave's tiles split along the keys over the idle blocks (full attention
+    # only; the kernel also takes a workspace and flags: SplitTailMemory)
+    ("ws 128x160 s2 fm persistent st q2 split", "flash_attention_forward_ws", dict(
+        block_M=128, block_N=160, num_stages=2, fast_math=True, persistent=True, stage_output=True, q_stages=2,
+        split_tail=True)),
     ("ws 128x128 s2 fm persistent st q2", "flash_attention_forward_ws", dict(block_M=128, block_N=128, num_stages=2,
                                                                              fast_math=True, persistent=True,
                                                                              stage_output=True, q_stages=2)),
@@ -189,7 +194,7 @@ def fa_jobs(quick=False):
     for (B, H, S, D) in shapes:
         for causal in (False, True):
             for name, builder, kw in FA_CONFIGS:
-                if kw.get("heavy_first") and not causal:
+                if (kw.get("heavy_first") and not causal) or (kw.get("split_tail") and causal):
                     continue
                 yield dict(key=f"fa B{B} S{S} D{D} {'causal' if causal else 'full'} {name}",
                            module="sections.flash_attention", builder=builder, args=(B, H, S, D, causal), kwargs=kw,
@@ -198,9 +203,31 @@ def fa_jobs(quick=False):
     for (B, H, S, D) in [(2, 4, 1000, 64), (1, 3, 777, 128), (2, 4, 1024, 64)]:
         for causal in (False, True):
             for name, builder, kw in (FA_CONFIGS[0], FA_CONFIGS[3], FA_CONFIGS[4], FA_CONFIGS[6], FA_CONFIGS[-2]):
-                yield dict(key=f"fa-odd B{B} H{H} S{S} D{D} {'causal' if causal else 'full'} {name}",
-                           module="sections.flash_attention", builder=builder, args=(B, H, S, D, causal),
-                           kwargs=kw, family="fa-odd", shape=(B, H, S, D), causal=causal, config=name)
+                yield odd_job(B, H, S, D, causal, name, builder, kw)
+    yield from split_odd_jobs()
+
+
+def odd_job(B, H, S, D, causal, name, builder, kw):
+    return dict(key=f"fa-odd B{B} H{H} S{S} D{D} {'causal' if causal else 'full'} {name}",
+                module="sections.flash_attention", builder=builder, args=(B, H, S, D, causal),
+                kwargs=kw, family="fa-odd", shape=(B, H, S, D), causal=causal, config=name)
+
+
+# Odd problems for split_tail, on 132 SMs (full attention; n_work = query tiles · heads · batch):
+# B1 H3 S777 D128 and B2 H4 S1024 D64: fewer tiles than SMs (no tail: the plain body with the extra tensors);
+# B1 H17 S1000 D128: 136 tiles, R=4, P=3, the ragged last key tile in a contributor's piece, the ragged last
+# query tile (rows past the end) split; B1 H6 S3000 D128: 144 tiles, R=12, P=9, both ragged; B1 H32 S1000 D128:
+# 256 tiles, R=124, P=1 (no split).
+SPLIT_ODD_SHAPES = [(1, 3, 777, 128), (2, 4, 1024, 64), (1, 17, 1000, 128), (1, 6, 3000, 128), (1, 32, 1000, 128)]
+SPLIT_DEFAULT = "ws 128x160 s2 fm persistent st q2"  # the section's default for full attention, head dim 128
+
+
+def split_odd_jobs():
+    """The default and its split variant on SPLIT_ODD_SHAPES (full attention): correctness only."""
+    configs = {name: (name, builder, kw) for name, builder, kw in FA_CONFIGS}
+    for (B, H, S, D) in SPLIT_ODD_SHAPES:
+        for name in (SPLIT_DEFAULT, SPLIT_DEFAULT + " split"):
+            yield odd_job(B, H, S, D, False, *configs[name])
 
 
 def build(job):
@@ -216,14 +243,54 @@ def job_pass_configs(job):
 
 
 def compile_job(job, target="cuda"):
+    """The kernel, launched as kern(q, k, v, o); a split_tail kernel (more tensors after O: Workspace_O,
+    Workspace_ML, Flags) comes wrapped in SplitTailMemory, which owns them."""
     import tilelang
 
     func = build(job)
     if target.startswith("sm_"):  # no GPU here: compile for a named arch
         import tourkit
 
-        return tourkit.compile_for_arch(func, target, pass_configs=job_pass_configs(job))
-    return tilelang.compile(func, out_idx=None, target=target, pass_configs=job_pass_configs(job))
+        kernel = tourkit.compile_for_arch(func, target, pass_configs=job_pass_configs(job))
+    else:
+        kernel = tilelang.compile(func, out_idx=None, target=target, pass_configs=job_pass_configs(job))
+    if len(func.params) == 4:
+        return kernel
+    return SplitTailMemory(kernel, [tuple(int(d) for d in func.buffer_map[param].shape) for param in func.params[4:]])
+
+
+class SplitTailMemory:
+    """kern(q, k, v, o) for flash_attention_forward_ws(split_tail=True), which also takes Workspace_O (grid,
+    block_M, dim) fp32, Workspace_ML (grid, 2, block_M) fp32 and Flags (grid,) int32: allocated zeroed at the
+    first call, then passed to every launch. The kernel must leave the flags at zero (flags_left). A grid larger
+    than the GPU's SM count is refused: the finishers wait for the contributors, so all blocks must be resident
+    at once, one per SM."""
+
+    def __init__(self, kernel, shapes):
+        self.kernel, self.shapes = kernel, shapes
+        self.blocks = shapes[-1][0]
+        self.tensors = None
+
+    def __call__(self, q, k, v, o):
+        if self.tensors is None:
+            self._allocate(q.device)
+        return self.kernel(q, k, v, o, *self.tensors)
+
+    def _allocate(self, device):
+        import torch
+
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        if sms < self.blocks:
+            raise RuntimeError(f"{self.blocks} blocks that wait for one another need as many SMs; this GPU has "
+                               f"{sms}: the kernel would deadlock")
+        workspace_o, workspace_ml, flags = self.shapes
+        self.tensors = (torch.zeros(workspace_o, dtype=torch.float32, device=device),
+                        torch.zeros(workspace_ml, dtype=torch.float32, device=device),
+                        torch.zeros(flags, dtype=torch.int32, device=device))
+
+    def flags_left(self) -> int:
+        """Flags not at zero (after the launches so far have finished)."""
+        return 0 if self.tensors is None else int(self.tensors[2].count_nonzero().item())
 
 
 def _worker(job, target):
@@ -367,9 +434,15 @@ def run_fa(jobs, errors, results):
                 torch.cuda.synchronize()
                 rec["repeatable"] = bool(torch.equal(o, o2))
                 del o2
+                flags_note = ""
+                if isinstance(kernel, SplitTailMemory):  # every flag reset by the finisher that consumed it
+                    rec["flags_left"] = kernel.flags_left()
+                    flags_note = f" flags left {rec['flags_left']}" + (" FAILED" if rec["flags_left"] else "")
+                    rec["ok"] = rec["ok"] and rec["flags_left"] == 0
                 log(f"  {key}: err {check.rel_error:.2e} (torch {torch_err:.2e}) "
-                    f"{'ok' if check.passed else 'FAILED'}{'' if rec['repeatable'] else ' NOT REPEATABLE'}")
-                if family == "fa" and check.passed:
+                    f"{'ok' if check.passed else 'FAILED'}{'' if rec['repeatable'] else ' NOT REPEATABLE'}"
+                    f"{flags_note}")
+                if family == "fa" and rec["ok"]:
                     timed[key] = (launch, rec)
             except Exception as exc:
                 rec["error"] = tourkit.one_line(exc)
@@ -435,10 +508,11 @@ def main(argv=None):
     ap.add_argument("--only", choices=["softmax", "fa"], default=None)
     ap.add_argument("--precompile-only", metavar="TARGET", help="test the parallel compile path (no GPU), "
                     "e.g. sm_90a")
-    ap.add_argument("--preset", choices=["next", "wide", "pingpong", "tiles", "ws", "ws2", "ws3"], default=None,
+    ap.add_argument("--preset", choices=["next", "wide", "pingpong", "tiles", "ws", "ws2", "ws3", "split"],
+                    default=None,
                     help="next: the follow-up set; wide: 176/160/192-wide key tiles against the defaults; "
                          "pingpong: FA3's warp-group ping-pong against the defaults; tiles: 176 vs 192; ws, ws2, ws3: hand-written "
-                         "warp specialization (see code)")
+                         "warp specialization (see code); split: the full-attention default with and without split_tail")
     ap.add_argument("--filter", default="", help="only jobs whose key contains this")
     ap.add_argument("--list", action="store_true", help="print the jobs' keys and stop")
     ap.add_argument("--limit", type=int, default=0, help="only the first N jobs of each family")
@@ -533,6 +607,15 @@ def main(argv=None):
                  for (b, h, n, d) in ((2, 4, 1000, 128), (1, 3, 777, 64))]
         sm_jobs = []
         ROUNDS[0] = 4
+    if args.preset == "split":
+        # split_tail: the last partial wave's tiles (B4 H32 S4096 and B1 H32 S16384: 4096 tiles, 31 waves of 132
+        # and 4) cut along the keys over the idle blocks, against the same kernel without; full attention only.
+        # The odd problems (split_odd_jobs) validate both, with and without a tail to split. Five turns each.
+        keep = (SPLIT_DEFAULT, SPLIT_DEFAULT + " split")
+        fa_j = [j for j in fa_j if not j["causal"] and j["config"] in keep
+                and (j["family"] == "fa" or j["shape"] in SPLIT_ODD_SHAPES)]
+        sm_jobs = []
+        ROUNDS[0] = 5
     if args.filter:
         sm_jobs = [j for j in sm_jobs if args.filter in j["key"]]
         fa_j = [j for j in fa_j if args.filter in j["key"]]

@@ -37,6 +37,65 @@ LOG2E = 1.4426950408889634
 # (TileLang's own partial syncs use low ids, e.g. 3 for the consumers' epilogue).
 PINGPONG_BARRIER = 8
 HEAD_DIMS = (64, 128)
+# split_tail: a tail tile is cut into pieces of at least this many key tiles (fewer would spend more on the
+# merge than they save), and the fixup's named barrier (TileLang's own partial syncs use low ids, e.g. 3).
+MIN_KEY_TILES_PER_PIECE = 2
+SPLIT_BARRIER = 10
+
+
+class TailSplit:
+    """How `flash_attention_forward_ws(split_tail=True)` shares the last partial wave of a persistent grid.
+
+    Every block first walks its `whole` = n_work // grid whole tiles (tiles block_id + s·grid). The R =
+    n_work % grid tail tiles t = whole·grid + r are cut along the keys into P pieces each; block b < R·P
+    takes piece p = b % P of tail tile r = b // P, key tiles [p·n_key // P, (p+1)·n_key // P). Piece 0's
+    block (the finisher) merges the other pieces' partial results (contributors) and stores O. P = 1 (R = 0,
+    too few key tiles or too few idle blocks) means no split: the kernel is the plain persistent one."""
+
+    def __init__(self, n_work: int, grid: int, n_key_tiles: int):
+        if n_work < 1 or grid < 1 or n_key_tiles < 1:
+            raise ValueError(f"tail_split_plan: n_work={n_work}, grid={grid}, n_key_tiles={n_key_tiles} must be "
+                             f"positive")
+        self.n_work, self.grid, self.n_key_tiles = n_work, grid, n_key_tiles
+        self.whole = n_work // grid
+        self.tail_tiles = n_work % grid
+        if self.tail_tiles == 0:
+            self.pieces = 1
+        else:
+            self.pieces = min(grid // self.tail_tiles, max(1, n_key_tiles // MIN_KEY_TILES_PER_PIECE))
+
+    @property
+    def split(self) -> bool:
+        return self.tail_tiles > 0 and self.pieces > 1
+
+    @property
+    def busy_blocks(self) -> int:
+        """Blocks with a piece of the tail (R·P <= grid)."""
+        return self.tail_tiles * self.pieces
+
+    def key_range(self, piece):
+        """Key tiles [k0, k1) of a piece (an int, or a TIR expression in the kernel)."""
+        return piece * self.n_key_tiles // self.pieces, (piece + 1) * self.n_key_tiles // self.pieces
+
+    def piece_of(self, block: int):
+        """(tail tile number, piece, k0, k1) of a block's tail work, or None (blocks >= R·P, or no split)."""
+        if not self.split or block >= self.busy_blocks:
+            return None
+        r, p = divmod(block, self.pieces)
+        return (self.whole * self.grid + r, p, *self.key_range(p))
+
+    def finisher(self, block: int) -> int:
+        """The block that merges this block's piece: piece 0 of the same tail tile."""
+        return block - block % self.pieces
+
+    def __repr__(self):
+        return (f"TailSplit(n_work={self.n_work}, grid={self.grid}, n_key_tiles={self.n_key_tiles}: whole={self.whole}, "
+                f"R={self.tail_tiles}, P={self.pieces})")
+
+
+def tail_split_plan(n_work: int, grid: int, n_key_tiles: int) -> TailSplit:
+    """The split of the last partial wave (TailSplit): one formula for the kernel builder and the tests."""
+    return TailSplit(n_work, grid, n_key_tiles)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -250,7 +309,7 @@ def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int
 def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, causal: bool, *, block_M: int = 128,
                                block_N: int = 128, num_stages: int = 2, heavy_first: bool = False,
                                persistent: bool = False, sms: int = 132, stage_output: bool = False,
-                               q_stages: int = 1, dtype: str = "float16"):
+                               q_stages: int = 1, split_tail: bool = False, dtype: str = "float16"):
     """Hopper, warp specialization written by hand: the FA3 schedule without the extra iteration.
 
     `flash_attention_forward_async` leaves the split into a TMA producer and MMA consumers to TileLang, and
@@ -272,6 +331,19 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
     thread store it with TMA, instead of 256 threads storing 4-byte pieces straight from registers; the Q
     buffer is then released after the store has read it. With q_stages=2 the producer loads the next tile's
     Q into the other buffer meanwhile.
+
+    split_tail=True (persistent, full attention): the last partial wave's tiles are cut along the keys into
+    pieces for the blocks that would idle (TailSplit: B4 H32 S4096, 160-wide key tiles: 4096 tiles are 31
+    waves of 132 and 4 tiles, which become 52 pieces of 2 key tiles instead of 4 blocks with 26). A piece
+    runs the same peeled schedule over its key tiles [k0, k1). A contributor (piece > 0) writes its
+    unnormalized acc_o and its rows' m and l to Workspace_O[block] and Workspace_ML[block] with plain stores,
+    fences, meets the other consumers at a named barrier, and one thread sets Flags[block] with release
+    semantics; the finisher (piece 0) then spins on each contributor's flag (acquire), resets it, meets the
+    consumers at the barrier, fences and merges: M = max(m, m_d), acc_o = acc_o·2^((m-M)·scale) +
+    O_d·2^((m_d-M)·scale), likewise l. No wait cycle: contributors never wait, and all blocks are resident
+    at once (one per SM, grid <= SMs). The kernel then also takes Workspace_O (grid, block_M, dim) fp32,
+    Workspace_ML (grid, 2, block_M) fp32 and Flags (grid,) int32, flags zeroed once by the caller; it leaves
+    them at zero. Without a tail to split (P = 1) the body is the plain persistent kernel's.
     """
     _check_shape(seq_len, dim)
     shape = (batch, seq_len, heads, dim)
@@ -286,6 +358,10 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
     n_work = n_query_blocks * heads * batch // tiles_per_item
     grid = min(sms, n_work) if persistent else n_work
     consumers = 256  # two warp groups; the producer is the first warp of the third
+    if split_tail and (causal or not persistent):
+        raise ValueError("flash_attention: split_tail needs persistent=True and full (non-causal) attention")
+    plan = tail_split_plan(n_work, grid, n_tiles) if split_tail else None
+    split = plan is not None and plan.split
     online_softmax = _online_softmax(block_M, block_N, seq_len, scale, causal, seq_len % block_N != 0, accum)
 
     def tile_coordinates(block_id, step):
@@ -307,7 +383,7 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
 
     @T.macro
     def produce(Q, K, V, Q_s, K_s, V_s, q_full, q_empty, k_full, k_empty, v_full, v_empty, loads, block_id):
-        for step in T.serial(T.ceildiv(n_work - block_id, grid) * tiles_per_item):
+        for step in T.serial(plan.whole if split else T.ceildiv(n_work - block_id, grid) * tiles_per_item):
             bx, by, bz = tile_coordinates(block_id, step)
             q = step % q_stages
             T.mbarrier_wait_parity(q_empty[q], ((step // q_stages) & 1) ^ 1)
@@ -328,7 +404,7 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
     @T.macro
     def consume(O, Q_s, K_s, V_s, q_full, q_empty, k_full, k_empty, v_full, v_empty, loads, block_id, scores,
                 probs, acc_o, out, m, m_prev, rescale, row_sum, l):
-        for step in T.serial(T.ceildiv(n_work - block_id, grid) * tiles_per_item):
+        for step in T.serial(plan.whole if split else T.ceildiv(n_work - block_id, grid) * tiles_per_item):
             bx, by, bz = tile_coordinates(block_id, step)
             first = loads[0]
             final = first + key_tiles(bx) - 1
@@ -378,6 +454,127 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
             else:
                 T.copy(out, O[bz, bx * block_M:(bx + 1) * block_M, by, :])
 
+    def tail_piece(block_id):
+        """A tail block's piece: its tile's coordinates, the piece number and its key tiles [k0, k1)."""
+        piece = block_id % plan.pieces
+        bx, by, bz = tile_coordinates(block_id // plan.pieces, plan.whole)  # tile whole·grid + r
+        k0, k1 = plan.key_range(piece)
+        return bx, by, bz, piece, k0, k1
+
+    @T.macro
+    def produce_piece(Q, K, V, Q_s, K_s, V_s, q_full, q_empty, k_full, k_empty, v_full, v_empty, loads, block_id):
+        """split_tail: after the whole tiles, the Q tile of this block's tail tile and the K/V tiles of its
+        piece, the ring's use counter carrying on as for a whole tile."""
+        if block_id < plan.busy_blocks:
+            bx, by, bz, piece, k0, k1 = tail_piece(block_id)
+            q = plan.whole % q_stages
+            T.mbarrier_wait_parity(q_empty[q], ((plan.whole // q_stages) & 1) ^ 1)
+            T.tma_copy(Q[bz, bx * block_M:(bx + 1) * block_M, by, :], Q_s[q, :, :], barrier=q_full[q])
+            T.mbarrier_arrive(q_full[q])
+            for i in T.serial(k1 - k0):
+                use = loads[0] + i
+                k = k0 + i
+                T.mbarrier_wait_parity(k_empty[use % num_stages], ((use // num_stages) & 1) ^ 1)
+                T.tma_copy(K[bz, k * block_N:(k + 1) * block_N, by, :], K_s[use % num_stages, :, :],
+                           barrier=k_full[use % num_stages])
+                T.mbarrier_arrive(k_full[use % num_stages])
+                T.mbarrier_wait_parity(v_empty[use % num_stages], ((use // num_stages) & 1) ^ 1)
+                T.tma_copy(V[bz, k * block_N:(k + 1) * block_N, by, :], V_s[use % num_stages, :, :],
+                           barrier=v_full[use % num_stages])
+                T.mbarrier_arrive(v_full[use % num_stages])
+            loads[0] = loads[0] + (k1 - k0)
+
+    def finite(x):
+        """x, or 0 where x is -inf: 2^((m - M)·scale) must be 0, not NaN, for a row that saw no key at all."""
+        return T.if_then_else(x == -T.infinity(accum), T.float32(0), x)
+
+    @T.macro
+    def consume_piece(O, Q_s, K_s, V_s, q_full, q_empty, k_full, k_empty, v_full, v_empty, loads, block_id, scores,
+                      probs, acc_o, out, m, m_prev, rescale, row_sum, l, merge_scale, Workspace_O, Workspace_ML,
+                      Flags, thread):
+        """split_tail: the peeled schedule over the piece's key tiles [k0, k1) (the softmax gets absolute key
+        tile numbers: the ragged last tile is masked by its number), then publish (piece > 0) or merge the
+        tile's other pieces and store O (piece 0)."""
+        if block_id < plan.busy_blocks:
+            bx, by, bz, piece, k0, k1 = tail_piece(block_id)
+            first = loads[0]
+            final = first + (k1 - k0) - 1
+            T.fill(acc_o, 0)
+            T.fill(l, 0)
+            T.fill(m, -T.infinity(accum))
+            q = plan.whole % q_stages
+            T.mbarrier_wait_parity(q_full[q], (plan.whole // q_stages) & 1)
+            # Key tile k0: S = Q·K(k0)ᵀ only.
+            T.mbarrier_wait_parity(k_full[first % num_stages], (first // num_stages) & 1)
+            T.wgmma_gemm(Q_s[q, :, :], K_s[first % num_stages, :, :], scores, transpose_B=True, clear_accum=True,
+                         policy=T.GemmWarpPolicy.FullRow)
+            T.wait_wgmma(0)
+            T.mbarrier_arrive(k_empty[first % num_stages])
+            online_softmax(scores, k0, bx, m, m_prev, rescale, row_sum, l)
+            T.copy(scores, probs)
+            for i in T.serial(1, k1 - k0):
+                use = first + i
+                T.mbarrier_wait_parity(k_full[use % num_stages], (use // num_stages) & 1)
+                T.wgmma_gemm(Q_s[q, :, :], K_s[use % num_stages, :, :], scores, transpose_B=True, clear_accum=True,
+                             policy=T.GemmWarpPolicy.FullRow)
+                T.mbarrier_wait_parity(v_full[(use - 1) % num_stages], ((use - 1) // num_stages) & 1)
+                T.wgmma_gemm(probs, V_s[(use - 1) % num_stages, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+                T.wait_wgmma(1)
+                T.mbarrier_arrive(k_empty[use % num_stages])
+                online_softmax(scores, k0 + i, bx, m, m_prev, rescale, row_sum, l)
+                T.wait_wgmma(0)
+                T.mbarrier_arrive(v_empty[(use - 1) % num_stages])
+                for i2, j in T.Parallel(block_M, dim):
+                    acc_o[i2, j] *= rescale[i2]
+                T.copy(scores, probs)
+            if not stage_output:
+                T.mbarrier_arrive(q_empty[q])
+            T.mbarrier_wait_parity(v_full[final % num_stages], (final // num_stages) & 1)
+            T.wgmma_gemm(probs, V_s[final % num_stages, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+            T.wait_wgmma(0)
+            T.mbarrier_arrive(v_empty[final % num_stages])
+            loads[0] = final + 1
+            if piece > 0:
+                # Contributor: the unnormalized acc_o and the rows' m and l, then the flag (released).
+                if stage_output:
+                    T.mbarrier_arrive(q_empty[q])  # no O to stage: the Q buffer is free
+                T.copy(acc_o, Workspace_O[block_id, :, :])
+                for i in T.Parallel(block_M):
+                    Workspace_ML[block_id, 0, i] = m[i]
+                    Workspace_ML[block_id, 1, i] = l[i]
+                T.call_extern("handle", "__threadfence")  # this thread's stores, device-wide, before the barrier
+                T.sync_threads(SPLIT_BARRIER, consumers)
+                if thread == 0:
+                    T.atomic_store(Flags[block_id], 1, memory_order="release")
+            else:
+                # Finisher: merge the tile's other pieces (blocks block_id + 1 .., in order: deterministic).
+                for d in T.serial(block_id + 1, block_id + plan.pieces):
+                    if thread == 0:
+                        while T.atomic_load(Flags[d], memory_order="acquire") == 0:
+                            pass
+                        # d publishes once a launch: reset at once, for the next launch
+                        T.atomic_store(Flags[d], 0, memory_order="relaxed")
+                    T.sync_threads(SPLIT_BARRIER, consumers)
+                    T.call_extern("handle", "__threadfence")  # no read below may see memory from before the flag
+                    for i in T.Parallel(block_M):
+                        m_prev[i] = T.max(m[i], Workspace_ML[d, 0, i])  # the merged running max M
+                    for i in T.Parallel(block_M):
+                        rescale[i] = T.exp2((m[i] - finite(m_prev[i])) * scale)
+                        merge_scale[i] = T.exp2((Workspace_ML[d, 0, i] - finite(m_prev[i])) * scale)
+                    for i in T.Parallel(block_M):
+                        l[i] = l[i] * rescale[i] + Workspace_ML[d, 1, i] * merge_scale[i]
+                        m[i] = m_prev[i]
+                    for i, j in T.Parallel(block_M, dim):
+                        acc_o[i, j] = acc_o[i, j] * rescale[i] + Workspace_O[d, i, j] * merge_scale[i]
+                for i, j in T.Parallel(block_M, dim):
+                    out[i, j] = acc_o[i, j] / l[i]
+                if stage_output:
+                    T.copy(out, Q_s[q, :, :])
+                    T.copy(Q_s[q, :, :], O[bz, bx * block_M:(bx + 1) * block_M, by, :])
+                    T.mbarrier_arrive(q_empty[q])
+                else:
+                    T.copy(out, O[bz, bx * block_M:(bx + 1) * block_M, by, :])
+
     @T.prim_func
     def flash_attention_fwd_ws(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype), V: T.Tensor(shape, dtype),
                                O: T.Tensor(shape, dtype)):
@@ -407,7 +604,50 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
                 consume(O, Q_s, K_s, V_s, q_full, q_empty, k_full, k_empty, v_full, v_empty, loads, block_id,
                         scores, probs, acc_o, out, m, m_prev, rescale, row_sum, l)
 
-    return flash_attention_fwd_ws
+    if not split_tail:
+        return flash_attention_fwd_ws
+
+    @T.prim_func
+    def flash_attention_fwd_ws_split(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype),
+                                     V: T.Tensor(shape, dtype), O: T.Tensor(shape, dtype),
+                                     Workspace_O: T.Tensor((grid, block_M, dim), accum),
+                                     Workspace_ML: T.Tensor((grid, 2, block_M), accum),
+                                     Flags: T.Tensor((grid,), "int32")):
+        with T.Kernel(grid, threads=consumers + 128) as block_id:
+            Q_s = T.alloc_shared((q_stages, block_M, dim), dtype)
+            K_s = T.alloc_shared((num_stages, block_N, dim), dtype)
+            V_s = T.alloc_shared((num_stages, block_N, dim), dtype)
+            scores = T.alloc_fragment((block_M, block_N), accum)
+            probs = T.alloc_fragment((block_M, block_N), dtype)
+            acc_o = T.alloc_fragment((block_M, dim), accum)
+            out = T.alloc_fragment((block_M, dim), dtype)
+            m, m_prev, rescale, row_sum, l = (T.alloc_fragment((block_M,), accum) for _ in range(5))
+            merge_scale = T.alloc_fragment((block_M,), accum)
+            q_full, q_empty = T.alloc_barrier([32] * q_stages), T.alloc_barrier([consumers] * q_stages)
+            k_full, v_full = T.alloc_barrier([32] * num_stages), T.alloc_barrier([32] * num_stages)
+            k_empty = T.alloc_barrier([consumers] * num_stages)
+            v_empty = T.alloc_barrier([consumers] * num_stages)
+            loads = T.alloc_local((1,), "int32")
+            loads[0] = 0
+            thread = T.get_thread_binding()
+            if thread >= consumers:
+                T.set_max_nreg(24, 0)
+                if thread < consumers + 32:
+                    produce(Q, K, V, Q_s, K_s, V_s, q_full, q_empty, k_full, k_empty, v_full, v_empty, loads,
+                            block_id)
+                    if split:
+                        produce_piece(Q, K, V, Q_s, K_s, V_s, q_full, q_empty, k_full, k_empty, v_full, v_empty,
+                                      loads, block_id)
+            else:
+                T.set_max_nreg(240, 1)
+                consume(O, Q_s, K_s, V_s, q_full, q_empty, k_full, k_empty, v_full, v_empty, loads, block_id,
+                        scores, probs, acc_o, out, m, m_prev, rescale, row_sum, l)
+                if split:
+                    consume_piece(O, Q_s, K_s, V_s, q_full, q_empty, k_full, k_empty, v_full, v_empty, loads,
+                                  block_id, scores, probs, acc_o, out, m, m_prev, rescale, row_sum, l, merge_scale,
+                                  Workspace_O, Workspace_ML, Flags, thread)
+
+    return flash_attention_fwd_ws_split
 
 
 # ---------------------------------------------------------------------------------------------------------
