@@ -739,6 +739,8 @@ def describe(cfg: dict) -> str:
                 "pipelined": "compiler pipeline"}[cfg["kind"]]
     if cfg.get("persistent"):
         schedule += f", persistent ({cfg.get('sms', SM_COUNT_H100_H200)} blocks)"
+    if cfg.get("split_tail"):
+        schedule += ", last wave split along the keys"
     fast = (", fast math" if cfg.get("fast_math") else "") + (", heaviest blocks first" if cfg.get("heavy_first") else "")
     fast += ", warp groups ping-pong" if cfg.get("pingpong") else ""
     fast += ", O stored by TMA" if cfg.get("stage_output") else ""
@@ -760,16 +762,28 @@ def compile_attention(batch, heads, seq_len, dim, causal, cfg: dict):
     """A callable attention(q, k, v) -> o for fp16 BSHD tensors of exactly this shape."""
     import torch
 
-    kernel = tilelang.compile(build(batch, heads, seq_len, dim, causal, cfg), out_idx=None, target="cuda",
-                              pass_configs=pass_configs(cfg))
+    func = build(batch, heads, seq_len, dim, causal, cfg)
+    kernel = tilelang.compile(func, out_idx=None, target="cuda", pass_configs=pass_configs(cfg))
+    # split_tail: the workspace and flags (zeroed once, left at zero by every launch), on the first call
+    extra_shapes = [tuple(int(d) for d in func.buffer_map[param].shape) for param in func.params[4:]]
+    extra = []
 
     def attention(q, k, v, o=None):
         if q.shape != (batch, seq_len, heads, dim) or q.dtype != torch.float16:
             raise ValueError(f"flash_attention: expected fp16 (batch, seq, heads, dim) = "
                              f"{(batch, seq_len, heads, dim)}, got {q.dtype} {tuple(q.shape)}")
         o = torch.empty_like(q) if o is None else o
-        kernel(q, k, v, o)
+        if extra_shapes and not extra:
+            sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+            if sms < extra_shapes[-1][0]:
+                raise RuntimeError(f"flash_attention: split_tail's {extra_shapes[-1][0]} blocks wait for one "
+                                   f"another and must all be resident; this GPU has {sms} SMs")
+            extra.extend(torch.zeros(shape, dtype=torch.int32 if len(shape) == 1 else torch.float32,
+                                     device=q.device) for shape in extra_shapes)
+        kernel(q, k, v, o, *extra)
         return o
+
+    attention.extra_tensors = extra  # Workspace_O, Workspace_ML, Flags (split_tail), once allocated
 
     attention.source = kernel.get_kernel_source()
     return attention

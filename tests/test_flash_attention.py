@@ -168,6 +168,195 @@ def test_hand_written_warp_specialization(persistent):
         assert not work_loops
 
 
+# ---------------------------------------------------------------------------------------------------------
+# split_tail: the last partial wave of the persistent grid split along the keys (CPU)
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_work, grid, n_key, expect", [
+    (4096, 132, 26, (31, 4, 13)),   # B4 H32 S4096, 160-wide key tiles: 52 blocks with 2 key tiles each
+    (4096, 132, 103, (31, 4, 33)),  # B1 H32 S16384: every block busy, 3-4 key tiles each
+    (136, 132, 7, (1, 4, 3)),       # B1 H17 S1000: ragged keys and queries in the tail
+    (144, 132, 19, (1, 12, 9)),     # B1 H6 S3000
+    (256, 132, 7, (1, 124, 1)),     # too few idle blocks: no split
+    (140, 132, 5, (1, 8, 2)),       # P capped by the key tiles (5 // 2)
+    (133, 132, 100, (1, 1, 50)),    # one tail tile, capped by the key tiles
+    (133, 132, 1000, (1, 1, 132)),  # one tail tile, capped by the grid
+    (21, 21, 7, (1, 0, 1)),         # fewer tiles than SMs: the grid shrinks to n_work, R = 0
+    (264, 132, 26, (2, 0, 1)),      # whole waves
+    (100, 132, 10, (0, 100, 1)),    # a grid larger than n_work (the kernel never asks for one)
+    (5, 3, 1, (1, 2, 1)),           # a single key tile cannot be split
+])
+def test_tail_split_plan(n_work, grid, n_key, expect):
+    plan = FA.tail_split_plan(n_work, grid, n_key)
+    assert (plan.whole, plan.tail_tiles, plan.pieces) == expect
+    R, P = plan.tail_tiles, plan.pieces
+    assert plan.split == (R > 0 and P > 1) and R * P <= grid
+    covered = {}  # tile -> key tiles, in the order of the blocks that compute them
+    for b in range(grid):
+        for s in range(plan.whole):
+            covered.setdefault(b + s * grid, []).extend(range(n_key))
+        piece = plan.piece_of(b)
+        if not plan.split:
+            assert piece is None
+            if b < R:  # no split: a tail tile is a whole tile, as without split_tail
+                covered.setdefault(plan.whole * grid + b, []).extend(range(n_key))
+            continue
+        if b >= R * P:
+            assert piece is None
+            continue
+        t, p, k0, k1 = piece
+        assert t == plan.whole * grid + b // P and p == b % P
+        assert k1 - k0 >= FA.MIN_KEY_TILES_PER_PIECE  # no piece too small to pay for its merge
+        assert plan.finisher(b) == b - p and plan.piece_of(plan.finisher(b))[1] == 0
+        assert plan.piece_of(plan.finisher(b))[0] == t
+        covered.setdefault(t, []).extend(range(k0, k1))
+    # every tile once, every key tile of every tile exactly once, the pieces in order (contiguous)
+    assert sorted(covered) == list(range(n_work))
+    assert all(keys == list(range(n_key)) for keys in covered.values())
+
+
+def test_split_tail_merge_formula_matches_softmax():
+    """The kernel's arithmetic in float64 on the CPU: each piece runs the online softmax over its key tiles
+    (m = running max of the raw scores, scale inside exp2, the ragged last key tile masked by its absolute
+    number), the finisher merges the pieces in block order, with M = 0 where it is -inf. A query tile of B1 H1
+    S1000 split into P = 3 pieces of 7 key tiles (block_N = 160), rows past the end read as zeros."""
+    import math
+
+    import torch
+
+    seq, dim, block_M, block_N = 1000, 64, 128, 160
+    scale = FA.LOG2E / math.sqrt(dim)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(seq, dim, generator=g, dtype=torch.float64) for _ in range(3))
+    n_key = -(-seq // block_N)
+    plan = FA.tail_split_plan(3, 2, n_key)  # 3 tiles on 2 blocks: R = 1, P = min(2, 3) = 2
+    assert plan.pieces == 2
+    plan = FA.tail_split_plan(4, 3, n_key)  # R = 1, P = 3
+    assert (plan.tail_tiles, plan.pieces) == (1, 3)
+    bx = seq // block_M  # the ragged last query tile: 104 rows, 24 past the end (zeros)
+    q_tile = torch.zeros(block_M, dim, dtype=torch.float64)
+    q_tile[:seq - bx * block_M] = q[bx * block_M:]
+    partial = []
+    for b in range(plan.pieces):
+        _, _, k0, k1 = plan.piece_of(b)
+        m = torch.full((block_M,), -math.inf, dtype=torch.float64)
+        l = torch.zeros(block_M, dtype=torch.float64)
+        acc = torch.zeros(block_M, dim, dtype=torch.float64)
+        for kt in range(k0, k1):
+            keys = torch.zeros(block_N, dim, dtype=torch.float64)
+            vals = torch.zeros(block_N, dim, dtype=torch.float64)
+            n = min(block_N, seq - kt * block_N)
+            keys[:n], vals[:n] = k[kt * block_N:kt * block_N + n], v[kt * block_N:kt * block_N + n]
+            scores = q_tile @ keys.T
+            scores[:, n:] = -math.inf
+            m_prev, m = m, torch.maximum(m, scores.max(dim=1).values)
+            rescale = torch.exp2((m_prev - m) * scale)
+            probs = torch.exp2(scores * scale - m[:, None] * scale)
+            l = l * rescale + probs.sum(dim=1)
+            acc = acc * rescale[:, None] + probs @ vals
+        partial.append((m, l, acc))
+    m, l, acc = partial[0]
+    for m_d, l_d, acc_d in partial[1:]:
+        big = torch.maximum(m, m_d)
+        safe = torch.where(big == -math.inf, torch.zeros_like(big), big)
+        a, a_d = torch.exp2((m - safe) * scale), torch.exp2((m_d - safe) * scale)
+        acc, l, m = acc * a[:, None] + acc_d * a_d[:, None], l * a + l_d * a_d, big
+    out = acc / l[:, None]
+    ref = torch.softmax(q_tile @ k.T / math.sqrt(dim), dim=1) @ v
+    assert torch.allclose(out, ref, rtol=1e-10, atol=1e-12)
+    # a row no piece has seen (m = -inf everywhere) stays finite through the merge: 0/0 only at the division
+    inf = torch.tensor([-math.inf], dtype=torch.float64)
+    safe = torch.where(inf == -math.inf, torch.zeros_like(inf), inf)
+    assert torch.exp2((inf - safe) * scale).item() == 0.0
+
+
+def test_split_tail_rejects_causal_and_one_tile_per_block():
+    with pytest.raises(ValueError, match="split_tail"):
+        FA.flash_attention_forward_ws(4, 32, 4096, 128, True, block_N=160, persistent=True, split_tail=True)
+    with pytest.raises(ValueError, match="split_tail"):
+        FA.flash_attention_forward_ws(4, 32, 4096, 128, False, block_N=160, split_tail=True)
+
+
+SPLIT_CFG = dict(FA.HOPPER_CONFIGS[(False, 128)], split_tail=True)
+
+
+@pytest.fixture(scope="module")
+def split_reports():
+    """The default full-attention kernel with split_tail at B4 H32 S4096 D128 (R=4, P=13) and at a ragged
+    problem whose tail is split too (B1 H6 S3000: R=12, P=9), the default without it, lowered for sm_90a."""
+    default = dict(FA.HOPPER_CONFIGS[(False, 128)])
+    jobs = [("split", FA.build(4, 32, 4096, 128, False, SPLIT_CFG), "sm_90a", FA.pass_configs(SPLIT_CFG)),
+            ("split ragged", FA.build(1, 6, 3000, 128, False, SPLIT_CFG), "sm_90a", FA.pass_configs(SPLIT_CFG)),
+            ("no tail", FA.build(1, 3, 777, 128, False, SPLIT_CFG), "sm_90a", FA.pass_configs(SPLIT_CFG)),
+            ("default", FA.build(4, 32, 4096, 128, False, default), "sm_90a", FA.pass_configs(default))]
+    return dict(zip([job[0] for job in jobs], tourkit.inspect_kernels(jobs, nvcc=False)))
+
+
+def _ptxas(source):
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    import gemm_ws_probe
+
+    return gemm_ws_probe.ptxas_report(source, "sm_90a")
+
+
+def test_split_tail_signature_and_markers(split_reports):
+    split, default = split_reports["split"].source, split_reports["default"].source
+    tourkit.require_markers(split_reports["split"], ["wgmma", "tma_load", "mbarrier"])
+    for name in ("Flags", "Workspace_O", "Workspace_ML"):
+        assert name in split and name not in default  # the plain kernel (split_tail=False) is untouched
+    assert "flash_attention_fwd_ws_kernel(" in default and "AtomicStore" not in default
+    assert split_reports["split"].grid == (132, 1, 1) and split_reports["split"].threads == 384
+    # the whole tiles: every block walks exactly 31 (no per-block bound)
+    import re
+
+    assert re.findall(r"for \(int step\w* = 0; step\w* < ([^;]+);", split) == ["31", "31"]
+    # the tail: blocks below R·P = 52, piece = blockIdx.x % 13
+    assert "((int)blockIdx.x) < 52" in split and "((int)blockIdx.x) % 13" in split
+    # no tail (21 tiles, 21 blocks): the plain body runs (the device function drops the unused tensors; the
+    # host function still takes all seven, so callers need not care)
+    no_tail = split_reports["no tail"].source
+    assert "AtomicStore" not in no_tail and "__threadfence" not in no_tail and "Workspace" not in no_tail
+    assert len(FA.build(1, 3, 777, 128, False, SPLIT_CFG).params) == 7
+
+
+def test_split_tail_publish_and_merge_order(split_reports):
+    """Contributor: plain stores of acc_o, m and l, a fence, the consumers' named barrier, then one release store
+    of the flag. Finisher: one thread spins on an acquire load and resets the flag, the barrier, a fence, then
+    the reads of the workspace (AtomicStore/AtomicLoad's last argument: 3 release, 2 acquire, 0 relaxed)."""
+    import re
+
+    for name in ("split", "split ragged"):
+        source = split_reports[name].source
+        barrier = f"tl::__sync_thread_partial({FA.SPLIT_BARRIER}, 256);"
+        publish = re.search(r"\*\(float2\*\)\(Workspace_O \+ [^;]*\) = \*\(float2\*\)\(acc_o[^;]*;"
+                            r"(?:(?!__threadfence).)*?Workspace_ML\[[^;]*\] = l\[[^;]*;\s*\}\s*\}\s*"
+                            r"__threadfence\(\);\s*" + re.escape(barrier) + r"\s*"
+                            r"if \(\(\(int\)threadIdx.x\) == 0\) \{\s*"
+                            r"AtomicStore\(\(&\(Flags\[\(\(int\)blockIdx.x\)\]\)\), 1, 3\);", source, re.S)
+        assert publish, name
+        merge = re.search(r"while \(1\) \{\s*if \(!\(\(AtomicLoad\(\(&\(Flags\[d\]\)\), 2\) == 0\)\)\) "
+                          r"\{ break; \}\s*\}\s*AtomicStore\(\(&\(Flags\[d\]\)\), 0, 0\);\s*\}\s*"
+                          + re.escape(barrier) + r"\s*__threadfence\(\);", source)
+        assert merge, name
+        after = source[merge.end():]
+        assert "Workspace_ML[" in after and "Workspace_O +" in after  # the reads come after the fence
+        assert "Workspace_" not in source[publish.end():merge.start()]
+        assert source.count("AtomicStore(") == 2 and source.count("AtomicLoad(") == 1
+        # the merge never takes -inf - -inf: M is replaced by 0 where it is -inf
+        assert "== -CUDART_INF_F" in after
+
+
+def test_split_tail_has_no_spills_and_keeps_wgmma_async(split_reports):
+    for name in ("split", "split ragged"):
+        report = _ptxas(split_reports[name].source)
+        assert "error" not in report, report
+        assert report["spill_stores"] == 0 and report["spill_loads"] == 0 and not report["warnings"], report
+
+
 def test_section_runs_in_compile_only_mode():
     import tilelang_tour
 
@@ -230,6 +419,24 @@ def test_every_hopper_schedule_matches_sdpa(causal, cfg, hopper_schedules_compil
         attention = FA.compile_attention(*shape, causal, cfg)
         check = FA.check_attention(*shape, causal, attention)
         assert check.passed, check.line()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sms", [10, 132])
+@pytest.mark.parametrize("shape", [(1, 3, 777, 128), (2, 4, 1000, 64), (1, 17, 1000, 128), (1, 6, 3000, 128)])
+def test_split_tail_matches_sdpa_and_leaves_the_flags_at_zero(shape, sms):
+    """10 blocks split the tails of the small problems (21 tiles: R=1, P=2; 64: R=4, P=2); 132 those of
+    B1 H17 S1000 (R=4, P=3) and B1 H6 S3000 (R=12, P=9), with ragged key and query tiles."""
+    device = tourkit.detect_device()
+    if device.family != "hopper":
+        pytest.skip("wgmma, TMA and setmaxnreg are Hopper-only")
+    if device.sm_count < sms:
+        pytest.skip(f"{sms} blocks must be resident at once")
+    cfg = dict(SPLIT_CFG, sms=sms)
+    attention = FA.compile_attention(*shape, False, cfg)
+    check = FA.check_attention(*shape, False, attention)
+    assert check.passed, check.line()
+    assert int(attention.extra_tensors[-1].count_nonzero().item()) == 0
 
 
 @pytest.mark.gpu
