@@ -219,7 +219,7 @@ def odd_job(B, H, S, D, causal, name, builder, kw):
 # query tile (rows past the end) split; B1 H6 S3000 D128: 144 tiles, R=12, P=9, both ragged; B1 H32 S1000 D128:
 # 256 tiles, R=124, P=1 (no split).
 SPLIT_ODD_SHAPES = [(1, 3, 777, 128), (2, 4, 1024, 64), (1, 17, 1000, 128), (1, 6, 3000, 128), (1, 32, 1000, 128)]
-SPLIT_DEFAULT = "ws 128x160 s2 fm persistent st q2"  # the section's default for full attention, head dim 128
+SPLIT_DEFAULT = "ws 128x160 s2 fm persistent st q2"  # the section's full-attention kernel (head dim 128) without split_tail
 
 
 def split_odd_jobs():

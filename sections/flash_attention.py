@@ -21,6 +21,12 @@ producer warp issues TMA loads into a ring of K/V buffers guarded by mbarriers, 
 compute, `setmaxnreg` moves registers from the producer to the consumers, and a persistent grid lets the
 producer load the next tile while the consumers finish this one. That is the default on Hopper.
 
+A persistent grid makes the last wave visible: B4 H32 S4096 has 4096 query tiles, 31.03 waves of 132
+blocks, so in the last wave 4 blocks work while 128 wait. For full attention the section splits those last
+tiles along the keys (`split_tail`): each piece runs the same online softmax over its share of the key tiles,
+the pieces after the first publish their (O, m, l) to a workspace and release a flag, and the first piece
+merges them — (O, m, l) from disjoint key ranges combine exactly, by rescaling to the larger maximum.
+
 Layout is (batch, seq, heads, dim) — BSHD, what most model code holds — in fp16 with float32 accumulation.
 """
 
@@ -658,7 +664,9 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
 # (causal, head dim); ratios to SDPA at S=4096 / 16384, timed in turns:
 # * head dim 128, both modes: the hand-written warp-specialized kernel on a persistent grid (one block per SM),
 #   two Q buffers, O stored by TMA from the Q buffer, 160-wide key tiles (what fits next to two Q buffers),
-#   fast math. Full attention: 1.008x and 0.983x / 1.027x and 1.056x (ws2, ws3). Causal, tiles walked in
+#   fast math. Full attention: 1.008x and 0.983x / 1.027x and 1.056x (ws2, ws3); with the last partial wave's
+#   tiles split along the keys (split_tail; 4096 tiles are 31.03 waves of 132) 1.012x / 1.073x, where the same
+#   kernel without it read 0.996x / 1.036x in turns with it (2026-12-03, --preset split). Causal, tiles walked in
 #   pairs of equal work: 1.066x / 1.102x (ws3), 522 TFLOP/s at S=4096 where one tile per block (176-wide,
 #   heaviest first) reached 499. TileLang's own warp specialization (`flash_attention_forward_async`)
 #   read 0.92-0.95x / 1.01-1.02x full and 0.95-0.99x / 1.03-1.05x causal in the same probes.
@@ -667,7 +675,7 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
 #   attention, 0.3-2% slower causal); 192-wide tiles one per block (0.98x / 1.04-1.08x full).
 HOPPER_CONFIGS = {
     (False, 128): dict(kind="ws", block_M=128, block_N=160, num_stages=2, threads=384, fast_math=True,
-                       persistent=True, q_stages=2, stage_output=True),
+                       persistent=True, q_stages=2, stage_output=True, split_tail=True),
     (False, 64): dict(kind="pipelined", block_M=128, block_N=128, num_stages=2, threads=256),
     # heavy_first orders the tiles when the query blocks cannot pair up (an odd count)
     (True, 128): dict(kind="ws", block_M=128, block_N=160, num_stages=2, threads=384, fast_math=True,

@@ -21,6 +21,7 @@ def test_hopper_configs_per_mode_and_head_dim():
     # persistent: one block per SM of *this* GPU
     assert full["persistent"] and causal["persistent"] and full["sms"] == causal["sms"] == 114
     assert full["block_N"] == causal["block_N"] == 160 and full["q_stages"] == 2
+    assert full["split_tail"] and not causal.get("split_tail")  # causal has no partial wave to split
     assert FA.choose_config(64, False, "hopper", HOPPER)["kind"] == "pipelined"
     assert FA.choose_config(64, True, "hopper", HOPPER)["kind"] == "async"
 
@@ -285,7 +286,7 @@ SPLIT_CFG = dict(FA.HOPPER_CONFIGS[(False, 128)], split_tail=True)
 def split_reports():
     """The default full-attention kernel with split_tail at B4 H32 S4096 D128 (R=4, P=13) and at a ragged
     problem whose tail is split too (B1 H6 S3000: R=12, P=9), the default without it, lowered for sm_90a."""
-    default = dict(FA.HOPPER_CONFIGS[(False, 128)])
+    default = dict(FA.HOPPER_CONFIGS[(False, 128)], split_tail=False)
     jobs = [("split", FA.build(4, 32, 4096, 128, False, SPLIT_CFG), "sm_90a", FA.pass_configs(SPLIT_CFG)),
             ("split ragged", FA.build(1, 6, 3000, 128, False, SPLIT_CFG), "sm_90a", FA.pass_configs(SPLIT_CFG)),
             ("no tail", FA.build(1, 3, 777, 128, False, SPLIT_CFG), "sm_90a", FA.pass_configs(SPLIT_CFG)),
