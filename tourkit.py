@@ -393,7 +393,15 @@ def device_copy_gbps(nbytes: int = 1 << 30) -> float:
     return gbps(2 * src.numel(), ms)
 
 
-def bench_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int = 4, **bench_kwargs: Any) -> dict[str, float]:
+# Untimed load before bench_interleaved's rounds. On the H200 (2026-12-03, bench/settle_probe.py) an idle GPU
+# under a GEMM load reaches its power cap within about a second; timed from idle, the fused GEMM's ratios to
+# eager/torch.compile read 1.077-1.095x / 1.070-1.075x over three trials, timed after 1.5 s of settling
+# 1.140-1.147x / 1.046-1.051x: a different verdict, and a tighter one.
+SETTLE_MS = 1500.0
+
+
+def bench_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int = 4, settle_ms: float = SETTLE_MS,
+                      **bench_kwargs: Any) -> dict[str, float]:
     """`bench_ms` of each contender, taking turns in pairs of rounds: A B C, then C B A. Each contender's
     time is the mean of its two readings in a pair, and the median over the pairs (`rounds` is rounded up
     to an even number).
@@ -403,13 +411,32 @@ def bench_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int = 4, **b
     backward pair every contender's two positions add up to the same, so a drift that is linear over the
     pair cancels exactly in the mean; a median of an odd number of rounds would keep each contender's
     position in the forward rounds. `bench_kwargs` go to `bench_ms`.
+
+    `settle_ms`: first run the contenders in turn, untimed, for that long. A GPU that was idle starts a heavy
+    load at its boost clock and its power controller pulls the clock down over the next second or so; that
+    drift is not linear, so the pairs would not cancel it, and the timings would describe the first second
+    after idle rather than the sustained state the GPU settles in (and that a real workload runs in).
     """
     times: dict[str, list[float]] = {name: [] for name in fns}
     names = list(fns)
+    if settle_ms > 0:
+        settle(fns.values(), settle_ms)
     for r in range(rounds + rounds % 2):
         for name in (names if r % 2 == 0 else names[::-1]):
             times[name].append(bench_ms(fns[name], **bench_kwargs))
     return {name: _median([0.5 * (ts[i] + ts[i + 1]) for i in range(0, len(ts), 2)]) for name, ts in times.items()}
+
+
+def settle(fns, ms: float) -> None:
+    """Call each of `fns` in turn, untimed, until `ms` milliseconds of wall time have passed."""
+    import torch
+
+    fns = list(fns)
+    deadline = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < deadline:
+        for fn in fns:
+            fn()
+        torch.cuda.synchronize()
 
 
 def _median(values: Sequence[float]) -> float:

@@ -160,7 +160,7 @@ def benchmark(ctx, config: GemmConfig, size: int, kernel) -> None:
     rows = [[name, f"{t:.3f}", f"{tourkit.tflops(flops, t):.0f}", f"{tourkit.speedup(t, fused_ms):.3f}x"]
             for name, t in ms.items()]
     ctx.log(f"\ngelu(A @ B + bias), {M}x{N}x{K} fp16, schedule {config.label()} "
-            f"(timed in turns: 4 rounds, forward and backward)")
+            f"(timed in turns after {tourkit.SETTLE_MS / 1e3:.1f} s of untimed load: 4 rounds, forward and backward)")
     ctx.table(["implementation", "ms", "TFLOP/s", "fused is faster by"], rows)
     saved = saved_traffic_bytes(M, N)
     ctx.log(f"intermediate global-memory traffic saved by fusing: {saved} B ({tourkit.format_bytes(saved)}: "

@@ -779,7 +779,8 @@ def run_schedule_table(ctx, M: int, N: int, K: int, schedules: list[GemmConfig])
     rows.append(["cuBLAS (torch.matmul)", "-", f"{tourkit.tflops(flops, cublas_ms):.0f}", "1.000x",
                  tourkit.format_error(tourkit.relative_error(c_cublas, ref)), ""])
     ctx.log(f"\nC[{M}x{N}] = A[{M}x{K}] @ B[{K}x{N}], fp16 in, fp32 accumulation, fp16 out "
-            f"(timed in turns with cuBLAS: one forward and one backward round)")
+            f"(timed in turns with cuBLAS after {tourkit.SETTLE_MS / 1e3:.1f} s of untimed load: one forward and one "
+            f"backward round)")
     ctx.table(["schedule", "smem", "TFLOP/s", "vs cuBLAS", "rel. error", ""], rows)
     ctx.metric(schedules={cfg.label(): round(tourkit.speedup(cublas_ms, ms[cfg.label()]), 3) for cfg in kernels},
                cublas_tflops=round(tourkit.tflops(flops, cublas_ms)))

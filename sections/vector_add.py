@@ -126,7 +126,8 @@ def benchmark(ctx, n: int) -> None:
         rows.append([name, config.block_size if config else "-", -(-n // config.block_size) if config else "-",
                      f"{t:.3f}", f"{bw:.0f}", f"{tourkit.speedup(torch_ms, t):.3f}x", f"{bw / copy_gbps:.1%}"])
     ctx.log(f"\nN = {n} float32 ({tourkit.format_bytes(nbytes)} moved per call); "
-            f"device copy (torch copy_) {copy_gbps:.0f} GB/s; timed in turns: 4 rounds, forward and backward")
+            f"device copy (torch copy_) {copy_gbps:.0f} GB/s; timed in turns after {tourkit.SETTLE_MS / 1e3:.1f} s "
+            f"of untimed load: 4 rounds, forward and backward")
     ctx.table(["schedule", "block", "blocks", "ms", "GB/s", "vs torch", "of copy"], rows)
     best = min(SCHEDULES, key=lambda cfg: ms[cfg.label()])
     best_gbps = tourkit.gbps(nbytes, ms[best.label()])

@@ -182,6 +182,7 @@ def test_taking_turns_cancels_a_linear_clock_drift(monkeypatch):
         return fn() * (1.0 + 0.01 * len(readings))
 
     monkeypatch.setattr(tourkit, "bench_ms", drifting_bench_ms)
+    monkeypatch.setattr(tourkit, "settle", lambda fns, ms: None)
     times = tourkit.bench_interleaved({"A": lambda: 1.0, "B": lambda: 1.0, "C": lambda: 1.0}, rounds=3)
     assert len(readings) == 12  # rounded up to 4 rounds: two forward/backward pairs
     assert readings[:6] == [1.0] * 6 and times["A"] == pytest.approx(times["B"]) == pytest.approx(times["C"])
@@ -189,3 +190,29 @@ def test_taking_turns_cancels_a_linear_clock_drift(monkeypatch):
     times = tourkit.bench_interleaved({"A": lambda: 1.0, "fast": lambda: 0.97}, rounds=2)
     assert len(readings) == 4 and times["fast"] < times["A"]
     assert times["A"] / times["fast"] == pytest.approx(1.0 / 0.97, rel=2e-3)
+
+
+def test_bench_interleaved_settles_the_gpu_before_the_first_timed_round(monkeypatch):
+    """By default every contender runs, untimed, for SETTLE_MS before any reading; settle_ms=0 skips it."""
+    events = []
+    monkeypatch.setattr(tourkit, "bench_ms", lambda fn, **kw: events.append(("timed", fn())) or 1.0)
+    monkeypatch.setattr(tourkit, "settle", lambda fns, ms: events.append(("settle", sorted(f() for f in fns), ms)))
+    tourkit.bench_interleaved({"A": lambda: "a", "B": lambda: "b"}, rounds=2)
+    assert events[0] == ("settle", ["a", "b"], tourkit.SETTLE_MS) and tourkit.SETTLE_MS >= 1000
+    assert [e[0] for e in events[1:]] == ["timed"] * 4
+    events.clear()
+    tourkit.bench_interleaved({"A": lambda: "a"}, rounds=2, settle_ms=0)
+    assert [e[0] for e in events] == ["timed"] * 2
+
+
+def test_settle_runs_every_contender_until_the_deadline(monkeypatch):
+    import sys
+    import types
+
+    calls = {"a": 0, "b": 0, "sync": 0}
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(synchronize=lambda: calls.__setitem__("sync", calls["sync"] + 1)))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    clock = iter(range(100))
+    monkeypatch.setattr(tourkit.time, "perf_counter", lambda: next(clock) * 0.001)  # 1 ms per reading
+    tourkit.settle([lambda: calls.__setitem__("a", calls["a"] + 1), lambda: calls.__setitem__("b", calls["b"] + 1)], 5)
+    assert calls["a"] == calls["b"] == calls["sync"] >= 4
