@@ -40,12 +40,16 @@ QUICK_SHAPES = [(4096, 4096), (2048, 1823), (1024, 32768)]
 # ---------------------------------------------------------------------------------------------------------
 
 
-def rows_in_registers(M: int, N: int, rows_per_block: int, threads: int, dtype: str = "float16"):
+def rows_in_registers(M: int, N: int, rows_per_block: int, threads: int, dtype: str = "float16",
+                      min_blocks_per_sm: int = 0):
     """Each block owns `rows_per_block` whole rows, read straight from global memory into a float32
     fragment: reduce_max → exp2 in place → reduce_sum → scale → store. When N is a multiple of 8 every row
     starts on a 16-byte boundary and T.copy vectorizes; otherwise the fragment is padded to a multiple of the
     threads per row, loads are masked (the pad holds -inf) and each thread moves single halves: correct for
-    any (M, N), but not the fast path for odd widths (see rows_staged_in_shared)."""
+    any (M, N), but not the fast path for odd widths (see rows_staged_in_shared).
+
+    min_blocks_per_sm > 0 asks nvcc for that many resident blocks per SM (__launch_bounds__' second argument:
+    registers capped at 64K / (n · threads)); 0 leaves the launch bounds as they were."""
     R = rows_per_block
     if threads % R:
         raise ValueError(f"softmax: {R} rows per block must divide {threads} threads")
@@ -56,6 +60,8 @@ def rows_in_registers(M: int, N: int, rows_per_block: int, threads: int, dtype: 
     @T.prim_func
     def softmax_rows_in_registers(X: T.Tensor((M, N), dtype), Y: T.Tensor((M, N), dtype)):
         with T.Kernel(T.ceildiv(M, R), threads=threads) as bx:
+            if min_blocks_per_sm:
+                T.annotate_min_blocks_per_sm(min_blocks_per_sm)
             x = T.alloc_fragment((R, width), "float32")
             row_max = T.alloc_fragment((R,), "float32")
             row_sum = T.alloc_fragment((R,), "float32")
@@ -105,11 +111,12 @@ def staged_vector_width(N: int, per_row: int) -> int:
 
 
 def rows_staged_in_shared(M: int, N: int, rows_per_block: int, threads: int, dtype: str = "float16",
-                          bulk_copy: bool = True):
+                          bulk_copy: bool = True, min_blocks_per_sm: int = 0):
     """Odd widths: the block's rows are one contiguous range of R·N elements of the flattened tensor; with R a
     multiple of 8 it starts on a 16-byte boundary, so it is copied to shared memory with wide loads. Each row
     is then read from shared memory into a fragment padded to a multiple of the threads per row (the pad
-    holds -inf, which adds 0 to the sum), normalized there and written back through shared memory."""
+    holds -inf, which adds 0 to the sum), normalized there and written back through shared memory.
+    min_blocks_per_sm: as in rows_in_registers (0: launch bounds unchanged)."""
     R = rows_per_block
     if threads % R or (R * N) % 8:
         raise ValueError(f"staged softmax: {R} rows per block must divide {threads} threads and R·N must be a "
@@ -122,6 +129,8 @@ def rows_staged_in_shared(M: int, N: int, rows_per_block: int, threads: int, dty
     @T.prim_func
     def softmax_rows_staged(X: T.Tensor((flat,), dtype), Y: T.Tensor((flat,), dtype)):
         with T.Kernel(T.ceildiv(M, R), threads=threads) as bx:
+            if min_blocks_per_sm:
+                T.annotate_min_blocks_per_sm(min_blocks_per_sm)
             rows = T.alloc_shared((R * N,), dtype)
             x = T.alloc_fragment((R, padded), "float32")
             row_max = T.alloc_fragment((R,), "float32")
@@ -147,6 +156,93 @@ def rows_staged_in_shared(M: int, N: int, rows_per_block: int, threads: int, dty
             T.copy(rows, Y[bx * R * N:(bx + 1) * R * N])
 
     return softmax_rows_staged
+
+
+def rows_staged_pipelined(M: int, N: int, rows_per_block: int, threads: int, blocks: int, num_stages: int = 2,
+                          store_lag: int = 0, dtype: str = "float16", min_blocks_per_sm: int = 0):
+    """Hopper only (TMA bulk copies and mbarriers): rows_staged_in_shared for problems too small to keep the
+    memory busy with one group of rows per block. `blocks` blocks walk the M/R groups of R rows with a stride
+    of `blocks` (the grid sweeps memory in order), through a ring of `num_stages` shared buffers: the first
+    num_stages groups are requested at once, and each buffer is refilled with the group num_stages steps
+    ahead as soon as the bulk store of its normalized rows has read it, so the loads of the next groups run
+    while this group is reduced and stored. store_lag=1 refills the previous step's buffer instead (its store
+    has had a whole step to drain, so no thread waits on the store just issued; the look-ahead is one group
+    shorter). Each buffer has one mbarrier: the thread that issues the bulk load adds its bytes and all
+    threads arrive; a buffer's n-th fill completes phase n, waited with parity n & 1. Bulk stores are
+    tracked per thread: the store and the refill are both issued by warp 0's elect.sync leader (the same lane
+    every time), so its cp.async.bulk.wait_group.read covers the store it issued.
+
+    The pipeline is written by hand: TileLang's T.Pipelined splits a TMA loop into a producer warp group
+    (threads 0-127) and consumers (128-383) but keeps the annotated fragment layout's thread index unshifted:
+    only threads 128-255 compute, as rows 4-7, and rows 0-3 of every group are never written. The generated
+    CUDA of the persistent variant of commit 104f943 shows it; that is why it failed validation on the H200."""
+    R, S = rows_per_block, num_stages
+    if threads % R or (R * N) % 8 or M % R:
+        raise ValueError(f"pipelined softmax: {R} rows per block must divide {threads} threads and M={M}, and "
+                         f"R·N must be a multiple of 8 (16-byte aligned groups); got N={N}")
+    if store_lag not in (0, 1) or S < 2 + store_lag:
+        raise ValueError(f"pipelined softmax: store_lag is 0 or 1 and needs num_stages >= {2 + store_lag}")
+    groups = M // R
+    if not 1 <= blocks <= groups:
+        raise ValueError(f"pipelined softmax: {blocks} blocks for {groups} groups of rows")
+    per_row = threads // R
+    vec = staged_vector_width(N, per_row)
+    padded = -(-N // (per_row * vec)) * (per_row * vec)
+    flat = M * N
+    span = R * N  # one group: R consecutive rows, one flat 16-byte aligned range
+
+    @T.prim_func
+    def softmax_rows_staged_pipelined(X: T.Tensor((flat,), dtype), Y: T.Tensor((flat,), dtype)):
+        with T.Kernel(blocks, threads=threads) as bx:
+            if min_blocks_per_sm:
+                T.annotate_min_blocks_per_sm(min_blocks_per_sm)
+            rows = T.alloc_shared((S, span), dtype)
+            x = T.alloc_fragment((R, padded), "float32")
+            row_max = T.alloc_fragment((R,), "float32")
+            row_sum = T.alloc_fragment((R,), "float32")
+            full = T.alloc_barrier([threads] * S)
+            T.annotate_layout({x: row_split_layout(R, padded, per_row, vec)})
+            steps = T.ceildiv(groups - bx, blocks)  # this block's groups: bx, bx + blocks, ...
+            for s in T.unroll(S):
+                if s < steps:
+                    T.tma_copy(X[(bx + s * blocks) * span:(bx + s * blocks + 1) * span], rows[s, :],
+                               barrier=full[s])
+                    T.mbarrier_arrive(full[s])
+            for it in T.serial(steps):
+                g = bx + it * blocks
+                T.mbarrier_wait_parity(full[it % S], (it // S) & 1)
+                for i, j in T.Parallel(R, padded):
+                    x[i, j] = T.if_then_else(j < N, T.cast(rows[it % S, i * N + j], "float32"),
+                                             -T.infinity("float32"))
+                T.reduce_max(x, row_max, dim=1)
+                for i in T.Parallel(R):
+                    row_max[i] = row_max[i] * LOG2E
+                for i, j in T.Parallel(R, padded):
+                    x[i, j] = T.exp2(x[i, j] * LOG2E - row_max[i])
+                T.reduce_sum(x, row_sum, dim=1)
+                for i in T.Parallel(R):
+                    row_sum[i] = 1.0 / row_sum[i]
+                for i, j in T.Parallel(R, padded):
+                    if j < N:
+                        rows[it % S, i * N + j] = T.cast(x[i, j] * row_sum[i], dtype)
+                T.fence_proxy_async()  # the threads' writes, visible to the bulk store (async proxy)
+                T.sync_threads()
+                T.tma_copy(rows[it % S, :], Y[g * span:(g + 1) * span])  # bulk store, not waited here
+                if store_lag == 0:
+                    if it + S < steps:
+                        T.tma_store_wait(0)  # this store has read the buffer: refill it
+                        T.tma_copy(X[(g + S * blocks) * span:(g + S * blocks + 1) * span], rows[it % S, :],
+                                   barrier=full[it % S])
+                        T.mbarrier_arrive(full[it % S])
+                else:
+                    if it >= 1 and it - 1 + S < steps:
+                        T.tma_store_wait(1)  # the previous step's store has read its buffer
+                        T.tma_copy(X[(g + (S - 1) * blocks) * span:(g + (S - 1) * blocks + 1) * span],
+                                   rows[(it - 1) % S, :], barrier=full[(it - 1) % S])
+                        T.mbarrier_arrive(full[(it - 1) % S])
+            T.tma_store_wait(0)
+
+    return softmax_rows_staged_pipelined
 
 
 def long_rows_online(M: int, N: int, chunk: int, threads: int, dtype: str = "float16", bulk_copy: bool = True):
