@@ -192,7 +192,8 @@ def section_plan(M: int, N: int, family: str, smem_budget: int) -> "Plan | None"
     except ValueError:
         return None
     copies = pick.kind in ("staged", "online", "online-per-thread")  # the kernels with a TMA / plain-copy choice
-    return Plan(pick.kind, pick.rows_per_block, pick.threads, bulk=family == "hopper" or not copies, chosen=True)
+    return Plan(pick.kind, pick.rows_per_block, pick.threads, bulk=family == "hopper" or not copies,
+                min_blocks=pick.min_blocks_per_sm, chosen=True)
 
 
 def _power_of_two(n: int) -> bool:

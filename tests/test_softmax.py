@@ -19,13 +19,25 @@ AMPERE_86 = tourkit.ARCH_SPECS["sm_86"].smem_per_block_optin
 def test_plans_for_the_benchmark_shapes_on_hopper():
     kinds = {shape: S.choose_plan(*shape, HOPPER, "hopper").kind for shape in S.BENCH_SHAPES}
     assert kinds == {(32768, 4096): "staged", (16384, 8192): "registers", (8192, 32768): "online",
-                     (4096, 1823): "staged"}
+                     (4096, 1823): "registers"}
 
 
 def test_odd_width_needs_rows_in_groups_of_eight_for_the_staged_kernel():
-    assert S.choose_plan(1000, 1823, HOPPER).kind == "staged"
-    assert S.choose_plan(1000, 1823, HOPPER).rows_per_block == 8
-    assert S.choose_plan(1001, 1823, HOPPER).kind == "registers"  # 1001 rows: masked loads, any M
+    assert S.choose_plan(1000, 4001, HOPPER).kind == "staged"
+    assert S.choose_plan(1000, 4001, HOPPER).rows_per_block == 8
+    assert S.choose_plan(1004, 4001, HOPPER) == S.SoftmaxPlan("registers", 1, 256)  # 1004 rows: masked loads, any M
+
+
+def test_short_odd_rows_take_four_rows_per_block_only_when_every_row_exists():
+    """Up to 2048 halves (57 floats a thread at 32 threads a row), four rows a block of 128 threads, registers
+    capped for 8 resident blocks per SM; the kernel indexes rows without a bound, so M must be a multiple of 4."""
+    assert S.choose_plan(4096, 1823, HOPPER) == S.SoftmaxPlan("registers", 4, 128, min_blocks_per_sm=8)
+    assert S.choose_plan(1000, 1823, AMPERE_86, "ampere") == S.SoftmaxPlan("registers", 4, 128, min_blocks_per_sm=8)
+    assert S.choose_plan(1000, 2047, HOPPER).rows_per_block == 4
+    assert S.choose_plan(1002, 1823, HOPPER) == S.SoftmaxPlan("registers", 1, 256)  # a partial last block of rows
+    assert S.choose_plan(1000, 2049, HOPPER).kind == "staged"  # 65 floats a thread: over PER_THREAD_LIMIT
+    source = tourkit.lower_for_arch(S.build(4096, 1823, S.choose_plan(4096, 1823, HOPPER)), "sm_90a").kernel_source
+    assert "__launch_bounds__(128, 8)" in source
 
 
 def test_staged_odd_width_keeps_per_thread_work_bounded():
@@ -59,7 +71,7 @@ def test_staged_kernel_rejects_unaligned_row_groups():
 # Lowering and nvcc (no GPU): each kernel variant once per arch
 # ---------------------------------------------------------------------------------------------------------
 
-VARIANTS = {"registers": (16384, 8192), "staged": (4096, 1823), "online": (8192, 32768)}
+VARIANTS = {"registers": (16384, 8192), "staged": (4096, 3999), "online": (8192, 32768)}
 
 
 @pytest.fixture(scope="module", params=["sm_80", "sm_90a"])
@@ -103,9 +115,9 @@ def test_per_thread_online_kernel_reduces_across_threads_only_twice():
 
 
 def test_odd_width_fragment_is_padded_not_whole_row_per_thread(reports):
-    # 8 rows of 1823 over 256 threads: 32 threads per row, 57 floats each (not 1823 per thread).
+    # 8 rows of 3999 over 512 threads: 64 threads per row, 63 floats each (not 3999 per thread).
     _, reps = reports
-    assert "float x[57];" in reps["staged"].source
+    assert "float x[63];" in reps["staged"].source
 
 
 def test_section_runs_in_compile_only_mode():
@@ -122,7 +134,7 @@ def test_section_runs_in_compile_only_mode():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(256, 4096), (64, 8192), (16, 32768), (1000, 1823), (1001, 1823), (37, 4096),
-                                   (999, 3000), (37, 32768)])
+                                   (999, 3000), (37, 32768), (64, 2047), (1000, 4001)])
 def test_softmax_matches_torch(shape):
     device = tourkit.detect_device()
     M, N = shape
@@ -132,7 +144,8 @@ def test_softmax_matches_torch(shape):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind,args", [("registers", (1001, 1823, 1, 256)), ("staged", (1000, 1823, 8, 256)),
+@pytest.mark.parametrize("kind,args", [("registers", (1001, 1823, 1, 256)), ("registers", (1000, 1823, 4, 128)),
+                                       ("staged", (1000, 1823, 8, 256)),
                                        ("online", (37, 32768, 4096, 512)), ("online-per-thread", (37, 32768, 0, 512))])
 def test_each_kernel_variant_matches_torch(kind, args):
     device = tourkit.detect_device()

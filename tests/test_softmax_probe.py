@@ -36,13 +36,14 @@ def test_the_sweep_for_4096x1823_on_hopper():
     pick = plans[0]
     assert pick.chosen and sum(p.chosen for p in plans) == 1
     section = S.choose_plan(4096, 1823, HOPPER, "hopper")
-    assert (pick.kind, pick.rows, pick.threads, pick.bulk) == ("staged", section.rows_per_block, section.threads, True)
+    assert (pick.kind, pick.rows, pick.threads, pick.min_blocks) == (
+        "registers", section.rows_per_block, section.threads, section.min_blocks_per_sm) == ("registers", 4, 128, 8)
     labels = [p.label() for p in plans]
     assert len(set(labels)) == len(labels)
     staged = {(p.rows, p.threads) for p in plans if p.kind == "staged" and p.bulk and not p.min_blocks}
     assert {r for r, _ in staged} == {8, 16, 32}  # 24 rows do not divide 4096
     assert {(8, 128), (8, 256), (8, 512), (16, 512), (32, 1024)} <= staged
-    assert "staged R8 T256 noTMA" in labels  # the section's kernel with plain copies
+    assert "staged R8 T256 noTMA" in labels  # the staged 8-row kernel with plain copies
     assert "staged R8 T256 mb4" in labels  # 512 blocks in one wave of 132 SMs x 4
     registers = {(p.rows, p.threads) for p in plans if p.kind == "registers"}
     assert {(1, 256), (2, 256), (4, 256), (8, 256)} <= registers
@@ -76,7 +77,7 @@ def test_plans_over_the_shared_memory_limit_are_not_built():
 
 def test_ampere_gets_no_tma_and_no_pipelined_kernel():
     plans = plans_for(4096, 1823, "sm_80")
-    assert plans[0].chosen and plans[0].kind == "staged" and not plans[0].bulk
+    assert plans[0].chosen and plans[0].kind == "registers"  # the section's pick needs no TMA either
     assert not any(p.kind == "pipelined" for p in plans)
     assert all(not p.bulk for p in plans if p.kind in ("staged", "online", "online-per-thread"))
 
