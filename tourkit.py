@@ -400,7 +400,7 @@ def device_copy_gbps(nbytes: int = 1 << 30) -> float:
 SETTLE_MS = 1500.0
 
 
-def bench_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int = 4, settle_ms: float = SETTLE_MS,
+def bench_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int = 4, settle_ms: float | None = None,
                       **bench_kwargs: Any) -> dict[str, float]:
     """`bench_ms` of each contender, taking turns in pairs of rounds: A B C, then C B A. Each contender's
     time is the mean of its two readings in a pair, and the median over the pairs (`rounds` is rounded up
@@ -412,13 +412,14 @@ def bench_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int = 4, set
     pair cancels exactly in the mean; a median of an odd number of rounds would keep each contender's
     position in the forward rounds. `bench_kwargs` go to `bench_ms`.
 
-    `settle_ms`: first run the contenders in turn, untimed, for that long. A GPU that was idle starts a heavy
-    load at its boost clock and its power controller pulls the clock down over the next second or so; that
-    drift is not linear, so the pairs would not cancel it, and the timings would describe the first second
-    after idle rather than the sustained state the GPU settles in (and that a real workload runs in).
+    `settle_ms` (default SETTLE_MS): first run the contenders in turn, untimed, for that long. A GPU that was
+    idle starts a heavy load at its boost clock and its power controller pulls the clock down over the next
+    second or so; that drift is not linear, so the pairs would not cancel it, and the timings would describe
+    the first second after idle rather than the sustained state the GPU settles in (and a real workload runs in).
     """
     times: dict[str, list[float]] = {name: [] for name in fns}
     names = list(fns)
+    settle_ms = SETTLE_MS if settle_ms is None else settle_ms
     if settle_ms > 0:
         settle(fns.values(), settle_ms)
     for r in range(rounds + rounds % 2):
@@ -428,9 +429,12 @@ def bench_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int = 4, set
 
 
 def settle(fns, ms: float) -> None:
-    """Call each of `fns` in turn, untimed, until `ms` milliseconds of wall time have passed."""
+    """Call each of `fns` in turn, untimed, until `ms` milliseconds of wall time have passed (with no GPU
+    there is nothing to settle)."""
     import torch
 
+    if not torch.cuda.is_available():
+        return
     fns = list(fns)
     deadline = time.perf_counter() + ms / 1e3
     while time.perf_counter() < deadline:

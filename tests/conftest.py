@@ -29,6 +29,16 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
+def no_settling_outside_gpu_tests(request, monkeypatch):
+    """CPU tests time fake contenders (their bench_ms is replaced): the 1.5 s of untimed turns that
+    bench_interleaved runs first on a GPU would only call them, with their side effects, many more times."""
+    if "gpu" not in request.keywords:
+        import tourkit
+
+        monkeypatch.setattr(tourkit, "SETTLE_MS", 0.0)
+
+
+@pytest.fixture(autouse=True)
 def stop_after_a_device_fault(request):
     """A kernel that faults (illegal address) leaves the CUDA context unusable: every later GPU test in the
     process would fail for that reason alone and bury the real one. Stop the run at the first such test."""

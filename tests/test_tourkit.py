@@ -194,11 +194,13 @@ def test_taking_turns_cancels_a_linear_clock_drift(monkeypatch):
 
 def test_bench_interleaved_settles_the_gpu_before_the_first_timed_round(monkeypatch):
     """By default every contender runs, untimed, for SETTLE_MS before any reading; settle_ms=0 skips it."""
+    assert tourkit.SETTLE_MS == 0.0  # conftest: no settling in CPU tests
+    monkeypatch.setattr(tourkit, "SETTLE_MS", 1500.0)
     events = []
     monkeypatch.setattr(tourkit, "bench_ms", lambda fn, **kw: events.append(("timed", fn())) or 1.0)
     monkeypatch.setattr(tourkit, "settle", lambda fns, ms: events.append(("settle", sorted(f() for f in fns), ms)))
     tourkit.bench_interleaved({"A": lambda: "a", "B": lambda: "b"}, rounds=2)
-    assert events[0] == ("settle", ["a", "b"], tourkit.SETTLE_MS) and tourkit.SETTLE_MS >= 1000
+    assert events[0] == ("settle", ["a", "b"], 1500.0)
     assert [e[0] for e in events[1:]] == ["timed"] * 4
     events.clear()
     tourkit.bench_interleaved({"A": lambda: "a"}, rounds=2, settle_ms=0)
@@ -210,9 +212,13 @@ def test_settle_runs_every_contender_until_the_deadline(monkeypatch):
     import types
 
     calls = {"a": 0, "b": 0, "sync": 0}
-    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(synchronize=lambda: calls.__setitem__("sync", calls["sync"] + 1)))
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        is_available=lambda: True, synchronize=lambda: calls.__setitem__("sync", calls["sync"] + 1)))
     monkeypatch.setitem(sys.modules, "torch", fake_torch)
     clock = iter(range(100))
     monkeypatch.setattr(tourkit.time, "perf_counter", lambda: next(clock) * 0.001)  # 1 ms per reading
     tourkit.settle([lambda: calls.__setitem__("a", calls["a"] + 1), lambda: calls.__setitem__("b", calls["b"] + 1)], 5)
     assert calls["a"] == calls["b"] == calls["sync"] >= 4
+    fake_torch.cuda.is_available = lambda: False  # no GPU: returns at once
+    tourkit.settle([lambda: calls.__setitem__("a", -1)], 5)
+    assert calls["a"] >= 4
