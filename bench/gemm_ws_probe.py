@@ -42,6 +42,11 @@ Experiments written here first (EXPERIMENTS; not in the section until an H200 ru
   kernel, 0.914 / 0.933x cuBLAS against 0.987x at 4096^3, 0.908 / 0.986x against 1.028x at 8192x4096x14336.
   The likely reason: blocks working on different k-ranges at the same moment share no A or B slices in L2,
   so the split iterations stream from HBM (a 4096^3 k-step needs ~1.3 us of HBM for 0.56 us of wgmma).
+* ws_streamk_lockstep: the same kernel (gemm_ws_fixup_program) with the partial wave split so that most of it
+  stays in lockstep (LockstepPlan): the T = tiles mod 132 tail tiles' first x k-steps run as a wave on blocks
+  0..T-1, each the head of its tile; the other 132 - T blocks share out the remainders [x, k_steps) tile-major
+  (stream-K within them) and publish one partial sum per piece, which the heads add. x balances the two
+  groups (lockstep_plan; 172 of 224 k-steps at 8192x4096x14336). Not run on a GPU yet.
 
 The ping-pong kernel (kernel="pingpong") started here and now lives in the section (gemm_pingpong_body; the
 fusion section's schedule on Hopper); the pingpong* variants time it bare.
@@ -55,6 +60,7 @@ order, and must leave its flags at zero), and only then times the kernels that p
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
 import argparse
+import functools
 import json
 import os
 import re
@@ -82,8 +88,10 @@ TOLERANCE = 5e-3  # as gemm_schedules: fp16 output over fp32 accumulation in ano
 SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (8192, 28672, 4096), (8192, 4096, 14336), (1024, 8192, 8192)]
 # Validated only: tails in M, N and K (TMA clips them). The third has enough tiles (31 x 33 of 128x128) for every
 # persistent block to take several, so both ping-pong warpgroups take turns on ragged tiles, and an odd number
-# of 128-row tiles (31), so the multicast kernel's last cluster has a block past M.
-ODD_SHAPES = [(1000, 1000, 1000), (1001, 1032, 1000), (3900, 4104, 1000)]
+# of 128-row tiles (31), so the multicast kernel's last cluster has a block past M. The fourth has a partial wave
+# that ws_streamk_lockstep splits (480 tiles of 128x256: 84 tail tiles, the other three shapes run it
+# data-parallel), with its ragged edges in the split tiles and a ragged last k-step among the helpers' pieces.
+ODD_SHAPES = [(1000, 1000, 1000), (1001, 1032, 1000), (3900, 4104, 1000), (5000, 3000, 3000)]
 
 # The variants of the hand-written kernel (gemm_schedules' kernel="ws"): name -> schedule.
 HAND_WS = dict(panel=8, policy="FullRow", kernel="ws")
@@ -121,7 +129,12 @@ EXPERIMENTS: dict[str, tuple[str, dict]] = {
     # only the partial wave split: less than a tile a block, a tile cut in two or three pieces computed at the
     # same time (less fixup work, but the finisher may wait)
     "ws_streamk_tail": ("gemm_ws_streamk_program", dict(sk_waves=1)),
+    # the partial wave only, its tiles' first k-steps in lockstep on as many blocks (L2 shared as in the
+    # data-parallel waves), the rest of each tile shared out among the other blocks (LockstepPlan)
+    "ws_streamk_lockstep": ("gemm_ws_lockstep_program", dict()),
 }
+# The builders of kernels that take a workspace and flags after C (FixupMemory): persistent, one block per SM.
+FIXUP_BUILDERS = ("gemm_ws_streamk_program", "gemm_ws_lockstep_program")
 ALL_VARIANTS = list(VARIANTS) + list(EXPERIMENTS)
 
 # The tour's best schedules today (BENCHMARKS.md), timed in the same turns.
@@ -217,6 +230,30 @@ def gemm_ws_multicast_program(M: int, N: int, K: int, block_M: int = 128, block_
 
 STREAMK_BARRIER = 10  # named barrier id of the fixup (TileLang's strip syncs use 3, the ping-pong kernel 8 and 9)
 
+# The split-tile kernel (gemm_ws_fixup_program) takes its schedule from a plan, StreamKPlan or LockstepPlan.
+# Both give, as formulas over the block index g that run on Python ints (the tests) and on TIR (the kernel):
+#   dp_tiles, dp_count(g)      the data-parallel tiles: block g takes tiles g, g + G, ... whole (G = num_sms);
+#   has_segments(g), segment_count(g), segment(g, i, maximum, minimum) -> (t, kb, ke, offset)
+#                              block g's split work after them: k-steps [kb, ke) of tile dp_tiles + t, `offset`
+#                              its split k-steps before this one (the ring's phases carry on over them).
+#                              kb > 0: a contribution, published to workspace slot publish_slot(g, i);
+#                              kb = 0 < ke < k_steps: the tile's head, which adds every contribution;
+#   waiting_range(g, t), contributes(d), slot_of(d, t), newest_first
+#                              the head's wait list: the contributors d in [first, end) with contributes(d),
+#                              read from slot_of(d, t), in descending order when newest_first;
+#   slots                      workspace slots (and flags) the kernel takes.
+
+
+def choose(condition, if_true, if_false):
+    """`if_true if condition else if_false` in a plan's formulas: on a Python bool in the tests, in the kernel a
+    select on the block index (T.Select: both sides evaluated, a conditional move, where T.if_then_else
+    lowers to branches at every use)."""
+    if isinstance(condition, bool):
+        return if_true if condition else if_false
+    import tilelang.language as T
+
+    return T.Select(condition, if_true, if_false)
+
 
 @dataclass(frozen=True)
 class StreamKPlan:
@@ -238,9 +275,16 @@ class StreamKPlan:
     num_sms: int
     dp_tiles: int
 
+    newest_first = False  # the head adds the later blocks' partial sums in block order
+
     @property
     def sk_iters(self) -> int:
         return (self.tiles - self.dp_tiles) * self.k_steps
+
+    @property
+    def slots(self) -> int:
+        """Workspace slots and flags: one per block, which contributes at most once (its first segment)."""
+        return self.num_sms
 
     def dp_count(self, g):
         """Data-parallel tiles of block g (dp_tiles is a multiple of G, or all tiles when fewer than G)."""
@@ -250,6 +294,9 @@ class StreamKPlan:
         """Block g's first stream-K iteration; begin(G) = sk_iters. Ranges may be empty (fewer iterations than
         blocks)."""
         return g * self.sk_iters // self.num_sms
+
+    def has_segments(self, g):
+        return self.sk_iters > 0 and self.begin(g + 1) > self.begin(g)
 
     def segment_count(self, g):
         """Tiles block g's range touches, if it is not empty."""
@@ -264,15 +311,31 @@ class StreamKPlan:
         lo, hi = maximum(first, t * k), minimum(end, (t + 1) * k)
         return t, lo - t * k, hi - t * k, lo - first
 
+    def publish_slot(self, g, i):
+        """Block g's workspace slot and flag: its own (only its first segment, i = 0, can be a contribution)."""
+        return g
+
     def waiting_range(self, g, t):
         """The blocks g + 1 ... end - 1 whose ranges start before stream-K tile t ends: block g, the head of t,
         adds their partial sums (those with an empty range have none). begin(d) < E  <=>  d < E * G / sk_iters."""
         tile_end = (t + 1) * self.k_steps
         return g + 1, (tile_end * self.num_sms + self.sk_iters - 1) // self.sk_iters
 
+    def contributes(self, d):
+        """Block d has stream-K work: a block of the waiting range without any has no partial sum."""
+        return self.begin(d) < self.begin(d + 1)
+
+    def slot_of(self, d, t):
+        """The slot of block d's contribution to tile t: block d's own."""
+        return d
+
     def waits_for(self, g, t) -> list[int]:
         """waiting_range without the empty ranges, as the kernel's loop skips them."""
-        return [d for d in range(*self.waiting_range(g, t)) if self.begin(d) < self.begin(d + 1)]
+        return [d for d in range(*self.waiting_range(g, t)) if self.contributes(d)]
+
+    def wait_list(self, g, t) -> list[tuple[int, int]]:
+        """(block, slot) of each contribution the head g of stream-K tile t adds, in the kernel's order."""
+        return [(d, self.slot_of(d, t)) for d in self.waits_for(g, t)]
 
 
 def streamk_plan(M: int, N: int, K: int, block_M: int, block_N: int, block_K: int, num_sms: int,
@@ -294,16 +357,207 @@ def streamk_plan(M: int, N: int, K: int, block_M: int, block_N: int, block_K: in
     return plan
 
 
-def streamk_segments(M: int, N: int, K: int, block_M: int, block_N: int, block_K: int, num_sms: int,
-                     sk_waves: int = 2) -> list[list[tuple[int, int, int, str]]]:
+@dataclass(frozen=True)
+class LockstepPlan:
+    """The partial wave split so that most of it still runs in lockstep (ws_streamk_lockstep), as formulas over
+    the block index g like StreamKPlan's.
+
+    The first dp_tiles = tiles - T tiles run data-parallel as in the persistent kernel (block g takes tiles g,
+    g + G, ...); T = tail_tiles = tiles mod G is the partial wave. Tail tile t (tile dp_tiles + t) belongs to
+    block t, its *main* block, which computes k-steps [0, x) of it (x = main_steps) and is its head. The T main
+    blocks thus run their part of the tail as the data-parallel waves run: all at the same k-step of adjacent
+    tiles at the same time, sharing their A and B k-slices through L2. (Stream-K over tile-major ranges, the
+    ws_streamk* variants, has every block at another k of another tile: nothing shared, all from HBM.)
+
+    The remainders [x, k_steps) of the T tail tiles, R = T * r iterations (r = k_steps - x) numbered tile-major,
+    go to the H = G - T *helper* blocks (block T + h is helper h), split evenly into contiguous ranges
+    [begin(h), begin(h + 1)). A helper's range cuts the remainders it touches into segments; each one is a
+    contribution, published to its own workspace slot with its own flag: slot h * slots_per_helper + i for the
+    helper's i-th segment. The head of tail tile t finds its contributors in closed form: the helpers whose
+    ranges overlap the tile's remainder (waiting_range), helper d's piece of it in slot_of(d, t).
+
+    The head adds them newest first (descending d): the helpers after the first one start their ranges inside
+    the tile, so its piece was their first segment, published early; the first one's range ends inside it
+    (its last segment), published last. The head reads the early ones while that one still runs, and the
+    order is fixed, so the sum is the same every launch. No wait cycle: helpers wait for nothing but their
+    own ring, main blocks only for helpers.
+
+    tail_tiles = 0: all data-parallel, the persistent kernel (a whole number of waves, fewer tiles than
+    blocks, or a tail too small to gain from splitting: see lockstep_plan)."""
+
+    tiles: int
+    k_steps: int
+    num_sms: int
+    tail_tiles: int  # T: the partial wave's tiles, 0 when all tiles are data-parallel
+    main_steps: int  # x: the k-steps each main block computes of its tail tile
+
+    newest_first = True
+
+    @property
+    def dp_tiles(self) -> int:
+        return self.tiles - self.tail_tiles
+
+    @property
+    def helpers(self) -> int:
+        return self.num_sms - self.tail_tiles
+
+    @property
+    def remainder_steps(self) -> int:
+        return self.k_steps - self.main_steps
+
+    @property
+    def helper_iters(self) -> int:
+        """R: the iterations of all the tail tiles' remainders."""
+        return self.tail_tiles * self.remainder_steps
+
+    @functools.cached_property  # slot_of reads it for every head's contributor
+    def slots_per_helper(self) -> int:
+        """The most segments any helper has (a Python constant of the plan)."""
+        return max((self.helper_segment_count(h) for h in range(self.helpers) if self.helper_has_work(h)),
+                   default=0)
+
+    @property
+    def slots(self) -> int:
+        """Workspace slots and flags: slots_per_helper for each helper (at least one, unused, when all is
+        data-parallel: the kernel keeps its signature)."""
+        return max(1, self.helpers * self.slots_per_helper) if self.tail_tiles else 1
+
+    def dp_count(self, g):
+        """Data-parallel tiles of block g (dp_tiles is a multiple of G, or all tiles when fewer than G)."""
+        return (self.dp_tiles - g + self.num_sms - 1) // self.num_sms
+
+    # helpers, by helper index h (block T + h)
+
+    def begin(self, h):
+        """Helper h's first remainder iteration; begin(H) = R. Ranges may be empty (R < H)."""
+        return h * self.helper_iters // self.helpers
+
+    def helper_has_work(self, h):
+        return self.begin(h) < self.begin(h + 1)
+
+    def helper_segment_count(self, h):
+        """Tail tiles helper h's range touches, if it is not empty."""
+        r = self.remainder_steps
+        return (self.begin(h + 1) - 1) // r - self.begin(h) // r + 1
+
+    def helper_segment(self, h, i, maximum=max, minimum=min):
+        """Helper h's i-th segment: (t, kb, ke, offset), k-steps [kb, ke) of tail tile t, kb >= x."""
+        r, x = self.remainder_steps, self.main_steps
+        first, end = self.begin(h), self.begin(h + 1)
+        t = first // r + i
+        lo, hi = maximum(first, t * r), minimum(end, (t + 1) * r)
+        return t, x + lo - t * r, x + hi - t * r, lo - first
+
+    # the plan interface of gemm_ws_fixup_program, by block index g
+
+    def has_segments(self, g):
+        return self.tail_tiles > 0 and self.segment_count(g) > 0
+
+    def segment_count(self, g):
+        """One segment for a main block, the tiles its range touches for a helper."""
+        h = g - self.tail_tiles
+        return choose(g < self.tail_tiles, 1, choose(self.helper_has_work(h), self.helper_segment_count(h), 0))
+
+    def segment(self, g, i, maximum=max, minimum=min):
+        """Block g's i-th segment (t, kb, ke, offset): a main block's is (g, 0, x, 0), its own tail tile's first
+        x k-steps; a helper's, helper_segment."""
+        main = (g, 0, self.main_steps, 0)
+        helper = self.helper_segment(g - self.tail_tiles, i, maximum, minimum)
+        return tuple(choose(g < self.tail_tiles, a, b) for a, b in zip(main, helper))
+
+    def publish_slot(self, g, i):
+        """Where helper g - T publishes its i-th segment (only helpers' segments are contributions)."""
+        return (g - self.tail_tiles) * self.slots_per_helper + i
+
+    def waiting_range(self, g, t):
+        """The helpers [first, end) whose ranges overlap tail tile t's remainder [S, E) = [t r, (t + 1) r), the
+        contributors of the head g = t. begin(h) < E <=> h R < E H <=> h < ceil(E H / R), and
+        begin(h + 1) > S <=> (h + 1) R >= (S + 1) H <=> h >= ceil((S + 1) H / R) - 1. A helper with an empty
+        range may fall inside (contributes)."""
+        r, total, helpers = self.remainder_steps, self.helper_iters, self.helpers
+        start, stop = t * r, (t + 1) * r
+        return ((start + 1) * helpers + total - 1) // total - 1, (stop * helpers + total - 1) // total
+
+    def contributes(self, d):
+        return self.helper_has_work(d)
+
+    def slot_of(self, d, t):
+        """Helper d's slot for tail tile t: its segment number there is t minus the tile its range starts in."""
+        return d * self.slots_per_helper + t - self.begin(d) // self.remainder_steps
+
+    def wait_list(self, g, t) -> list[tuple[int, int]]:
+        """(block, slot) of each contribution the head g of tail tile t adds, in the kernel's order."""
+        helpers = [d for d in range(*self.waiting_range(g, t)) if self.contributes(d)]
+        return [(self.tail_tiles + d, self.slot_of(d, t)) for d in reversed(helpers)]
+
+    def modeled_tail_steps(self, fixup_steps: int) -> int:
+        """How long the tail takes, in k-steps, in a simple model: a k-step costs 1 in every block, and moving one
+        partial tile through L2 costs fixup_steps: a helper's publish (its consumers stall on the stores and
+        the fence while its producer refills the ring), a head's read. Helpers run their segments back to
+        back; a head runs its x k-steps, then takes each contribution in its wait order once published."""
+        published = {}
+        for h in range(self.helpers):
+            clock = 0
+            for i in range(self.helper_segment_count(h) if self.helper_has_work(h) else 0):
+                t, kb, ke, _ = self.helper_segment(h, i)
+                clock += ke - kb + fixup_steps
+                published[t, self.tail_tiles + h] = clock
+        longest = 0
+        for t in range(self.tail_tiles):
+            clock = self.main_steps
+            for block, _ in self.wait_list(t, t):
+                clock = max(clock, published[t, block]) + fixup_steps
+            longest = max(longest, clock)
+        return longest
+
+
+# Modeled cost of moving one 128x256 fp32 partial tile (128 KiB) through L2, in k-steps of 128x256x64 (0.56 us
+# of wgmma at the H200's peak; ~0.81 us in the persistent kernel at 8192x4096x14336, 1.455 ms for 8 waves of
+# 224 k-steps): an SM moves about 64 B a clock to L2, 128 KiB in ~1.1 us at 1.8 GHz, then the fence waits for
+# the last acknowledgements. A guess until the H200 says otherwise (lockstep_plan's fixup_steps).
+FIXUP_STEPS = 2
+
+
+@functools.lru_cache(maxsize=None)
+def lockstep_plan(M: int, N: int, K: int, block_M: int, block_N: int, block_K: int, num_sms: int,
+                  fixup_steps: int = FIXUP_STEPS) -> LockstepPlan:
+    """The lockstep plan for a problem: T = tiles mod G tail tiles, and the x that minimizes the modeled tail
+    (LockstepPlan.modeled_tail_steps), ties to the larger x (less work off the lockstep).
+
+    Why x ~ ceil(T k / G) (k = k_steps, H = G - T): a main block takes x k-steps, a helper T (k - x) / H; they
+    are equal at x = T k / G, and with x = ceil(T k / G) a helper takes at most T (k - T k / G) / H = T k / G
+    <= x: every block's total is ceil(tiles k / G), the even split (the model with fixup_steps = 0 picks it).
+    With a cost c = fixup_steps per publish, a helper with s pieces takes T (k - x) / H + c s: equal to x at
+    x = (T k + c s H) / G, 1-2 k-steps more (8192x4096x14336: (22400 + 2 * 4 * 32) / 132 = 171.6, the model
+    picks 172). The heads' reads follow either way (the early contributions' while the last helper runs).
+
+    All data-parallel (tail_tiles = 0) when there is no partial wave (tiles mod G = 0, or fewer tiles than
+    blocks), a single k-step, or when the modeled tail is no shorter than the data-parallel one (k-steps):
+    a small T * k split over many helpers costs more in fixups than it saves."""
+    tiles = -(-M // block_M) * -(-N // block_N)
+    k_steps = -(-K // block_K)
+    data_parallel = LockstepPlan(tiles, k_steps, num_sms, 0, 0)
+    tail = tiles % num_sms if tiles >= num_sms else 0
+    if tail == 0 or k_steps < 2:
+        return data_parallel
+    cost, _, best = min((plan.modeled_tail_steps(fixup_steps), -x, plan) for x in range(1, k_steps)
+                        for plan in [LockstepPlan(tiles, k_steps, num_sms, tail, x)])
+    if cost >= k_steps:
+        return data_parallel
+    if ((best.helper_iters + best.remainder_steps) * best.helpers + best.helper_iters >= 2 ** 31
+            or best.helpers * best.slots_per_helper * block_M * block_N >= 2 ** 31):  # int32 index arithmetic
+        raise ValueError(f"{M}x{N}x{K}: too many tail iterations for int32 index arithmetic")
+    return best
+
+
+def plan_segments(plan) -> list[list[tuple[int, int, int, str]]]:
     """Each block's work in order: (tile in the persistent order, kb, ke, role), role "whole" (the usual
-    epilogue), "finish" (the head: add the later blocks' partial sums, then the epilogue) or "contribute"
-    (publish the partial sum). The same formulas as the kernel (StreamKPlan)."""
-    plan = streamk_plan(M, N, K, block_M, block_N, block_K, num_sms, sk_waves)
+    epilogue), "finish" (the head: add the contributions, then the epilogue) or "contribute" (publish the
+    partial sum). The same formulas as the kernel (the plan's)."""
     blocks = []
-    for g in range(num_sms):
-        work = [(g + i * num_sms, 0, plan.k_steps, "whole") for i in range(plan.dp_count(g))]
-        if plan.begin(g + 1) > plan.begin(g):
+    for g in range(plan.num_sms):
+        work = [(g + i * plan.num_sms, 0, plan.k_steps, "whole") for i in range(plan.dp_count(g))]
+        if plan.has_segments(g):
             for i in range(plan.segment_count(g)):
                 t, kb, ke, _ = plan.segment(g, i)
                 role = "contribute" if kb > 0 else "whole" if ke == plan.k_steps else "finish"
@@ -312,23 +566,52 @@ def streamk_segments(M: int, N: int, K: int, block_M: int, block_N: int, block_K
     return blocks
 
 
+def streamk_segments(M: int, N: int, K: int, block_M: int, block_N: int, block_K: int, num_sms: int,
+                     sk_waves: int = 2) -> list[list[tuple[int, int, int, str]]]:
+    """plan_segments of the stream-K plan."""
+    return plan_segments(streamk_plan(M, N, K, block_M, block_N, block_K, num_sms, sk_waves))
+
+
 def gemm_ws_streamk_program(M: int, N: int, K: int, block_M: int = 128, block_N: int = 256, block_K: int = 64,
                             num_stages: int = 4, num_sms: int = H200_SMS, panel: int = 8, sk_waves: int = 2,
                             dtype: str = "float16", accum_dtype: str = "float32"):
     """C = A @ B, persistent (one block per SM), the ws roles and ring, with the tiles of the last waves split
     along K (stream-K, StreamKPlan): 4096^3 has 512 tiles of 128x256 for 132 SMs, 3.88 waves, so the
     persistent kernel's last wave leaves 16 SMs idle; here every block gets 3.88 tiles' worth of iterations.
+    A block contributes at most once (its first stream-K segment, into Workspace[g] and Flags[g]) and
+    finishes at most once (its last), waiting only for later blocks. The kernel: gemm_ws_fixup_program."""
+    plan = streamk_plan(M, N, K, block_M, block_N, block_K, num_sms, sk_waves)
+    return gemm_ws_fixup_program(M, N, K, plan, block_M, block_N, block_K, num_stages, panel, dtype, accum_dtype)
 
-    Each block first walks its data-parallel tiles as the persistent kernel does, then its stream-K segments;
-    producer and consumers walk the same list, and the ring's step count carries on across all of it (this
-    block's data-parallel k-steps, then its stream-K iterations so far). A segment that is the head of a
-    tile leaves the tile to this block: after its K loop it waits for each later block d whose range starts
-    inside the tile (their flag), adds d's fp32 partial sum from Workspace[d] and resets the flag, then runs
-    the usual epilogue. A contributing segment (a block's first one) stores its accumulator into
-    Workspace[g] and sets Flags[g]. No wait cycle: a block contributes before any of its own waits, and
-    waits only for later blocks, which reach their contribution without waiting. All G blocks must be
-    resident at once (a waiting block holds its SM): 208 KiB of shared memory each, one per SM, G <= SMs.
-    The partial sums are added in block order: the result is the same every launch.
+
+def gemm_ws_lockstep_program(M: int, N: int, K: int, block_M: int = 128, block_N: int = 256, block_K: int = 64,
+                             num_stages: int = 4, num_sms: int = H200_SMS, panel: int = 8,
+                             fixup_steps: int = FIXUP_STEPS, dtype: str = "float16", accum_dtype: str = "float32"):
+    """C = A @ B, persistent, the partial wave split so that its main part stays in lockstep (LockstepPlan):
+    8192x4096x14336 has 1024 tiles, 7 waves and 100 tiles; their first 172 of 224 k-steps run as a wave on
+    blocks 0-99, the other 52 k-steps of each are shared out among blocks 100-131. The kernel:
+    gemm_ws_fixup_program."""
+    plan = lockstep_plan(M, N, K, block_M, block_N, block_K, num_sms, fixup_steps)
+    return gemm_ws_fixup_program(M, N, K, plan, block_M, block_N, block_K, num_stages, panel, dtype, accum_dtype,
+                                 kernel_name="gemm_ws_lockstep")
+
+
+def gemm_ws_fixup_program(M: int, N: int, K: int, plan, block_M: int = 128, block_N: int = 256, block_K: int = 64,
+                          num_stages: int = 4, panel: int = 8, dtype: str = "float16", accum_dtype: str = "float32",
+                          kernel_name: str | None = None):
+    """The persistent ws kernel (one block per SM, the ws roles and ring) with some tiles split along K among
+    blocks and put back together through a global workspace; who computes what is the plan's (StreamKPlan,
+    LockstepPlan: the interface above).
+
+    Each block first walks its data-parallel tiles as the persistent kernel does, then its segments; producer
+    and consumers walk the same list, and the ring's step count carries on across all of it (this block's
+    data-parallel k-steps, then its split k-steps so far). A segment that is the head of a tile leaves the tile
+    to this block: after its K loop it waits for each contributor's flag, adds its fp32 partial sum from the
+    workspace and resets the flag, then runs the usual epilogue. A contributing segment stores its accumulator
+    into its workspace slot and sets the slot's flag. The plans keep the waits acyclic (a block never waits
+    before its own contributions are out, and only for blocks that reach theirs without waiting). All G
+    blocks must be resident at once (a waiting block holds its SM): 208 KiB of shared memory each, one per
+    SM, G <= SMs. The partial sums are added in a fixed order: the result is the same every launch.
 
     Memory ordering of the fixup (PTX memory model): every consumer thread stores its part of the partial
     sum with plain (vectorized) stores, fences (__threadfence) and meets the others at a named barrier, after
@@ -336,14 +619,15 @@ def gemm_ws_streamk_program(M: int, N: int, K: int, block_M: int = 128, block_N:
     load, the consumers meet at the barrier and fence again, then read. (Relaxed atomic stores of the
     partial sum, one float each, made ptxas serialize the wgmma: C7514.)
 
-    Workspace (num_sms, block_M, block_N) fp32 and Flags (num_sms,) int32 are the caller's, flags zeroed once:
-    the kernel leaves them at zero (the finisher resets each flag it consumed); see FixupMemory."""
+    Workspace (plan.slots, block_M, block_N) fp32 and Flags (plan.slots,) int32 are the caller's, flags zeroed
+    once: the kernel leaves them at zero (the finisher resets each flag it consumed); see FixupMemory.
+    kernel_name: the CUDA kernel's name (default gemm_ws_streamk_kernel)."""
     import tilelang.language as T
 
+    num_sms = plan.num_sms
     consumers = block_M // 64
     consumer_threads = 128 * consumers
     producer_regs, consumer_regs = ws_register_split(consumers, True)
-    plan = streamk_plan(M, N, K, block_M, block_N, block_K, num_sms, sk_waves)
     m_tiles, n_tiles, k_steps = T.ceildiv(M, block_M), T.ceildiv(N, block_N), T.ceildiv(K, block_K)
     strip = 64
     # the section's ring: whole tiles as the persistent kernel walks them; stage_of for the segments below
@@ -387,34 +671,43 @@ def gemm_ws_streamk_program(M: int, N: int, K: int, block_M: int = 128, block_N:
             T.tma_copy(C_s, C[m * block_M:(m + 1) * block_M, column:column + strip])
 
     @T.macro
-    def publish(Workspace, Flags, C_local, g, tid):
-        """A contribution: this block's partial sum into its workspace slot, then its flag, released."""
-        T.copy(C_local, Workspace[g, :, :])
+    def publish(Workspace, Flags, C_local, slot, tid):
+        """A contribution: this block's partial sum into the workspace slot, then the slot's flag, released."""
+        T.copy(C_local, Workspace[slot, :, :])
         T.call_extern("handle", "__threadfence")  # this thread's stores, device-wide, before the barrier
         T.sync_threads(STREAMK_BARRIER, consumer_threads)
         if tid == 0:
-            T.atomic_store(Flags[g], 1, memory_order="release")
+            T.atomic_store(Flags[slot], 1, memory_order="release")
+
+    @T.macro
+    def add_partial(Workspace, Flags, C_local, d, t, tid):
+        """Contributor d's partial sum of split tile t into the accumulator, once its flag says it is there."""
+        if plan.contributes(d):  # a block without split work contributes nothing
+            if tid == 0:
+                while T.atomic_load(Flags[plan.slot_of(d, t)], memory_order="acquire") == 0:
+                    pass
+                # a slot is published once a launch, so the flag may be reset at once, for the next launch
+                T.atomic_store(Flags[plan.slot_of(d, t)], 0, memory_order="relaxed")
+            T.sync_threads(STREAMK_BARRIER, consumer_threads)
+            T.call_extern("handle", "__threadfence")  # no read below may see memory from before the flag
+            for i, j in T.Parallel(block_M, block_N):
+                C_local[i, j] += Workspace[plan.slot_of(d, t), i, j]
 
     @T.macro
     def add_partials(Workspace, Flags, C_local, g, t, tid):
-        """The head of stream-K tile t: add the partial sums of the later blocks whose ranges start inside it."""
+        """The head of split tile t: add the partial sums of its contributors, in the plan's order."""
         first, end = plan.waiting_range(g, t)
-        for d in T.serial(first, end):
-            if plan.begin(d) < plan.begin(d + 1):  # a block without stream-K work contributes nothing
-                if tid == 0:
-                    while T.atomic_load(Flags[d], memory_order="acquire") == 0:
-                        pass
-                    # d publishes once a launch, so the flag may be reset at once, for the next launch
-                    T.atomic_store(Flags[d], 0, memory_order="relaxed")
-                T.sync_threads(STREAMK_BARRIER, consumer_threads)
-                T.call_extern("handle", "__threadfence")  # no read below may see memory from before the flag
-                for i, j in T.Parallel(block_M, block_N):
-                    C_local[i, j] += Workspace[d, i, j]
+        if plan.newest_first:
+            for j in T.serial(end - first):
+                add_partial(Workspace, Flags, C_local, end - 1 - j, t, tid)
+        else:
+            for d in T.serial(first, end):
+                add_partial(Workspace, Flags, C_local, d, t, tid)
 
     @T.prim_func
     def gemm_ws_streamk(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype),
-                        Workspace: T.Tensor((num_sms, block_M, block_N), accum_dtype),
-                        Flags: T.Tensor((num_sms,), "int32")):
+                        Workspace: T.Tensor((plan.slots, block_M, block_N), accum_dtype),
+                        Flags: T.Tensor((plan.slots,), "int32")):
         with T.Kernel(num_sms, threads=consumer_threads + 128) as g:
             A_s = T.alloc_shared((num_stages, block_M, block_K), dtype)
             B_s = T.alloc_shared((num_stages, block_K, block_N), dtype)
@@ -425,14 +718,14 @@ def gemm_ws_streamk_program(M: int, N: int, K: int, block_M: int = 128, block_N:
             # the persistent kernel's tile order, as a pure function of the tile number
             order = T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=num_sms, swizzle_size=panel,
                                               column_major=False, stateful=False)
-            dp_steps = plan.dp_count(g) * k_steps  # the ring's steps before the stream-K segments
+            dp_steps = plan.dp_count(g) * k_steps  # the ring's steps before the split segments
             tid = T.get_thread_binding()
             if tid >= consumer_threads:
                 T.set_max_nreg(producer_regs, 0)
                 for i in T.serial(plan.dp_count(g)):
                     m, n = order.coord(g + i * num_sms)
                     produce_tile(A, B, A_s, B_s, full, empty, m, n, i * k_steps)
-                if plan.sk_iters > 0 and plan.begin(g + 1) > plan.begin(g):
+                if plan.has_segments(g):
                     for i in T.serial(plan.segment_count(g)):
                         t, kb, ke, offset = plan.segment(g, i, T.max, T.min)
                         m, n = order.coord(plan.dp_tiles + t)
@@ -443,20 +736,20 @@ def gemm_ws_streamk_program(M: int, N: int, K: int, block_M: int = 128, block_N:
                     m, n = order.coord(g + i * num_sms)
                     consume_tile(A_s, B_s, C_local, full, empty, i * k_steps)
                     store_tile(C, C_local, C_s, m, n)
-                if plan.sk_iters > 0 and plan.begin(g + 1) > plan.begin(g):
+                if plan.has_segments(g):
                     for i in T.serial(plan.segment_count(g)):
                         t, kb, ke, offset = plan.segment(g, i, T.max, T.min)
                         m, n = order.coord(plan.dp_tiles + t)
                         consume_steps(A_s, B_s, C_local, full, empty, ke - kb, dp_steps + offset)
                         if kb > 0:
-                            publish(Workspace, Flags, C_local, g, tid)
+                            publish(Workspace, Flags, C_local, plan.publish_slot(g, i), tid)
                         else:
                             if ke < k_steps:
                                 add_partials(Workspace, Flags, C_local, g, t, tid)
                             store_tile(C, C_local, C_s, m, n)
                 T.tma_store_wait(0)
 
-    return gemm_ws_streamk
+    return gemm_ws_streamk if kernel_name is None else gemm_ws_streamk.with_attr("global_symbol", kernel_name)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -634,19 +927,23 @@ def describe(name: str) -> str:
         kwargs = {"num_sms": H200_SMS, "sk_waves": 2, **EXPERIMENTS[name][1]}
         return (f"ws 128x256x64 s4, persistent{kwargs['num_sms']}, stream-K over the last "
                 f"{kwargs['sk_waves']} wave{'s' if kwargs['sk_waves'] > 1 else ''} of tiles")
+    if name in EXPERIMENTS and EXPERIMENTS[name][0] == "gemm_ws_lockstep_program":
+        kwargs = {"num_sms": H200_SMS, "fixup_steps": FIXUP_STEPS, **EXPERIMENTS[name][1]}
+        return (f"ws 128x256x64 s4, persistent{kwargs['num_sms']}, the partial wave's first k-steps in lockstep, "
+                f"the rest on the idle blocks (fixup modeled as {kwargs['fixup_steps']} k-steps)")
     return VARIANTS[name].label()
 
 
 def is_persistent(name: str) -> bool:
     if name in EXPERIMENTS:
         builder, kwargs = EXPERIMENTS[name]
-        return builder == "gemm_ws_streamk_program" or bool(kwargs.get("persistent"))
+        return builder in FIXUP_BUILDERS or bool(kwargs.get("persistent"))
     return VARIANTS[name].persistent > 0
 
 
 def compile_kernel(name: str, M: int, N: int, K: int):
     """The kernel for the local GPU, writing into the caller's C: kernel(a, b, c). A hit in TileLang's kernel
-    cache after precompile(). A stream-K kernel (more tensors after C: Workspace, Flags) comes wrapped in
+    cache after precompile(). A split-tile kernel (more tensors after C: Workspace, Flags) comes wrapped in
     FixupMemory, which owns them."""
     import tilelang
 
@@ -655,17 +952,19 @@ def compile_kernel(name: str, M: int, N: int, K: int):
     if len(func.params) == 3:
         return kernel
     workspace, flags = (func.buffer_map[param] for param in func.params[3:])
-    return FixupMemory(kernel, tuple(int(d) for d in workspace.shape), int(flags.shape[0]))
+    blocks = EXPERIMENTS[name][1].get("num_sms", H200_SMS)  # the grid (FIXUP_BUILDERS: one block per SM)
+    return FixupMemory(kernel, tuple(int(d) for d in workspace.shape), int(flags.shape[0]), blocks)
 
 
 class FixupMemory:
-    """kernel(a, b, c) for the stream-K kernel, which also takes Workspace (one fp32 partial tile per block) and
-    Flags (one int32 per block): allocated zeroed at the first call, then passed to every launch. The kernel
-    must leave the flags at zero (flags_left: the validation child checks it). A grid larger than the GPU's
-    SM count is refused: the blocks wait for one another, so all must be resident at once, one per SM."""
+    """kernel(a, b, c) for a split-tile kernel (gemm_ws_fixup_program), which also takes Workspace (fp32 partial
+    tiles, one per slot of its plan) and Flags (one int32 per slot): allocated zeroed at the first call, then
+    passed to every launch. The kernel must leave the flags at zero (flags_left: the validation child checks
+    it). A grid larger than the GPU's SM count is refused: the blocks wait for one another, so all must be
+    resident at once, one per SM."""
 
-    def __init__(self, kernel, workspace_shape: tuple[int, ...], blocks: int):
-        self.kernel, self.workspace_shape, self.blocks = kernel, workspace_shape, blocks
+    def __init__(self, kernel, workspace_shape: tuple[int, ...], flag_count: int, blocks: int):
+        self.kernel, self.workspace_shape, self.flag_count, self.blocks = kernel, workspace_shape, flag_count, blocks
         self.workspace = self.flags = None
 
     def __call__(self, a, b, c):
@@ -681,7 +980,7 @@ class FixupMemory:
             raise RuntimeError(f"{self.blocks} blocks that wait for one another need as many SMs; this GPU has "
                                f"{sms}: the kernel would deadlock")
         self.workspace = torch.zeros(self.workspace_shape, dtype=torch.float32, device=device)
-        self.flags = torch.zeros((self.blocks,), dtype=torch.int32, device=device)
+        self.flags = torch.zeros((self.flag_count,), dtype=torch.int32, device=device)
 
     def flags_left(self) -> int:
         """Flags not at zero (after the launches so far have finished)."""

@@ -1,6 +1,6 @@
 """bench/gemm_ws_probe.py: the hand-written warp-specialized Hopper GEMM lowers for sm_90a with the pipeline
-it was written for, and the stream-K variant's schedule covers every (tile, k-step) once with a fixup that
-cannot wait in a cycle (CPU only; the GPU run is the probe itself)."""
+it was written for, and the split-tile variants' schedules (stream-K, lockstep) cover every (tile, k-step) once
+with a fixup that cannot wait in a cycle (CPU only; the GPU run is the probe itself)."""
 
 import dataclasses
 import functools
@@ -119,6 +119,8 @@ def test_multicast_shares_b_and_releases_stages_in_both_blocks(name):
 # ---------------------------------------------------------------------------------------------------------
 
 STREAMK = [name for name, (builder, _) in probe.EXPERIMENTS.items() if builder == "gemm_ws_streamk_program"]
+LOCKSTEP = [name for name, (builder, _) in probe.EXPERIMENTS.items() if builder == "gemm_ws_lockstep_program"]
+FIXUP = STREAMK + LOCKSTEP  # the kernels of gemm_ws_fixup_program
 STREAMK_SHAPES = probe.SHAPES + probe.ODD_SHAPES
 
 
@@ -262,9 +264,9 @@ def test_streamk_fixup_publishes_and_waits_in_order(name):
     assert "Flags" not in lower(name, (1001, 1032, 1000)).source
 
 
-@pytest.mark.parametrize("name", STREAMK)
+@pytest.mark.parametrize("name", FIXUP)
 def test_streamk_segment_loop_keeps_one_batch_in_flight(name):
-    """The stream-K K loop (the consumers' second, after the data-parallel one) releases as the section's."""
+    """The split K loop (the consumers' second, after the data-parallel one) releases as the section's."""
     source = lower(name, (8192, 8192, 8192)).source
     consumer = source[source.index("warpgroup_reg_alloc<"):]
     waits = [m.start() for m in re.finditer(r"full\[[^\]]*\]\.wait\(", consumer)]
@@ -276,14 +278,255 @@ def test_streamk_segment_loop_keeps_one_batch_in_flight(name):
     assert loop.index("wait_wgmma<0>") < loop.rindex("empty[")
 
 
+PTX_STEP = re.compile(r"^\s*(?:(@!?%p\d+)\s+)?((?:st|ld)\.(?:global|release|acquire|relaxed)[.\w]*|membar\.gl|"
+                      r"bar\.sync|bra(?:\.uni)?\s+(\$\w+))")
+
+
+def ptx_path(ptx: str, start: str, length: int) -> str:
+    """The memory operations, fences and barriers met from the first instruction starting with `start` on, along
+    the path that follows unconditional branches and falls through conditional ones (out of a spin loop, into
+    thread 0's flag access): the order one thread executes them in, whatever order nvcc laid the blocks out in."""
+    lines = ptx.splitlines()
+    labels = {line.strip()[:-1]: i for i, line in enumerate(lines) if re.match(r"^\$\w+:$", line.strip())}
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith(start))
+    ops = []
+    while len(ops) < length and at < len(lines):
+        step = PTX_STEP.match(lines[at])
+        at += 1
+        if step is None:
+            continue
+        predicate, op, target = step.groups()
+        if target is None:
+            ops.append(op)
+        elif predicate is None:  # an unconditional branch: follow it
+            at = labels[target]
+    return " ".join(ops) + " "
+
+
 @pytest.mark.skipif(tourkit.find_nvcc() is None, reason="needs nvcc")
-def test_streamk_fixup_order_survives_nvcc():
+@pytest.mark.parametrize("name, shape", [("ws_streamk", (8192, 8192, 8192)),
+                                         ("ws_streamk_lockstep", (8192, 8192, 8192)),
+                                         ("ws_streamk_lockstep", (8192, 4096, 14336))],
+                         ids=lambda p: p if isinstance(p, str) else probe.shape_text(p))
+def test_streamk_fixup_order_survives_nvcc(name, shape):
     """bar.sync is inline asm without a memory clobber, so check the PTX: the partial sum's stores come before
-    the fence, the barrier and the release; the reads after the acquire, the reset, the barrier and a fence."""
-    ptx = probe.ptx_source(lower("ws_streamk", (8192, 8192, 8192)).source)
-    ops = [m.group(1) for m in re.finditer(r"^\s*((?:st|ld)\.(?:global|release|acquire|relaxed)[.\w]*|membar\.gl|"
-                                            r"bar\.sync)", ptx, re.M)]
-    text = " ".join(ops)
-    assert re.search(r"(st\.global\.v2\.f32 )+membar\.gl bar\.sync st\.release\.gpu\.b32", text)
-    assert re.search(r"ld\.acquire\.gpu\.b32 st\.relaxed\.gpu\.b32 bar\.sync membar\.gl (ld\.global\.v2\.f32 )+", text)
-    assert text.count("st.global.v2.f32") == text.count("ld.global.v2.f32") == 64  # the workspace only
+    the fence, the barrier and the release; the reads after the acquire, the reset, the barrier and a fence.
+    (nvcc lays the lockstep head's wait out of line, after the reads: hence the path, not the text order.)"""
+    ptx = probe.ptx_source(lower(name, shape).source)
+    publish = ptx_path(ptx, "st.global.v2.f32", 64 + 3)
+    assert re.fullmatch(r"(st\.global\.v2\.f32 ){64}membar\.gl bar\.sync st\.release\.gpu\.b32 ", publish), publish
+    read = ptx_path(ptx, "ld.acquire", 4 + 64)
+    assert re.fullmatch(r"ld\.acquire\.gpu\.b32 st\.relaxed\.gpu\.b32 bar\.sync membar\.gl (ld\.global\.v2\.f32 ){64}",
+                        read), read
+    assert ptx.count("st.global.v2.f32") == ptx.count("ld.global.v2.f32") == 64  # the workspace only
+    assert ptx.count("ld.acquire") == ptx.count("st.release") == 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Lockstep: the partial wave's first k-steps on as many blocks, the rest shared out among the others
+# ---------------------------------------------------------------------------------------------------------
+
+def lockstep(shape, num_sms=132, fixup_steps=probe.FIXUP_STEPS):
+    return probe.lockstep_plan(*shape, 128, 256, 64, num_sms, fixup_steps)
+
+
+def check_lockstep_schedule(shape, num_sms=132, fixup_steps=probe.FIXUP_STEPS):
+    """Every (tile, k-step) computed exactly once; data-parallel tiles whole; tail tile t has exactly one head,
+    block t, which computes its k-steps [0, x) and nothing else split; the other blocks only contribute (they
+    never wait: no cycle); the head's wait list is exactly the tile's contributors, newest first, each read
+    from the slot it was published to; no two contributions share a slot (or flag); each block's split
+    k-steps follow on one another in its ring."""
+    plan = lockstep(shape, num_sms, fixup_steps)
+    blocks = probe.plan_segments(plan)
+    k_steps, tail = plan.k_steps, plan.tail_tiles
+    pieces: dict[int, list] = {}
+    published: dict[tuple[int, int], int] = {}  # (block, tail tile) -> slot
+    for g, work in enumerate(blocks):
+        for tile, kb, ke, role in work:
+            assert 0 <= kb < ke <= k_steps
+            pieces.setdefault(tile, []).append((kb, ke, g, role))
+        dp = plan.dp_count(g)
+        assert [role for *_, role in work[:dp]] == ["whole"] * dp
+        split = work[dp:]
+        if g < tail:  # a main block: the first x k-steps of its own tail tile, which it finishes
+            assert split == [(plan.dp_tiles + g, 0, plan.main_steps, "finish")]
+        else:  # a helper: pieces of the remainders, all published
+            assert all(role == "contribute" and kb >= plan.main_steps for _, kb, _, role in split)
+        steps = 0
+        for i in range(len(split)):
+            t, kb, ke, offset = plan.segment(g, i)
+            assert offset == steps  # the ring's steps run on without a gap
+            steps += ke - kb
+            if g >= tail:
+                published[g, t] = plan.publish_slot(g, i)
+    slots = list(published.values())
+    assert len(set(slots)) == len(slots) and all(0 <= slot < plan.slots for slot in slots)
+    assert sorted(pieces) == list(range(plan.tiles))
+    for tile, parts in pieces.items():
+        parts.sort()
+        assert parts[0][0] == 0 and parts[-1][1] == k_steps
+        assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))  # contiguous: each k-step exactly once
+        if tile < plan.dp_tiles:
+            assert len(parts) == 1 and parts[0][3] == "whole"
+            continue
+        t = tile - plan.dp_tiles
+        assert [g for *_, g, role in parts if role == "finish"] == [t]  # one head: its main block
+        contributors = sorted((g for *_, g, role in parts if role == "contribute"), reverse=True)
+        assert contributors  # a split tile always has helpers' pieces
+        waits = plan.wait_list(t, t)
+        assert [block for block, _ in waits] == contributors
+        assert [slot for _, slot in waits] == [published[block, t] for block in contributors]
+    return plan, blocks
+
+
+def block_steps(blocks) -> list[int]:
+    return [sum(ke - kb for _, kb, ke, _ in work) for work in blocks]
+
+
+@pytest.mark.parametrize("shape", STREAMK_SHAPES, ids=probe.shape_text)
+@pytest.mark.parametrize("num_sms, fixup_steps", [(132, probe.FIXUP_STEPS), (132, 0), (3, 2), (5, 0), (7, 2)])
+def test_lockstep_schedule_covers_every_iteration_once(shape, num_sms, fixup_steps):
+    plan, _ = check_lockstep_schedule(shape, num_sms, fixup_steps)
+    if plan.tail_tiles:
+        assert plan.tail_tiles == plan.tiles % num_sms and 1 <= plan.main_steps < plan.k_steps
+
+
+def test_lockstep_splits_tiles_of_the_gpu_validation():
+    """The probe's GPU validation runs the split path: at the two target shapes and at one odd shape, whose tail
+    holds the ragged last tile row and column (tiles 396-479 of 480: the last panel, rows 32-39, columns 1-11)
+    and whose last k-step (K = 3000) is partial."""
+    for shape in [(8192, 4096, 14336), (4096, 4096, 4096)]:
+        assert lockstep(shape).tail_tiles
+    ragged = [shape for shape in probe.ODD_SHAPES if lockstep(shape).tail_tiles]
+    assert ragged == [(5000, 3000, 3000)]
+    plan = lockstep(ragged[0])
+    assert (plan.tiles, plan.dp_tiles) == (480, 396) and 3000 % 64
+
+
+def test_lockstep_skips_helpers_without_work():
+    """133 tiles of two k-steps without fixup costs: x = 1, and one remainder iteration for 131 helpers. The
+    head's waiting range holds only the one helper with work; the empty ones publish nothing."""
+    plan, blocks = check_lockstep_schedule((896, 4864, 128), 132, fixup_steps=0)
+    assert (plan.tail_tiles, plan.main_steps, plan.helper_iters) == (1, 1, 1)
+    assert sum(1 for h in range(plan.helpers) if plan.contributes(h)) == 1
+    assert not plan.has_segments(plan.tail_tiles)
+    assert plan.wait_list(0, 0) == [(131, 130)] and plan.slots == 131  # helper 130, its piece 0
+
+
+# The lockstep plan on the target shapes (H200: 132 SMs, 128x256x64 tiles), fixup_steps = 2:
+#   shape             tiles  T    H   k    x   x0 = ceil(T k / G)  longest block  even split  modeled tail
+#   8192x4096x14336   1024  100  32  224  172  170                 1740           1738        176 of 224
+#   4096^3             512  116  16   64   58   57                  250            249         62 of 64
+#   8192^3            2048   68  64  128   67   66                 1987           1986         71 of 128
+#   5000x3000x3000     480   84  48   47   32   30                  173            171         36 of 47
+LOCKSTEP_TARGETS = [((8192, 4096, 14336), 100, 172), ((4096, 4096, 4096), 116, 58), ((8192, 8192, 8192), 68, 67),
+                    ((5000, 3000, 3000), 84, 32)]
+
+
+@pytest.mark.parametrize("shape, tail, main_steps", LOCKSTEP_TARGETS, ids=lambda p: probe.shape_text(p)
+                         if isinstance(p, tuple) else str(p))
+def test_lockstep_balance_on_the_target_shapes(shape, tail, main_steps):
+    """Without fixup costs x = ceil(T k / G) and every block gets the even split, ceil(tiles k / G) k-steps. With
+    them (2 k-steps to publish or read a partial tile) x moves up by 1-2 k-steps, off the helpers, which also
+    publish; the modeled tail stays shorter than the data-parallel one (k-steps)."""
+    plan, blocks = check_lockstep_schedule(shape)
+    even = -(-plan.tiles * plan.k_steps // plan.num_sms)
+    assert (plan.tail_tiles, plan.main_steps) == (tail, main_steps)
+    assert even <= max(block_steps(blocks)) <= even + 2
+    assert plan.modeled_tail_steps(probe.FIXUP_STEPS) < plan.k_steps
+    exact, exact_blocks = check_lockstep_schedule(shape, fixup_steps=0)
+    assert exact.main_steps == -(-exact.tail_tiles * exact.k_steps // exact.num_sms)
+    assert max(block_steps(exact_blocks)) == even
+
+
+@pytest.mark.parametrize("shape", [(1536, 2816, 4096), (1000, 1000, 1000), (1001, 1032, 1000), (3900, 4104, 1000),
+                                   (896, 4864, 1024), (896, 4864, 64)], ids=probe.shape_text)
+def test_lockstep_falls_back_to_data_parallel(shape):
+    """Whole waves (132 tiles), fewer tiles than SMs (32, 40), or a tail not worth splitting: 131 tail tiles for
+    a single helper; one tail tile, whose remainder would come back in 15 pieces; a single k-step."""
+    plan, blocks = check_lockstep_schedule(shape)
+    assert plan.tail_tiles == 0 and plan.dp_tiles == plan.tiles
+    assert all(role == "whole" for work in blocks for *_, role in work)
+    assert not any(plan.has_segments(g) for g in range(plan.num_sms))
+
+
+def test_lockstep_kernel_takes_a_slot_per_contribution():
+    """The kernel's Workspace and Flags hold plan.slots entries: helpers x the most pieces a helper has."""
+    for shape in [(8192, 4096, 14336), (4096, 4096, 4096), (1001, 1032, 1000)]:
+        plan = lockstep(shape)
+        func = probe.program_for("ws_streamk_lockstep", *shape)
+        workspace, flags = (func.buffer_map[param] for param in func.params[3:])
+        assert [int(d) for d in workspace.shape] == [plan.slots, 128, 256] and int(flags.shape[0]) == plan.slots
+    assert lockstep((8192, 4096, 14336)).slots == 32 * 4 and lockstep((4096, 4096, 4096)).slots == 16 * 8
+
+
+def test_lockstep_formulas_mean_the_same_in_tir():
+    """The kernel evaluates LockstepPlan on a TIR block index (selects between main blocks and helpers, T.max /
+    T.min): the same numbers as Python's, for the segments, the publish slots and the heads' waits."""
+    import tilelang.language as T
+    from tvm import arith, tirx
+
+    g, i, d = (tirx.Var(name, "int32") for name in "gid")
+    analyzer = arith.Analyzer()
+
+    def value(e, **at):
+        if isinstance(e, (bool, int)):
+            return int(e)
+        binding = {var: tirx.IntImm("int32", at[var.name]) for var in (g, i, d) if var.name in at}
+        return int(analyzer.simplify(tirx.stmt_functor.substitute(e, binding)))
+
+    for shape, num_sms, fixup_steps in [((8192, 4096, 14336), 132, 2), ((4096, 4096, 4096), 132, 2),
+                                        ((896, 4864, 128), 132, 0), ((3900, 4104, 1000), 7, 2)]:
+        plan = lockstep(shape, num_sms, fixup_steps)
+        assert plan.tail_tiles
+        segment = plan.segment(g, i, T.max, T.min)
+        for block in range(num_sms):
+            assert value(plan.has_segments(g), g=block) == plan.has_segments(block)
+            assert value(plan.segment_count(g), g=block) == plan.segment_count(block)
+            for n in range(plan.segment_count(block)):
+                assert [value(e, g=block, i=n) for e in segment] == list(plan.segment(block, n))
+                if block >= plan.tail_tiles:
+                    assert value(plan.publish_slot(g, i), g=block, i=n) == plan.publish_slot(block, n)
+            if block < plan.tail_tiles:  # the head of its tail tile t = segment[0], as the kernel computes it
+                first, end = (value(e, g=block, i=0) for e in plan.waiting_range(g, segment[0]))
+                assert (first, end) == plan.waiting_range(block, block)
+                for h in range(first, end):
+                    assert value(plan.contributes(d), d=h) == plan.contributes(h)
+                    assert value(plan.slot_of(d, segment[0]), d=h, g=block, i=0) == plan.slot_of(h, block)
+
+
+@pytest.mark.parametrize("shape", [(8192, 8192, 8192), (8192, 4096, 14336)], ids=probe.shape_text)
+def test_lockstep_fixup_publishes_and_waits_in_order(shape):
+    """A helper publishes its i-th piece to slot (g - T) * slots_per_helper + i: workspace stores, a device-wide
+    fence, the consumers' named barrier, one thread's release store of the flag. A head: one thread spins on an
+    acquire load of a contributor's flag and resets that same flag, the consumers meet at the barrier and
+    fence, then read the partial sum. A data-parallel plan (1001x1032x1000) has no fixup at all."""
+    plan = lockstep(shape)
+    source = lower("ws_streamk_lockstep", shape).source
+    assert "gemm_ws_lockstep_kernel" in source
+    assert re.search(r"Workspace \+ .*\) = \*\(float2\*\)\(C_local", source)
+    per_helper, first_slot = plan.slots_per_helper, plan.tail_tiles * plan.slots_per_helper
+    slot = rf"\(\(\(\(\(int\)blockIdx.x\) \* {per_helper}\) \+ i_\d+\) - {first_slot}\)"  # (g - T) * S + i
+    assert re.search(r"__threadfence\(\);\s*tl::__sync_thread_partial\(10, 256\);\s*"
+                     r"if \(\(\(int\)threadIdx.x\) == 0\) \{\s*"
+                     rf"AtomicStore\(\(&\(Flags\[{slot}\]\)\), 1, 3\);", source)  # 3: release
+    wait = re.search(r"for \(int (j\w*) = 0; \1 < [^;]*; \+\+\1\) \{(?:(?!C_local).)*?"
+                     r"while \(1\) \{\s*if \(!\(\(AtomicLoad\(\(&\(Flags\[(?P<slot>[^;]*?)\]\)\), 2\) == 0\)\)\) "
+                     r"\{ break; \}\s*\}\s*AtomicStore\(\(&\(Flags\[(?P=slot)\]\)\), 0, 0\);\s*\}\s*"
+                     r"tl::__sync_thread_partial\(10, 256\);\s*__threadfence\(\);", source, re.S)  # 2: acquire
+    assert wait
+    assert "(float2*)(Workspace + " in source[wait.end():]
+    assert source.count("__syncthreads") == 1  # only after the mbarrier init
+    assert "Flags" not in lower("ws_streamk_lockstep", (1001, 1032, 1000)).source
+
+
+@pytest.mark.skipif(tourkit.find_nvcc() is None, reason="needs nvcc")
+@pytest.mark.parametrize("shape", [(8192, 4096, 14336), (4096, 4096, 4096)], ids=probe.shape_text)
+def test_lockstep_compiles_without_spills(shape):
+    """The selects between main blocks and helpers cost no spills (T.if_then_else's branches at every use did:
+    260 bytes)."""
+    report = probe.inspect_variant("ws_streamk_lockstep", shape)
+    assert "error" not in report, report.get("error")
+    assert probe.spilled_bytes(report) == 0 and report["registers"] <= 168
+    assert not report["missing_markers"] and report["main_loop_syncs"] == 0
+    assert not any("C7514" in w or "serialized" in w for w in report["warnings"]), report["warnings"]
