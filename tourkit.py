@@ -331,14 +331,23 @@ def _flush_buffer(nbytes: int = 256 * 1024 * 1024):
     return buf
 
 
+FLUSH_MODES = ("write", "read")
+
+
 def bench_ms(fn: Callable[[], Any], *, warmup_ms: float = 25.0, rep_ms: float = 100.0,
-             flush_l2: bool = True, min_reps: int = 5, max_reps: int = 1000) -> float:
+             flush_l2: bool = True, flush_mode: str = "write", min_reps: int = 5, max_reps: int = 1000) -> float:
     """Median time of `fn()` in milliseconds, from CUDA events around each call, after a warm-up.
 
-    Before each timed call the L2 cache is flushed (a 256 MB write) so small problems are not timed
-    out of the cache; the flush itself lies outside the events.
+    Before each timed call the L2 cache is flushed so small problems are not timed out of the cache; the
+    flush itself lies outside the events. `flush_mode` "write" zeroes a 256 MB buffer (as triton's do_bench
+    does): the timed call then starts with the L2 full of dirty lines, and a problem of a few tens of MB pays
+    for writing some of them back. "read" reads the buffer instead (a max over it), leaving clean lines that
+    are evicted for free. Large problems do not tell the two apart.
     """
     import torch
+
+    if flush_mode not in FLUSH_MODES:
+        raise ValueError(f"bench_ms: flush_mode {flush_mode!r} is not one of {FLUSH_MODES}")
 
     fn()
     torch.cuda.synchronize()
@@ -358,7 +367,7 @@ def bench_ms(fn: Callable[[], Any], *, warmup_ms: float = 25.0, rep_ms: float = 
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for i in range(reps):
         if flush is not None:
-            flush.zero_()
+            flush.zero_() if flush_mode == "write" else flush.max()
         starts[i].record()
         fn()
         ends[i].record()

@@ -1,7 +1,7 @@
 """Probe for the softmax section on small and odd shapes: sweep kernel plans for one (M, N), validate each, then
 time the valid ones in turns with torch.softmax and a device copy of the same bytes.
 
-    python bench/softmax_probe.py [--shape 4096x1823] [--rounds 6] [--out DIR]
+    python bench/softmax_probe.py [--shape 4096x1823] [--rounds 6] [--flush write|read] [--out DIR]
     python bench/softmax_probe.py --shapes bench            # the section's BENCH_SHAPES (or --shapes 4096x1823,2048x1823)
     python bench/softmax_probe.py --compile-only sm_90a     # no GPU: lower + nvcc every plan, smem / registers / waves
     (on the device: bash .device/run python bench/softmax_probe.py --out $OUT)
@@ -563,7 +563,7 @@ def validate_here(M: int, N: int, plans: list, kernels: dict) -> dict:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def run_shape(M: int, N: int, device, rounds: int, in_process: bool) -> dict:
+def run_shape(M: int, N: int, device, rounds: int, in_process: bool, flush_mode: str = "write") -> dict:
     import tilelang
     import torch
     import tourkit
@@ -627,7 +627,7 @@ def run_shape(M: int, N: int, device, rounds: int, in_process: bool) -> dict:
     contenders["torch.softmax"] = lambda: torch.softmax(x, dim=-1)
     contenders["copy"] = lambda: y.copy_(x)
     t = time.time()
-    ms = tourkit.bench_interleaved(contenders, rounds=rounds)
+    ms = tourkit.bench_interleaved(contenders, rounds=rounds, flush_mode=flush_mode)
     log(f"  timed {len(contenders)} contenders x {rounds + rounds % 2} rounds in {time.time() - t:.1f} s")
 
     nbytes = 2 * M * N * 2  # one read and one write
@@ -644,7 +644,8 @@ def run_shape(M: int, N: int, device, rounds: int, in_process: bool) -> dict:
                         vs_torch=torch_ms / t_ms)
             record["plans"].append(info)
     log(f"\nsoftmax {M}x{N} fp16 ({nbytes / 1e6:.1f} MB read + written), {len(infos)} valid plans timed in turns "
-        f"with torch.softmax and the copy ({rounds + rounds % 2} rounds, L2 flushed before each call)")
+        f"with torch.softmax and the copy ({rounds + rounds % 2} rounds, L2 flushed before each call by a "
+        f"{flush_mode})")
     log(tourkit.format_table(["plan", "µs", "GB/s", "of copy", "vs torch", "regs", "blocks/SM", "waves"], rows))
     record.update(copy_us=copy_ms * 1e3, copy_gbps=tourkit.gbps(nbytes, copy_ms), torch_us=torch_ms * 1e3,
                   torch_gbps=tourkit.gbps(nbytes, torch_ms), torch_rel_error=torch_error,
@@ -692,6 +693,9 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=None,
                     help="comma-separated MxN list, or 'bench' / 'quick' for the section's BENCH_SHAPES / QUICK_SHAPES")
     ap.add_argument("--rounds", type=int, default=6, help="turns per contender in bench_interleaved (even)")
+    ap.add_argument("--flush", choices=["write", "read"], default="write",
+                    help="how the L2 is flushed before each timed call (tourkit.bench_ms flush_mode): write leaves "
+                         "dirty lines a small problem pays to write back, read leaves clean ones")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--compile-only", metavar="ARCH", help="no GPU: lower and nvcc-compile every plan for ARCH")
     ap.add_argument("--sms", type=int, default=None, help="SMs for the plans and waves (default: the GPU's; "
@@ -743,11 +747,11 @@ def main(argv=None) -> int:
     if args.sms:
         device.sm_count = args.sms
     results = {"device": device.name, "arch": device.arch, "sms": device.sm_count, "torch": torch.__version__,
-               "date": time.strftime("%Y-%m-%d %H:%M"), "rounds": args.rounds, "shapes": []}
+               "date": time.strftime("%Y-%m-%d %H:%M"), "rounds": args.rounds, "flush": args.flush, "shapes": []}
     os.makedirs(args.out, exist_ok=True)
     for M, N in shapes:
         try:
-            results["shapes"].append(run_shape(M, N, device, args.rounds, args.in_process))
+            results["shapes"].append(run_shape(M, N, device, args.rounds, args.in_process, args.flush))
         except Exception as exc:  # one shape's trouble (out of memory, a broken context) is reported, not fatal
             log(f"softmax {M}x{N}: FAILED: {tourkit.one_line(exc)}")
             results["shapes"].append({"shape": [M, N], "error": tourkit.one_line(exc)})

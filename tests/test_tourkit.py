@@ -222,3 +222,41 @@ def test_settle_runs_every_contender_until_the_deadline(monkeypatch):
     fake_torch.cuda.is_available = lambda: False  # no GPU: returns at once
     tourkit.settle([lambda: calls.__setitem__("a", -1)], 5)
     assert calls["a"] >= 4
+
+
+@pytest.mark.parametrize("mode,expected", [("write", "zero_"), ("read", "max")])
+def test_bench_ms_flushes_the_l2_before_every_timed_call(monkeypatch, mode, expected):
+    """'write' zeroes the flush buffer (dirty lines), 'read' reads it (clean lines); once per timed call,
+    never inside the timed events; an unknown mode is a clear error."""
+    import sys
+    import types
+
+    log = []
+
+    class Event:
+        def __init__(self, enable_timing):
+            self.t = None
+
+        def record(self):
+            log.append("event")
+            self.t = len(log)
+
+        def elapsed_time(self, other):
+            return float(other.t - self.t)
+
+    class FlushBuffer:
+        def zero_(self):
+            log.append("zero_")
+
+        def max(self):
+            log.append("max")
+
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Event, synchronize=lambda: None))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    monkeypatch.setattr(tourkit, "_flush_buffer", lambda: FlushBuffer())
+    tourkit.bench_ms(lambda: log.append("fn"), warmup_ms=1, rep_ms=5, min_reps=5, max_reps=5, flush_mode=mode)
+    timed = log[log.index(expected):]
+    assert timed == [expected, "event", "fn", "event"] * 5
+    assert {"zero_", "max"} - {expected} & set(log) == set()
+    with pytest.raises(ValueError, match="flush_mode"):
+        tourkit.bench_ms(lambda: None, flush_mode="none")
