@@ -43,6 +43,20 @@ QUICK_SHAPES = [(4096, 4096), (2048, 1823), (1024, 32768)]
 # ---------------------------------------------------------------------------------------------------------
 
 
+@T.macro
+def exponentials_and_reciprocal_sums(x, row_max, row_sum, rows: int, width: int):
+    """The heart of every row kernel below, on a float32 fragment x (rows, width): x becomes
+    2^(x·log2e - max·log2e) = e^(x - max) and row_sum 1 / Σ of each row; the caller scales and stores."""
+    T.reduce_max(x, row_max, dim=1)
+    for i in T.Parallel(rows):
+        row_max[i] = row_max[i] * LOG2E  # exp(x - m) = exp2(x·log2e - m·log2e): one FMA per element
+    for i, j in T.Parallel(rows, width):
+        x[i, j] = T.exp2(x[i, j] * LOG2E - row_max[i])
+    T.reduce_sum(x, row_sum, dim=1)
+    for i in T.Parallel(rows):
+        row_sum[i] = 1.0 / row_sum[i]  # one division per row, a multiply per element
+
+
 def rows_in_registers(M: int, N: int, rows_per_block: int, threads: int, dtype: str = "float16",
                       min_blocks_per_sm: int = 0):
     """Each block owns `rows_per_block` whole rows, read straight from global memory into a float32
@@ -74,14 +88,7 @@ def rows_in_registers(M: int, N: int, rows_per_block: int, threads: int, dtype: 
                 T.annotate_layout({x: row_split_layout(R, width, per_row, 1)})
                 for i, j in T.Parallel(R, width):
                     x[i, j] = T.if_then_else(j < N, T.cast(X[bx * R + i, j], "float32"), -T.infinity("float32"))
-            T.reduce_max(x, row_max, dim=1)
-            for i in T.Parallel(R):
-                row_max[i] = row_max[i] * LOG2E  # exp(x - m) = exp2(x·log2e - m·log2e): one FMA per element
-            for i, j in T.Parallel(R, width):
-                x[i, j] = T.exp2(x[i, j] * LOG2E - row_max[i])
-            T.reduce_sum(x, row_sum, dim=1)
-            for i in T.Parallel(R):
-                row_sum[i] = 1.0 / row_sum[i]  # one division per row, a multiply per element
+            exponentials_and_reciprocal_sums(x, row_max, row_sum, R, width)
             if aligned:
                 for i, j in T.Parallel(R, width):
                     x[i, j] = x[i, j] * row_sum[i]
@@ -145,107 +152,13 @@ def rows_staged_in_shared(M: int, N: int, rows_per_block: int, threads: int, dty
                 T.copy(X[bx * R * N:(bx + 1) * R * N], rows)
             for i, j in T.Parallel(R, padded):
                 x[i, j] = T.if_then_else(j < N, T.cast(rows[i * N + j], "float32"), -T.infinity("float32"))
-            T.reduce_max(x, row_max, dim=1)
-            for i in T.Parallel(R):
-                row_max[i] = row_max[i] * LOG2E
-            for i, j in T.Parallel(R, padded):
-                x[i, j] = T.exp2(x[i, j] * LOG2E - row_max[i])
-            T.reduce_sum(x, row_sum, dim=1)
-            for i in T.Parallel(R):
-                row_sum[i] = 1.0 / row_sum[i]
+            exponentials_and_reciprocal_sums(x, row_max, row_sum, R, padded)
             for i, j in T.Parallel(R, padded):
                 if j < N:
                     rows[i * N + j] = T.cast(x[i, j] * row_sum[i], dtype)
             T.copy(rows, Y[bx * R * N:(bx + 1) * R * N])
 
     return softmax_rows_staged
-
-
-def rows_staged_pipelined(M: int, N: int, rows_per_block: int, threads: int, blocks: int, num_stages: int = 2,
-                          store_lag: int = 0, dtype: str = "float16", min_blocks_per_sm: int = 0):
-    """Hopper only (TMA bulk copies and mbarriers): rows_staged_in_shared for problems too small to keep the
-    memory busy with one group of rows per block. `blocks` blocks walk the M/R groups of R rows with a stride
-    of `blocks` (the grid sweeps memory in order), through a ring of `num_stages` shared buffers: the first
-    num_stages groups are requested at once, and each buffer is refilled with the group num_stages steps
-    ahead as soon as the bulk store of its normalized rows has read it, so the loads of the next groups run
-    while this group is reduced and stored. store_lag=1 refills the previous step's buffer instead (its store
-    has had a whole step to drain, so no thread waits on the store just issued; the look-ahead is one group
-    shorter). Each buffer has one mbarrier: the thread that issues the bulk load adds its bytes and all
-    threads arrive; a buffer's n-th fill completes phase n, waited with parity n & 1. Bulk stores are
-    tracked per thread: the store and the refill are both issued by warp 0's elect.sync leader (the same lane
-    every time), so its cp.async.bulk.wait_group.read covers the store it issued.
-
-    The pipeline is written by hand: TileLang's T.Pipelined splits a TMA loop into a producer warp group
-    (threads 0-127) and consumers (128-383) but keeps the annotated fragment layout's thread index unshifted:
-    only threads 128-255 compute, as rows 4-7, and rows 0-3 of every group are never written. The generated
-    CUDA of the persistent variant of commit 104f943 shows it; that is why it failed validation on the H200."""
-    R, S = rows_per_block, num_stages
-    if threads % R or (R * N) % 8 or M % R:
-        raise ValueError(f"pipelined softmax: {R} rows per block must divide {threads} threads and M={M}, and "
-                         f"R·N must be a multiple of 8 (16-byte aligned groups); got N={N}")
-    if store_lag not in (0, 1) or S < 2 + store_lag:
-        raise ValueError(f"pipelined softmax: store_lag is 0 or 1 and needs num_stages >= {2 + store_lag}")
-    groups = M // R
-    if not 1 <= blocks <= groups:
-        raise ValueError(f"pipelined softmax: {blocks} blocks for {groups} groups of rows")
-    per_row = threads // R
-    vec = staged_vector_width(N, per_row)
-    padded = -(-N // (per_row * vec)) * (per_row * vec)
-    flat = M * N
-    span = R * N  # one group: R consecutive rows, one flat 16-byte aligned range
-
-    @T.prim_func
-    def softmax_rows_staged_pipelined(X: T.Tensor((flat,), dtype), Y: T.Tensor((flat,), dtype)):
-        with T.Kernel(blocks, threads=threads) as bx:
-            if min_blocks_per_sm:
-                T.annotate_min_blocks_per_sm(min_blocks_per_sm)
-            rows = T.alloc_shared((S, span), dtype)
-            x = T.alloc_fragment((R, padded), "float32")
-            row_max = T.alloc_fragment((R,), "float32")
-            row_sum = T.alloc_fragment((R,), "float32")
-            full = T.alloc_barrier([threads] * S)
-            T.annotate_layout({x: row_split_layout(R, padded, per_row, vec)})
-            steps = T.ceildiv(groups - bx, blocks)  # this block's groups: bx, bx + blocks, ...
-            for s in T.unroll(S):
-                if s < steps:
-                    T.tma_copy(X[(bx + s * blocks) * span:(bx + s * blocks + 1) * span], rows[s, :],
-                               barrier=full[s])
-                    T.mbarrier_arrive(full[s])
-            for it in T.serial(steps):
-                g = bx + it * blocks
-                T.mbarrier_wait_parity(full[it % S], (it // S) & 1)
-                for i, j in T.Parallel(R, padded):
-                    x[i, j] = T.if_then_else(j < N, T.cast(rows[it % S, i * N + j], "float32"),
-                                             -T.infinity("float32"))
-                T.reduce_max(x, row_max, dim=1)
-                for i in T.Parallel(R):
-                    row_max[i] = row_max[i] * LOG2E
-                for i, j in T.Parallel(R, padded):
-                    x[i, j] = T.exp2(x[i, j] * LOG2E - row_max[i])
-                T.reduce_sum(x, row_sum, dim=1)
-                for i in T.Parallel(R):
-                    row_sum[i] = 1.0 / row_sum[i]
-                for i, j in T.Parallel(R, padded):
-                    if j < N:
-                        rows[it % S, i * N + j] = T.cast(x[i, j] * row_sum[i], dtype)
-                T.fence_proxy_async()  # the threads' writes, visible to the bulk store (async proxy)
-                T.sync_threads()
-                T.tma_copy(rows[it % S, :], Y[g * span:(g + 1) * span])  # bulk store, not waited here
-                if store_lag == 0:
-                    if it + S < steps:
-                        T.tma_store_wait(0)  # this store has read the buffer: refill it
-                        T.tma_copy(X[(g + S * blocks) * span:(g + S * blocks + 1) * span], rows[it % S, :],
-                                   barrier=full[it % S])
-                        T.mbarrier_arrive(full[it % S])
-                else:
-                    if it >= 1 and it - 1 + S < steps:
-                        T.tma_store_wait(1)  # the previous step's store has read its buffer
-                        T.tma_copy(X[(g + (S - 1) * blocks) * span:(g + (S - 1) * blocks + 1) * span],
-                                   rows[(it - 1) % S, :], barrier=full[(it - 1) % S])
-                        T.mbarrier_arrive(full[(it - 1) % S])
-            T.tma_store_wait(0)
-
-    return softmax_rows_staged_pipelined
 
 
 def long_rows_online(M: int, N: int, chunk: int, threads: int, dtype: str = "float16", bulk_copy: bool = True):

@@ -243,6 +243,24 @@ def test_streamk_formulas_mean_the_same_in_tir():
                 assert [value(e) for e in plan.waiting_range(g, t)] == list(plan.waiting_range(block, t))
 
 
+def publishes_with_release(source, flag):
+    """Workspace stores done: a device-wide fence, the consumers' named barrier, then one thread's release store
+    (order 3) of Flags[flag] (a regex)."""
+    return re.search(r"__threadfence\(\);\s*tl::__sync_thread_partial\(10, 256\);\s*"
+                     r"if \(\(\(int\)threadIdx.x\) == 0\) \{\s*"
+                     rf"AtomicStore\(\(&\(Flags\[{flag}\]\)\), 1, 3\);", source)
+
+
+def waits_with_acquire(source, loop_head, flag, reset):
+    """In a loop opened by `loop_head` (regex) and before any use of C_local: one thread spins on an acquire
+    load (order 2) of Flags[flag], resets Flags[reset] to zero, then the consumers meet at the named barrier
+    and fence before reading the partial sum."""
+    return re.search(loop_head + r"(?:(?!C_local).)*?"
+                     rf"while \(1\) \{{\s*if \(!\(\(AtomicLoad\(\(&\(Flags\[{flag}\]\)\), 2\) == 0\)\)\) "
+                     rf"\{{ break; \}}\s*\}}\s*AtomicStore\(\(&\(Flags\[{reset}\]\)\), 0, 0\);\s*\}}\s*"
+                     r"tl::__sync_thread_partial\(10, 256\);\s*__threadfence\(\);", source, re.S)
+
+
 @pytest.mark.parametrize("name", STREAMK)
 def test_streamk_fixup_publishes_and_waits_in_order(name):
     """The contributor: workspace stores, a device-wide fence, the consumers' named barrier, then one thread's
@@ -251,13 +269,8 @@ def test_streamk_fixup_publishes_and_waits_in_order(name):
     (1001x1032x1000: 40 tiles) has no fixup at all."""
     source = lower(name, (8192, 8192, 8192)).source
     assert re.search(r"Workspace \+ .*\) = \*\(float2\*\)\(C_local", source)
-    assert re.search(r"__threadfence\(\);\s*tl::__sync_thread_partial\(10, 256\);\s*"
-                     r"if \(\(\(int\)threadIdx.x\) == 0\) \{\s*"
-                     r"AtomicStore\(\(&\(Flags\[\(\(int\)blockIdx.x\)\]\)\), 1, 3\);", source)  # 3: release
-    wait = re.search(r"for \(int d = \(\(\(int\)blockIdx.x\) \+ 1\); d < [^;]*; \+\+d\) \{"
-                     r"(?:(?!C_local).)*?while \(1\) \{\s*if \(!\(\(AtomicLoad\(\(&\(Flags\[d\]\)\), 2\) == 0\)\)\) "
-                     r"\{ break; \}\s*\}\s*AtomicStore\(\(&\(Flags\[d\]\)\), 0, 0\);\s*\}\s*"
-                     r"tl::__sync_thread_partial\(10, 256\);\s*__threadfence\(\);", source, re.S)  # 2: acquire
+    assert publishes_with_release(source, r"\(\(int\)blockIdx.x\)")
+    wait = waits_with_acquire(source, r"for \(int d = \(\(\(int\)blockIdx.x\) \+ 1\); d < [^;]*; \+\+d\) \{", "d", "d")
     assert wait
     assert re.search(r"\(float2\*\)\(Workspace \+ \(\(\(\(\(\(d \* 32768\)", source[wait.end():])
     assert source.count("__syncthreads") == 1  # only after the mbarrier init
@@ -507,13 +520,9 @@ def test_lockstep_fixup_publishes_and_waits_in_order(shape):
     assert re.search(r"Workspace \+ .*\) = \*\(float2\*\)\(C_local", source)
     per_helper, first_slot = plan.slots_per_helper, plan.tail_tiles * plan.slots_per_helper
     slot = rf"\(\(\(\(\(int\)blockIdx.x\) \* {per_helper}\) \+ i_\d+\) - {first_slot}\)"  # (g - T) * S + i
-    assert re.search(r"__threadfence\(\);\s*tl::__sync_thread_partial\(10, 256\);\s*"
-                     r"if \(\(\(int\)threadIdx.x\) == 0\) \{\s*"
-                     rf"AtomicStore\(\(&\(Flags\[{slot}\]\)\), 1, 3\);", source)  # 3: release
-    wait = re.search(r"for \(int (j\w*) = 0; \1 < [^;]*; \+\+\1\) \{(?:(?!C_local).)*?"
-                     r"while \(1\) \{\s*if \(!\(\(AtomicLoad\(\(&\(Flags\[(?P<slot>[^;]*?)\]\)\), 2\) == 0\)\)\) "
-                     r"\{ break; \}\s*\}\s*AtomicStore\(\(&\(Flags\[(?P=slot)\]\)\), 0, 0\);\s*\}\s*"
-                     r"tl::__sync_thread_partial\(10, 256\);\s*__threadfence\(\);", source, re.S)  # 2: acquire
+    assert publishes_with_release(source, slot)
+    wait = waits_with_acquire(source, r"for \(int (j\w*) = 0; \1 < [^;]*; \+\+\1\) \{", r"(?P<slot>[^;]*?)",
+                              "(?P=slot)")  # the flag it waited on, and no other
     assert wait
     assert "(float2*)(Workspace + " in source[wait.end():]
     assert source.count("__syncthreads") == 1  # only after the mbarrier init

@@ -106,11 +106,11 @@ def test_command_line_shapes():
 
 def test_pipelined_builder_rejects_bad_parameters():
     with pytest.raises(ValueError, match="store_lag"):
-        S.rows_staged_pipelined(4096, 1823, 8, 256, 128, num_stages=2, store_lag=1)
+        probe.rows_staged_pipelined(4096, 1823, 8, 256, 128, num_stages=2, store_lag=1)
     with pytest.raises(ValueError, match="16-byte"):
-        S.rows_staged_pipelined(1004, 1823, 8, 256, 64)  # 1004 rows: not whole groups of 8
+        probe.rows_staged_pipelined(1004, 1823, 8, 256, 64)  # 1004 rows: not whole groups of 8
     with pytest.raises(ValueError, match="blocks"):
-        S.rows_staged_pipelined(4096, 1823, 8, 256, 513)
+        probe.rows_staged_pipelined(4096, 1823, 8, 256, 513)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -144,7 +144,7 @@ def test_min_blocks_only_changes_the_launch_bounds():
 @pytest.mark.parametrize("lag,stages", [(0, 2), (1, 3)])
 def test_pipelined_kernel_is_one_role_with_a_ring_of_bulk_copies(lag, stages):
     # 1000 rows: 125 groups over 13 blocks, so the blocks walk 9 or 10 groups (a ragged grid).
-    source = lowered(S.rows_staged_pipelined(1000, 1823, 8, 256, 13, stages, store_lag=lag))
+    source = lowered(probe.rows_staged_pipelined(1000, 1823, 8, 256, 13, stages, store_lag=lag))
     assert "__launch_bounds__(256, 1)" in source  # no producer warp group added: every thread computes
     assert "warpgroup_reg" not in source and "threadIdx.x) < 256" not in source
     assert len(re.findall(r"\.init\(256\)", source)) == stages  # one full barrier per buffer, all threads arrive
