@@ -104,6 +104,9 @@ VARIANTS: dict[str, GemmConfig] = {
     # of the operand with the longer K rows (8192x4096x14336: 116 MiB a wave against 149 MiB).
     "ws_persistent_p16": GemmConfig(128, 256, 64, 4, 256, True, persistent=H200_SMS,
                                     **dict(HAND_WS, panel=16)),
+    # Panels of 8 tile columns: a wave spans 16.5 x 8 tiles (8192x4096x14336: ~25% fewer bytes a wave).
+    "ws_persistent_p8c": GemmConfig(128, 256, 64, 4, 256, True, persistent=H200_SMS,
+                                    **dict(HAND_WS, panels="columns")),
     # The whole tile staged (4 strips) next to a 3-stage ring: the epilogue never waits for a store.
     "ws_persistent_s3_store4": GemmConfig(128, 256, 64, 3, 256, True, persistent=H200_SMS, store_buffers=4, **HAND_WS),
     # The section's ping-pong kernel (kernel="pingpong"): each consumer warpgroup on its own tile, taking turns,

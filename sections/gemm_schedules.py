@@ -23,6 +23,7 @@ The same builder also takes a fused epilogue (bias, GELU) that the `fusion` sect
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
+import dataclasses
 from dataclasses import dataclass
 
 import tilelang
@@ -63,6 +64,11 @@ class GemmConfig:
     kernel: str = "tilelang"
     store_buffers: int = 1  # "ws": shared-memory strips staging the C store (2: one stores while one fills;
     # block_N / 64: the whole tile, so the epilogue never waits for a store to finish reading its strip)
+    # persistent kernels: the swizzle panels are `panel` tile rows ("rows": a wave of 132 tiles spans 8 rows x
+    # 16.5 columns at panel 8) or `panel` tile columns ("columns": 16.5 rows x 8 columns). A wave reads each
+    # A row panel and B column panel it touches once from DRAM, so the better one depends on the shape: at
+    # 8192x4096x14336 (B's 256-column panels twice A's 128-row ones) columns read ~25% fewer bytes.
+    panels: str = "rows"
 
     @property
     def hand_ws(self) -> bool:
@@ -91,6 +97,8 @@ class GemmConfig:
     def label(self) -> str:
         text = f"{self.block_M}x{self.block_N}x{self.block_K} s{self.num_stages} t{self.threads}"
         text += f" swz{self.panel if self.panel != 10 else ''}" if self.swizzle else " noswz"
+        if self.panels != "rows":
+            text += f" {self.panels}"
         if self.policy != "Square":
             text += f" {self.policy}"
         if not self.staged_store:
@@ -208,6 +216,10 @@ def _check_problem(M: int, N: int, K: int, config: GemmConfig, activation, dtype
         raise ValueError(f"warp policy {config.policy!r} is not one of {_WARP_POLICIES}")
     if config.kernel not in KERNELS:
         raise ValueError(f"kernel {config.kernel!r} is not one of {KERNELS}")
+    if config.panels not in ("rows", "columns"):
+        raise ValueError(f"panels {config.panels!r} is not 'rows' or 'columns'")
+    if config.panels == "columns" and not (config.hand_ws and config.persistent):
+        raise ValueError(f"{config.label()}: column panels are for the hand-written persistent kernels")
     if config.hand_ws:
         _check_hand_ws(config)
     # Rows of A (K elements) and of B and C (N elements) must start 16-byte aligned: TMA descriptors and
@@ -451,6 +463,14 @@ def ws_pipeline(block_M: int, block_N: int, block_K: int, k_steps, num_stages: i
     return stage_of, produce_tile, consume_tile
 
 
+def tile_scheduler(m_tiles, n_tiles, config: GemmConfig):
+    """The persistent kernels' tile order: config.persistent blocks take every config.persistent-th tile of
+    a linear order that sweeps panels of `panel` tile rows (or columns, config.panels) for L2 reuse."""
+    return T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=config.persistent,
+                                     swizzle_size=config.panel if config.swizzle else 1,
+                                     column_major=config.panels == "columns")
+
+
 def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activate, dtype: str, accum_dtype: str):
     """The hand-written warp-specialized Hopper kernel (kernel="ws"), as CUTLASS's Hopper mainloop does it.
     TileLang's pipelined kernel makes its consumers wait for each K step's whole wgmma batch (wait<0>) before
@@ -553,8 +573,7 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
             # is config.persistent); `current_iter` counts this block's tiles.
             if tid >= consumer_threads:
                 T.set_max_nreg(producer_regs, 0)
-                tiles = T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=config.persistent,
-                                                  swizzle_size=panel, column_major=False)
+                tiles = tile_scheduler(m_tiles, n_tiles, config)
                 tiles.init(block_id)
                 while tiles.valid():
                     produce_bias(Bias, Bias_s, bias_full, bias_empty, tiles.n_idx, tiles.current_iter)
@@ -562,8 +581,7 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
                     tiles.next_tile()
             else:
                 T.set_max_nreg(consumer_regs, 1)
-                tiles = T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=config.persistent,
-                                                  swizzle_size=panel, column_major=False)
+                tiles = tile_scheduler(m_tiles, n_tiles, config)
                 tiles.init(block_id)
                 while tiles.valid():
                     consume_tile(A_s, B_s, C_local, full, empty, tiles.current_iter * k_steps)
@@ -596,12 +614,10 @@ def gemm_pingpong_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, a
     m_tiles, n_tiles, k_steps = T.ceildiv(M, bM), T.ceildiv(N, bN), T.ceildiv(K, bK)
     total_tiles = m_tiles * n_tiles
     strips = bN // WS_STORE_BLOCK_N
-    panel = config.panel if config.swizzle else 1
     _, produce_tile, mainloop = ws_pipeline(bM, bN, bK, k_steps, num_stages)
 
     def scheduler(block_id):
-        tiles = T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=workers, swizzle_size=panel,
-                                          column_major=False)
+        tiles = tile_scheduler(m_tiles, n_tiles, config)
         tiles.init(block_id)
         return tiles
 
@@ -901,8 +917,13 @@ def compile_only(ctx, family: str, schedules: list[GemmConfig]) -> None:
 def shape_set_schedules(schedules: list[GemmConfig], smem_budget: int) -> list[GemmConfig]:
     """The --full shape sweep tries the first five fitting schedules of the table (each table lists
     first the ones that win on some shape; on Hopper: the hand-written kernel, persistent with one, two and
-    four store strips and one tile per block, and TileLang's 256x192 three-warpgroup schedule)."""
-    return [c for c in schedules if fits(c, smem_budget)][:5]
+    four store strips and one tile per block, and TileLang's 256x192 three-warpgroup schedule), and, when the
+    first is persistent, two other tile orders of it: panels of 16 tile rows, and panels of 8 tile columns."""
+    leaders = [c for c in schedules if fits(c, smem_budget)][:5]
+    if leaders and leaders[0].persistent and leaders[0].hand_ws and leaders[0].swizzle:
+        first = leaders[0]
+        leaders += [dataclasses.replace(first, panel=16), dataclasses.replace(first, panel=8, panels="columns")]
+    return leaders
 
 
 def schedules_for(ctx) -> list[GemmConfig]:

@@ -75,6 +75,21 @@ def test_persistent_kernel_launches_one_block_per_sm_and_walks_the_tiles():
     assert [c.persistent for c in sized] == [78] * 5  # three hand-written, ping-pong, one T.Persistent
 
 
+def test_column_panels_change_the_persistent_tile_order_only():
+    rows = HAND_WS[0]
+    columns = dataclasses.replace(rows, panels="columns")
+    sources = [tourkit.lower_for_arch(gemm_program(4096, 4096, 4096, c), "sm_90a").kernel_source
+               for c in (rows, columns)]
+    assert sources[0] != sources[1]
+    tourkit.require_markers(tourkit.inspect_kernel("gemm", gemm_program(4096, 4096, 4096, columns), "sm_90a"),
+                            EXPECTED["sm_90a"])  # and nvcc compiles it
+    for bad in (GemmConfig(128, 256, 64, 4, 256, True, panels="columns"),              # TileLang's kernel
+                dataclasses.replace(rows, persistent=0, panels="columns"),            # one tile per block
+                dataclasses.replace(rows, panels="diagonal")):
+        with pytest.raises(ValueError, match="panels"):
+            gemm_program(1024, 1024, 1024, bad)
+
+
 def test_schedule_tables_differ_by_family_and_filter_by_budget():
     hopper, ampere = default_schedules("hopper"), default_schedules("ampere")
     assert not any(c.hand_ws for family in ("ampere", "ada", "turing") for c in default_schedules(family))
@@ -202,7 +217,12 @@ def test_ws_is_hopper_only_and_checks_its_shape():
 
 def test_shape_set_leaders_are_the_hand_written_kernels_and_fullcol():
     leaders = shape_set_schedules(HOPPER_TABLE, tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin)
-    assert len(leaders) == 5 and leaders[:3] == HAND_WS[:3] and HAND_WS[3] in leaders
+    assert len(leaders) == 7 and leaders[:3] == HAND_WS[:3] and HAND_WS[3] in leaders
+    # the first one again in two other tile orders
+    assert leaders[5:] == [dataclasses.replace(HAND_WS[0], panel=16),
+                           dataclasses.replace(HAND_WS[0], panels="columns")]
+    assert [c.label() for c in leaders[5:]] == ["128x256x64 s4 t256 swz16 FullRow ws persistent132",
+                                                 "128x256x64 s4 t256 swz8 columns FullRow ws persistent132"]
     assert HAND_WS[2].store_buffers == 4 and HAND_WS[2].num_stages == 3  # the whole tile staged
     assert any(c.policy == "FullCol" and c.kernel == "tilelang" for c in leaders)
 
@@ -319,7 +339,10 @@ def test_three_consumer_warpgroups_split_the_registers_explicitly():
 WS_ODD_SIZES = [(1000, 1000, 1000), (1001, 1032, 1000)]
 # The ping-pong kernels on 132 blocks get at most one tile a block at those sizes (warpgroup 1 idles), so they
 # also run with 5 blocks, each walking ~14-16 tiles: both warpgroups take many turns, on ragged tiles too.
-GPU_HAND_WRITTEN = HAND_WS + PINGPONG + [dataclasses.replace(PINGPONG[0], persistent=5)]
+# Column panels on 5 blocks: the 8 x 4 tiles of 1000x1000 in one ragged panel of 4 columns, many tiles a block.
+GPU_HAND_WRITTEN = HAND_WS + PINGPONG + [dataclasses.replace(PINGPONG[0], persistent=5),
+                                         dataclasses.replace(HAND_WS[0], persistent=5, panels="columns"),
+                                         dataclasses.replace(PINGPONG[0], persistent=5, panels="columns")]
 
 
 def on_this_gpu(config: GemmConfig, sm_count: int) -> GemmConfig:
