@@ -60,19 +60,22 @@ def exponentials_and_reciprocal_sums(x, row_max, row_sum, rows: int, width: int)
 def rows_in_registers(M: int, N: int, rows_per_block: int, threads: int, dtype: str = "float16",
                       min_blocks_per_sm: int = 0):
     """Each block owns `rows_per_block` whole rows, read straight from global memory into a float32
-    fragment: reduce_max → exp2 in place → reduce_sum → scale → store. When N is a multiple of 8 every row
-    starts on a 16-byte boundary and T.copy vectorizes; otherwise the fragment is padded to a multiple of the
-    threads per row, loads are masked (the pad holds -inf) and each thread moves single halves: correct for
-    any (M, N), but not the fast path for odd widths (see rows_staged_in_shared).
+    fragment: reduce_max → exp2 in place → reduce_sum → scale → store. When rows are 16-byte aligned and
+    split evenly over the threads of a row, T.copy moves them and vectorizes. Otherwise the fragment is padded
+    to a multiple of (threads per row) · (elements per run), loads are masked (the pad holds -inf) and each
+    thread owns runs of 8 halves when N is a multiple of 8 (rows 16-byte aligned), else single halves:
+    correct for any (M, N). (TileLang 0.1.15 finds no layout for T.copy of e.g. 3000 columns over 256
+    threads.)
 
     min_blocks_per_sm > 0 asks nvcc for that many resident blocks per SM (__launch_bounds__' second argument:
     registers capped at 64K / (n · threads)); 0 leaves the launch bounds as they were."""
     R = rows_per_block
     if threads % R:
         raise ValueError(f"softmax: {R} rows per block must divide {threads} threads")
-    aligned = N % 8 == 0
     per_row = threads // R
-    width = N if aligned else -(-N // per_row) * per_row
+    vec = 8 if N % 8 == 0 else 1
+    aligned = vec == 8 and N % per_row == 0  # what T.copy's layout inference splits (TileLang 0.1.15)
+    width = N if aligned else -(-N // (per_row * vec)) * per_row * vec
 
     @T.prim_func
     def softmax_rows_in_registers(X: T.Tensor((M, N), dtype), Y: T.Tensor((M, N), dtype)):
@@ -85,7 +88,7 @@ def rows_in_registers(M: int, N: int, rows_per_block: int, threads: int, dtype: 
             if aligned:
                 T.copy(X[bx * R, 0], x)  # the one read: 16-byte vectors, converted to float32 in registers
             else:
-                T.annotate_layout({x: row_split_layout(R, width, per_row, 1)})
+                T.annotate_layout({x: row_split_layout(R, width, per_row, vec)})
                 for i, j in T.Parallel(R, width):
                     x[i, j] = T.if_then_else(j < N, T.cast(X[bx * R + i, j], "float32"), -T.infinity("float32"))
             exponentials_and_reciprocal_sums(x, row_max, row_sum, R, width)

@@ -145,6 +145,7 @@ def test_softmax_matches_torch(shape):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind,args", [("registers", (1001, 1823, 1, 256)), ("registers", (1000, 1823, 4, 128)),
+                                       ("registers", (999, 3000, 1, 256)), ("registers", (999, 4000, 1, 512)),
                                        ("staged", (1000, 1823, 8, 256)),
                                        ("online", (37, 32768, 4096, 512)), ("online-per-thread", (37, 32768, 0, 512))])
 def test_each_kernel_variant_matches_torch(kind, args):
@@ -153,6 +154,16 @@ def test_each_kernel_variant_matches_torch(kind, args):
     plan = S.SoftmaxPlan(kind, p, t)
     check = S.check_shape(M, N, plan, family=device.family)
     assert check.passed, check.line()
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("N, threads", [(3000, 256), (4000, 256), (2816, 512)])
+def test_register_kernel_masks_aligned_rows_that_do_not_split_over_the_threads(arch, N, threads):
+    # Regression (2026-12-03): T.copy of 3000 columns over 256 threads failed layout inference (999x3000 on
+    # sm_80). Such rows now take the padded, masked path, still in 16-byte vectors (rows are 16-byte aligned).
+    source = tourkit.lower_for_arch(S.rows_in_registers(999, N, 1, threads), arch).kernel_source
+    assert re.search(r"if \(.*\) \{\s*condval = \*\(uint4\*\)\(X \+", source)  # a guarded 16-byte read
+    assert "-CUDART_INF_F" in source  # the pad
 
 
 def _unmasked_vector_reads_of_shared_rows(source: str) -> int:
