@@ -839,7 +839,7 @@ def run_shape_set(ctx, schedules: list[GemmConfig]) -> dict[str, float]:
     """--full: a few schedules on the LLM-like shape set; the best per shape against cuBLAS."""
     import torch
 
-    rows, ratios = [], {}
+    rows, ratios, every = [], {}, {}
     tourkit.compile_many([gemm_program(M, N, K, c) for M, N, K in SHAPE_SET for c in schedules], log=ctx.log)
     for M, N, K in SHAPE_SET:
         a, b, c = gemm_inputs(M, N, K)
@@ -855,10 +855,16 @@ def run_shape_set(ctx, schedules: list[GemmConfig]) -> dict[str, float]:
         cublas_ms = ms.pop("cuBLAS")
         label = min(ms, key=ms.get)
         shape = f"{M}x{N}x{K}"
+        every[shape] = {name: round(tourkit.speedup(cublas_ms, t), 3) for name, t in ms.items()}
         ratios[shape] = round(tourkit.speedup(cublas_ms, ms[label]), 3)
         flops = gemm_flops(M, N, K)
         rows.append([shape, label, f"{tourkit.tflops(flops, ms[label]):.0f}", f"{tourkit.tflops(flops, cublas_ms):.0f}",
                      f"{ratios[shape]:.3f}x"])
+    ctx.log("\nShape set (--full), every schedule against cuBLAS (>1: faster):")
+    shapes = list(every)
+    ctx.table(["schedule"] + shapes,
+              [[c.label()] + [f"{every[shape][c.label()]:.3f}x" for shape in shapes] for c in schedules])
+    ctx.metric(shape_set_every=every)
     ctx.log("\nShape set (--full), the best of the listed schedules per shape:")
     ctx.table(["M x N x K", "schedule", "TFLOP/s", "cuBLAS TFLOP/s", "vs cuBLAS"], rows)
     return ratios

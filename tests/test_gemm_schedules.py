@@ -412,3 +412,47 @@ def test_head_to_head_decides_the_best_schedule(monkeypatch):
     assert abs(tflops - gemm_flops(1024, 1024, 1024) / 0.95e-3 / 1e12) < 1e-6
     assert ctx.metrics["head_to_head"][leaders[0].label()] == round(1 / 1.02, 3)
     assert any("<- best" in line and leaders[1].label() in line for line in ctx.report)
+
+
+def test_shape_set_reports_every_schedule_and_the_best_per_shape(monkeypatch):
+    """--full's sweep, with the GPU faked: each schedule's kernel is a CPU matmul, the timings are given."""
+    import torch
+
+    from sections import gemm_schedules
+
+    schedules = HAND_WS[:2]
+    shapes = [(64, 32, 16), (32, 64, 16)]
+    # per shape: cuBLAS, then the two schedules; the second wins the first shape, the first the second
+    timings = iter([{"cuBLAS": 1.0, schedules[0].label(): 1.1, schedules[1].label(): 0.9},
+                    {"cuBLAS": 1.0, schedules[0].label(): 0.8, schedules[1].label(): 1.25}])
+    launched = []
+
+    def fake_compile(M, N, K, config):
+        def kernel(a, b, c):
+            launched.append((M, N, K, config.label()))
+            c.copy_((a.float() @ b.float()).half())
+        return kernel
+
+    def fake_inputs(M, N, K):
+        return (tourkit.random_tensor((M, K), torch.float16, seed=1, device="cpu"),
+                tourkit.random_tensor((K, N), torch.float16, seed=2, device="cpu"),
+                torch.empty((M, N), dtype=torch.float16))
+
+    def fake_bench(contenders, rounds):
+        for launch in contenders.values():
+            launch()  # every contender runs
+        return next(timings)
+
+    monkeypatch.setattr(gemm_schedules, "SHAPE_SET", shapes)
+    monkeypatch.setattr(gemm_schedules, "compile_gemm", fake_compile)
+    monkeypatch.setattr(gemm_schedules, "gemm_inputs", fake_inputs)
+    monkeypatch.setattr(tourkit, "compile_many", lambda jobs, log=None: None)
+    monkeypatch.setattr(tourkit, "bench_interleaved", fake_bench)
+    ctx = tourkit.TourContext(echo=False)
+    ratios = gemm_schedules.run_shape_set(ctx, schedules)
+    assert ratios == {"64x32x16": round(1 / 0.9, 3), "32x64x16": round(1 / 0.8, 3)}
+    assert ctx.metrics["shape_set_every"]["64x32x16"] == {schedules[0].label(): round(1 / 1.1, 3),
+                                                          schedules[1].label(): round(1 / 0.9, 3)}
+    assert {label for *_, label in launched} == {c.label() for c in schedules}
+    every_row = [line for line in ctx.report if line.startswith(schedules[1].label())]
+    assert every_row and "1.111x" in every_row[0] and "0.800x" in every_row[0]
