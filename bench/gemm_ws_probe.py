@@ -107,6 +107,9 @@ VARIANTS: dict[str, GemmConfig] = {
     # Panels of 8 tile columns: a wave spans 16.5 x 8 tiles (8192x4096x14336: ~25% fewer bytes a wave).
     "ws_persistent_p8c": GemmConfig(128, 256, 64, 4, 256, True, persistent=H200_SMS,
                                     **dict(HAND_WS, panels="columns")),
+    # K steps of 128 in a 2-stage ring (96 KiB a stage): half the barrier round trips and wgmma batches per FLOP,
+    # for the energy the power-capped H200 spends on them; latency hidden by one stage only.
+    "ws_persistent_k128": GemmConfig(128, 256, 128, 2, 256, True, persistent=H200_SMS, **HAND_WS),
     # The whole tile staged (4 strips) next to a 3-stage ring: the epilogue never waits for a store.
     "ws_persistent_s3_store4": GemmConfig(128, 256, 64, 3, 256, True, persistent=H200_SMS, store_buffers=4, **HAND_WS),
     # The section's ping-pong kernel (kernel="pingpong"): each consumer warpgroup on its own tile, taking turns,
