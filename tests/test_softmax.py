@@ -179,3 +179,35 @@ def test_staged_kernel_reads_no_vector_past_a_padded_row(M, N, exact):
     rep = tourkit.inspect_kernel("staged", S.rows_staged_in_shared(M, N, 1, 256), "sm_90a", nvcc=False)
     reads = _unmasked_vector_reads_of_shared_rows(rep.source)
     assert (reads > 0) == exact  # the exact width keeps its fast vector path (the control)
+
+
+def test_section_judges_each_shape_against_its_own_copy(monkeypatch):
+    """The section's GPU path with the GPU faked: the headline's worst case is taken per shape against the copy
+    of the same bytes (timed in turns with it), and the 1 GiB copy is reported beside it."""
+    device = tourkit.DeviceInfo("fake H200", (9, 0), "sm_90a", 132, 141 * 2**30, 232448, 60 * 2**20)
+    # GB/s of (ours, the same-size copy) per shape: the small shape is far from the 1 GiB copy, near its own
+    rates = {(32768, 4096): (4000, 4100), (4096, 1823): (2200, 2400)}
+
+    def fake_bench(M, N, softmax):
+        ours, copy = rates[(M, N)]
+        return {"ms": 1.0, "gbps": ours, "torch_ms": 2.0, "torch_gbps": ours / 2, "copy_gbps": copy}
+
+    def fake_compile(M, N, plan, family="hopper"):
+        fake = lambda x, y=None: y  # noqa: E731
+        fake.source = "AllReduce<tl::MaxOp"
+        return fake
+
+    monkeypatch.setattr(S, "BENCH_SHAPES", list(rates))
+    monkeypatch.setattr(S, "prepare", lambda ctx, log=None: None)
+    monkeypatch.setattr(S, "compile_softmax", fake_compile)
+    monkeypatch.setattr(S, "bench_shape", fake_bench)
+    monkeypatch.setattr(S, "check_shape", lambda M, N, plan, softmax=None, family="hopper":
+                        tourkit.Check(f"softmax {M}x{N}", 1e-4, 5e-3))
+    monkeypatch.setattr(tourkit, "device_copy_gbps", lambda: 4200.0)
+    ctx = tourkit.TourContext(device=device, echo=False)
+    S.run(ctx)
+    assert ctx.headlines["worst_of_same_size_copy"] == round(2200 / 2400, 3)
+    assert ctx.headlines["worst_of_1gib_copy"] == round(2200 / 4200, 3)
+    assert ctx.metrics["softmax_4096x1823_copy_gbps"] == 2400
+    row = next(line for line in ctx.report if line.startswith("4096x1823"))
+    assert "52%" in row and "92%" in row  # of the 1 GiB copy, of the same-size copy
