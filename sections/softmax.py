@@ -472,7 +472,7 @@ def run(ctx) -> None:
         r = bench_shape(M, N, softmax)
         worst_of_copy = min(worst_of_copy, r["gbps"] / copy)
         worst_of_same_size_copy = min(worst_of_same_size_copy, r["gbps"] / r["copy_gbps"])
-        rows.append([f"{M}x{N}", plan.describe(), r["ms"], r["gbps"], f"{100 * r['gbps'] / copy:.0f}%",
+        rows.append([f"{M}x{N}", plan.describe(), f"{1000 * r['ms']:.1f}", r["gbps"], f"{100 * r['gbps'] / copy:.0f}%",
                      f"{100 * r['gbps'] / r['copy_gbps']:.0f}%", r["torch_gbps"],
                      f"{tourkit.speedup(r['torch_ms'], r['ms']):.2f}x"])
         ctx.metric(**{f"softmax_{M}x{N}_gbps": r["gbps"], f"softmax_{M}x{N}_torch_gbps": r["torch_gbps"],
@@ -484,7 +484,7 @@ def run(ctx) -> None:
         ctx.log(check.line())
     tourkit.require(checks)
     ctx.log("")
-    ctx.table(["shape", "kernel", "ms", "GB/s", "of 1 GiB copy", "of same-size copy", "torch GB/s", "vs torch"], rows)
+    ctx.table(["shape", "kernel", "µs", "GB/s", "of 1 GiB copy", "of same-size copy", "torch GB/s", "vs torch"], rows)
     ctx.log("(a small problem cannot reach the 1 GiB copy's rate: launch and the first wave's latency weigh more;")
     ctx.log(" the same-size copy, y.copy_(x) of the same bytes timed in turns with the kernel, is its ceiling)")
     show_generated(ctx, sources[0])
