@@ -67,7 +67,8 @@ class GemmConfig:
     # persistent kernels: the swizzle panels are `panel` tile rows ("rows": a wave of 132 tiles spans 8 rows x
     # 16.5 columns at panel 8) or `panel` tile columns ("columns": 16.5 rows x 8 columns). A wave reads each
     # A row panel and B column panel it touches once from DRAM, so the better one depends on the shape: at
-    # 8192x4096x14336 (B's 256-column panels twice A's 128-row ones) columns read ~25% fewer bytes.
+    # 8192x4096x14336 (B's 256-column panels twice A's 128-row ones) columns read ~25% fewer bytes. On the
+    # H200 (2026-12-03) neither 16-row nor 8-column panels beat 8-row ones: its GEMMs run at the power cap.
     panels: str = "rows"
 
     @property
@@ -836,7 +837,8 @@ def head_to_head(ctx, M: int, N: int, K: int, leaders: list[GemmConfig], kernels
 
 
 def run_shape_set(ctx, schedules: list[GemmConfig]) -> dict[str, float]:
-    """--full: a few schedules on the LLM-like shape set; the best per shape against cuBLAS."""
+    """--full: a few schedules on the LLM-like shape set, each timed in turns with cuBLAS per shape; a table
+    of every ratio, then the best per shape."""
     import torch
 
     rows, ratios, every = [], {}, {}
