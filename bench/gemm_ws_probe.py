@@ -46,7 +46,9 @@ Experiments written here first (EXPERIMENTS; not in the section until an H200 ru
   stays in lockstep (LockstepPlan): the T = tiles mod 132 tail tiles' first x k-steps run as a wave on blocks
   0..T-1, each the head of its tile; the other 132 - T blocks share out the remainders [x, k_steps) tile-major
   (stream-K within them) and publish one partial sum per piece, which the heads add. x balances the two
-  groups (lockstep_plan; 172 of 224 k-steps at 8192x4096x14336). Not run on a GPU yet.
+  groups (lockstep_plan; 172 of 224 k-steps at 8192x4096x14336). H200, 2026-12-03: validated, but 0.940x /
+  0.890x cuBLAS at 8192x4096x14336 / 4096^3 against 0.977x / 1.002x for the persistent kernel (the GEMMs run at
+  the power cap, where filling the partial wave's idle SMs buys little and the fixup traffic costs energy).
 
 The ping-pong kernel (kernel="pingpong") started here and now lives in the section (gemm_pingpong_body; the
 fusion section's schedule on Hopper); the pingpong* variants time it bare.
@@ -105,10 +107,12 @@ VARIANTS: dict[str, GemmConfig] = {
     "ws_persistent_p16": GemmConfig(128, 256, 64, 4, 256, True, persistent=H200_SMS,
                                     **dict(HAND_WS, panel=16)),
     # Panels of 8 tile columns: a wave spans 16.5 x 8 tiles (8192x4096x14336: ~25% fewer bytes a wave).
+    # H200 2026-12-03 (8192x4096x14336 / 4096^3): p16 0.991x / 0.993x, p8c 0.982x / 0.970x, rows of 8 (ws_persistent)
+    # 0.999x / 0.983x cuBLAS: no gain from the order.
     "ws_persistent_p8c": GemmConfig(128, 256, 64, 4, 256, True, persistent=H200_SMS,
                                     **dict(HAND_WS, panels="columns")),
     # K steps of 128 in a 2-stage ring (96 KiB a stage): half the barrier round trips and wgmma batches per FLOP,
-    # for the energy the power-capped H200 spends on them; latency hidden by one stage only.
+    # for the energy the power-capped H200 spends on them; latency hidden by one stage only. Not run on a GPU yet.
     "ws_persistent_k128": GemmConfig(128, 256, 128, 2, 256, True, persistent=H200_SMS, **HAND_WS),
     # The whole tile staged (4 strips) next to a 3-stage ring: the epilogue never waits for a store.
     "ws_persistent_s3_store4": GemmConfig(128, 256, 64, 3, 256, True, persistent=H200_SMS, store_buffers=4, **HAND_WS),
