@@ -112,8 +112,21 @@ VARIANTS: dict[str, GemmConfig] = {
     "ws_persistent_p8c": GemmConfig(128, 256, 64, 4, 256, True, persistent=H200_SMS,
                                     **dict(HAND_WS, panels="columns")),
     # K steps of 128 in a 2-stage ring (96 KiB a stage): half the barrier round trips and wgmma batches per FLOP,
-    # for the energy the power-capped H200 spends on them; latency hidden by one stage only. Not run on a GPU yet.
+    # for the energy the power-capped H200 spends on them; latency hidden by one stage only. H200 2026-12-03:
+    # 0.758x / 0.752x cuBLAS at 8192x4096x14336 / 4096^3 (ws_persistent 0.992x / 0.985x): one stage is too few.
     "ws_persistent_k128": GemmConfig(128, 256, 128, 2, 256, True, persistent=H200_SMS, **HAND_WS),
+    # 256-row tiles, each consumer warpgroup owning 128 rows (two m64 wgmma per 16 of K), as cuBLAS's kernels for
+    # 4096^3 and 8192x4096x14336 on the H200 (nvjet 256x128, 4 stages, 2026-12-03); 256x192 reads 22% fewer
+    # operand bytes a FLOP than 128x256 (192 accumulator registers a consumer thread, of 232). H200 2026-12-03
+    # (8192^3 / 4096^3 / 8192x28672x4096 / 8192x4096x14336 / 1024x8192x8192 vs cuBLAS): 256x128 0.998 / 0.928 /
+    # 0.987 / 0.968 / 0.976x, 256x192 0.990 / 0.931 / 0.984 / 0.901 / 0.793x; ws_persistent_s3_store4 in the same
+    # turns 1.017 / 0.974 / 0.998 / 0.985 / 1.026x: neither tile helps.
+    "ws_persistent_256x128": GemmConfig(256, 128, 64, 4, 256, True, persistent=H200_SMS, **HAND_WS),
+    "ws_persistent_256x192": GemmConfig(256, 192, 64, 3, 256, True, persistent=H200_SMS, **HAND_WS),
+    # cuBLAS's tile at 16384^3 and 8192x28672x4096: three consumer warpgroups of 64 rows (512 threads). (192x256
+    # this way does not compile: ptxas wants 154 registers where 512 threads leave 128.) H200 2026-12-03: 0.964 /
+    # 0.905 / 0.986 / 0.895 / 0.915x cuBLAS on the five shapes above.
+    "ws_persistent_192x192": GemmConfig(192, 192, 64, 4, 384, True, persistent=H200_SMS, **HAND_WS),
     # The whole tile staged (4 strips) next to a 3-stage ring: the epilogue never waits for a store.
     "ws_persistent_s3_store4": GemmConfig(128, 256, 64, 3, 256, True, persistent=H200_SMS, store_buffers=4, **HAND_WS),
     # The section's ping-pong kernel (kernel="pingpong"): each consumer warpgroup on its own tile, taking turns,
@@ -128,7 +141,9 @@ VARIANTS: dict[str, GemmConfig] = {
 # looked up by name when called (they are defined below).
 EXPERIMENTS: dict[str, tuple[str, dict]] = {
     "ws_multicast": ("gemm_ws_multicast_program", dict()),            # 2x1 clusters, B multicast by TMA
-    "ws_multicast_persistent": ("gemm_ws_multicast_program", dict(persistent=True)),  # 66 clusters walk the pairs
+    # 66 clusters walk the pairs. H200 2026-12-03: 0.942x / 0.933x cuBLAS at 8192x4096x14336 / 4096^3 (session 5:
+    # about level at 8192^3)
+    "ws_multicast_persistent": ("gemm_ws_multicast_program", dict(persistent=True)),
     # 64 clusters: in case the GPCs cannot hold 66 two-block clusters at once (an SM left over in a GPC with an
     # odd SM count), which would leave the last clusters for a second wave
     "ws_multicast_persistent128": ("gemm_ws_multicast_program", dict(persistent=True, num_sms=128)),

@@ -232,9 +232,10 @@ def _check_problem(M: int, N: int, K: int, config: GemmConfig, activation, dtype
 
 
 def _check_hand_ws(config: GemmConfig) -> None:
-    """The shapes the hand-written kernels are written for: each consumer warpgroup owns 64 full rows (ws), or
-    two warpgroups each own whole tiles of 64 or 128 rows (pingpong, persistent)."""
-    consumers = config.block_M // 64
+    """The shapes the hand-written kernels are written for: threads / 128 consumer warpgroups, each owning
+    block_M / warpgroups full rows, a multiple of 64 (ws), or two warpgroups each own whole tiles of 64 or
+    128 rows (pingpong, persistent)."""
+    consumers = config.threads // 128
     problems = []
     if config.kernel == "pingpong":
         if config.block_M not in (64, 128) or config.threads != 256:
@@ -244,9 +245,9 @@ def _check_hand_ws(config: GemmConfig) -> None:
             problems.append("persistent must be > 0 (the two warpgroups alternate over a block's tiles)")
         if config.store_buffers != 1:
             problems.append("store_buffers must be 1 (one strip per warpgroup)")
-    elif config.block_M % 64 or consumers < 1 or config.threads != 128 * consumers:
-        problems.append(f"block_M={config.block_M} must be 64 x (consumer warpgroups) and threads={config.threads} "
-                        f"128 x (consumer warpgroups)")
+    elif config.threads % 128 or consumers < 1 or config.block_M % (64 * consumers):
+        problems.append(f"threads={config.threads} must be 128 x (consumer warpgroups) and block_M={config.block_M} "
+                        f"a multiple of 64 x (consumer warpgroups)")
     if config.policy != "FullRow":
         problems.append(f"policy={config.policy!r} must be 'FullRow' (each warpgroup owns full rows)")
     if config.block_N % WS_STORE_BLOCK_N:
@@ -480,7 +481,8 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
     * one producer warpgroup (registers lowered to 24, or 40 when persistent) waits for a free stage of a ring
       of `num_stages` shared buffers (its `empty` mbarrier), issues the TMA loads of the A and B tiles into it
       and arrives on the stage's `full` mbarrier, which completes when the bytes have landed;
-    * block_M / 64 consumer warpgroups (registers raised to 240 / 232), each owning 64 full rows of the tile,
+    * threads / 128 consumer warpgroups (registers raised to 240 / 232 when two), each owning block_M / warpgroups
+      full rows of the tile (64: one m64nN wgmma per 16 of K; 128: two, as CUTLASS's 256-row cooperative tiles),
       wait for `full`, issue the stage's wgmma batch without waiting for it, then wait_wgmma(1): the previous
       step's batch is finished, so only then is the previous step's stage released: one batch in flight;
     * the epilogue (bias, activation) runs on the register accumulator; the fp16 result goes out through

@@ -207,7 +207,7 @@ def test_ws_is_hopper_only_and_checks_its_shape():
     require_hopper(AMPERE_DEFAULT, "sm_80")
     with pytest.raises(ValueError, match="needs Hopper"):
         require_hopper(ws, "sm_80")
-    for bad, why in ((dict(block_M=256), "64 x"), (dict(policy="Square"), "FullRow"), (dict(block_N=200), "strips"),
+    for bad, why in ((dict(block_M=192), "64 x"), (dict(policy="Square"), "FullRow"), (dict(block_N=200), "strips"),
                      (dict(store_buffers=5), "store"), (dict(kernel="cutlass"), "kernel")):
         with pytest.raises(ValueError, match=why):
             gemm_program(1024, 1024, 1024, dataclasses.replace(ws, **bad))

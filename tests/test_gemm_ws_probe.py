@@ -77,7 +77,7 @@ def test_register_split_fits_the_register_file():
 def test_bad_arguments_are_rejected():
     ws = probe.VARIANTS["ws"]
     with pytest.raises(ValueError, match="64 x"):
-        probe.gemm_program(1024, 1024, 1024, dataclasses.replace(ws, block_M=256))
+        probe.gemm_program(1024, 1024, 1024, dataclasses.replace(ws, block_M=192))
     with pytest.raises(ValueError, match="multiples of 8"):
         probe.gemm_program(1024, 1001, 1024, ws)
     assert probe.parse_shape("8192x28672x4096") == (8192, 28672, 4096)
