@@ -33,7 +33,8 @@ def lowered(request):
 def test_markers_launch_shape_and_shared_memory(lowered):
     name, (M, N, K), report = lowered
     assert probe.missing_markers(report.source) == []
-    assert report.threads == 384  # two consumer warpgroups and the producer warpgroup
+    # the consumer warpgroups (two, or three for 192-row tiles) and the producer warpgroup
+    assert report.threads == (probe.VARIANTS[name].threads if name in probe.VARIANTS else 256) + 128
     if name.startswith("ws_multicast"):  # clusters of two blocks on vertically adjacent tiles
         pairs = -(-M // 256) * -(-N // 256)
         blocks = probe.EXPERIMENTS[name][1].get("num_sms", probe.H200_SMS)
@@ -57,11 +58,13 @@ def test_consumers_release_the_previous_stage_only_after_wait_1(lowered):
 
 
 def test_producer_waits_for_free_stages_with_the_flipped_parity(lowered):
-    _, _, report = lowered
+    name, _, report = lowered
     assert re.search(r"empty\[[^\]]*\]\.wait\(.*\^ 1\)\);", report.source)
     assert re.search(r"full\[[^\]]*\]\.expect_transaction\(", report.source)
     assert re.search(r"warpgroup_reg_dealloc<(24|40)>", report.source)
-    assert re.search(r"warpgroup_reg_alloc<(240|232)>", report.source)
+    consumers = probe.VARIANTS[name].threads // 128 if name in probe.VARIANTS else 2
+    allowed = {probe.register_split(consumers, persistent)[1] for persistent in (False, True)}
+    assert int(re.search(r"warpgroup_reg_alloc<(\d+)>", report.source).group(1)) in allowed
 
 
 def test_register_split_fits_the_register_file():
