@@ -16,7 +16,7 @@ each variant here is a GemmConfig):
 * one producer warpgroup (registers lowered to 24, or 40 in the persistent kernel) waits for a free stage of a
   ring of `num_stages` shared-memory buffers (its `empty` mbarrier), issues the TMA loads of the A and B tiles
   into it and arrives on the stage's `full` mbarrier, which completes when the bytes have landed;
-* `consumers` consumer warpgroups (registers raised to 240 / 232) wait for `full`, issue the stage's wgmma batch
+* `consumers` consumer warpgroups (registers raised to 240 / 232 when two) wait for `full`, issue the stage's wgmma batch
   without waiting for it (`T.wgmma_gemm`), then `T.wait_wgmma(1)`: the batch of the previous step is finished,
   so only then do they release the previous step's stage (`empty`), keeping one batch in flight;
 * the epilogue converts the fp32 accumulator to fp16 into a small shared tile (block_M x 64) and
