@@ -129,6 +129,11 @@ VARIANTS: dict[str, GemmConfig] = {
     "ws_persistent_192x192": GemmConfig(192, 192, 64, 4, 384, True, persistent=H200_SMS, **HAND_WS),
     # The whole tile staged (4 strips) next to a 3-stage ring: the epilogue never waits for a store.
     "ws_persistent_s3_store4": GemmConfig(128, 256, 64, 3, 256, True, persistent=H200_SMS, store_buffers=4, **HAND_WS),
+    # The same two kernels, each consumer warp handing a stage back with one arrival (8 shared-memory atomics a K
+    # step, not 256): less work beside the tensor cores on a power-capped GPU. Not run on a GPU yet.
+    "ws_persistent_wa": GemmConfig(128, 256, 64, 4, 256, True, persistent=H200_SMS, warp_arrivals=True, **HAND_WS),
+    "ws_persistent_s3_store4_wa": GemmConfig(128, 256, 64, 3, 256, True, persistent=H200_SMS, store_buffers=4,
+                                             warp_arrivals=True, **HAND_WS),
     # The section's ping-pong kernel (kernel="pingpong"): each consumer warpgroup on its own tile, taking turns,
     # so one's epilogue overlaps the other's K loop. 128x128 with 6 stages, 5 stages, and 128x192 (fewer bytes
     # a FLOP; the fusion section's schedule).
@@ -144,6 +149,9 @@ EXPERIMENTS: dict[str, tuple[str, dict]] = {
     # 66 clusters walk the pairs. H200 2026-12-03: 0.942x / 0.933x cuBLAS at 8192x4096x14336 / 4096^3 (session 5:
     # about level at 8192^3)
     "ws_multicast_persistent": ("gemm_ws_multicast_program", dict(persistent=True)),
+    # the same with one arrival per consumer warp on each block's `empty` barrier (16 a stage, 8 of them remote,
+    # instead of 512, 256 remote, as CUTLASS signals once per warpgroup). Not run on a GPU yet.
+    "ws_multicast_persistent_wa": ("gemm_ws_multicast_program", dict(persistent=True, warp_arrivals=True)),
     # 64 clusters: in case the GPCs cannot hold 66 two-block clusters at once (an SM left over in a GPC with an
     # odd SM count), which would leave the last clusters for a second wave
     "ws_multicast_persistent128": ("gemm_ws_multicast_program", dict(persistent=True, num_sms=128)),
@@ -175,13 +183,14 @@ def say(text: str = "") -> None:
 
 def gemm_ws_multicast_program(M: int, N: int, K: int, block_M: int = 128, block_N: int = 256, block_K: int = 64,
                               num_stages: int = 4, panel: int = 8, persistent: bool = False, num_sms: int = H200_SMS,
-                              dtype: str = "float16", accum_dtype: str = "float32"):
+                              warp_arrivals: bool = False, dtype: str = "float16", accum_dtype: str = "float32"):
     """C = A @ B with the ws kernel's roles (one producer, two consumer warpgroups on a 128x256 tile) in clusters
     of two blocks on vertically adjacent tiles (rows m = 2 pair + rank, the same column n): they need the same
     B tile every K step, so rank 0 loads it once by TMA multicast into both blocks' shared memory, halving
     the L2 -> SM traffic of B (cuBLAS's 2x1 clusters do the same). Each block loads its own A tile.
     A stage may be overwritten only when the consumers of *both* blocks are done with it, so every consumer
-    thread arrives on the stage's `empty` barrier in both blocks (cluster barriers, 2 x 256 arrivals).
+    thread arrives on the stage's `empty` barrier in both blocks (cluster barriers, 2 x 256 arrivals; with
+    warp_arrivals lane 0 of every consumer warp, 2 x 8).
     persistent=True: num_sms / 2 clusters walk the pairs of tiles (grid stride), the ring's phases carrying on
     across tiles as in the ws kernel."""
     import tilelang.language as T
@@ -209,7 +218,8 @@ def gemm_ws_multicast_program(M: int, N: int, K: int, block_M: int = 128, block_
 
     # the section's ring, with B multicast to both blocks and stages handed back in both
     _, produce, consume = ws_pipeline(block_M, block_N, block_K, k_steps, num_stages, b_cluster_mask=0b11,
-                                      release=release)
+                                      release=release, warp_arrivals=warp_arrivals)
+    stage_releasers = consumer_threads // 32 if warp_arrivals else consumer_threads
 
     @T.macro
     def consume_and_store(C, A_s, B_s, C_s, C_local, full, empty, m, n, first_step):
@@ -227,7 +237,7 @@ def gemm_ws_multicast_program(M: int, N: int, K: int, block_M: int = 128, block_
             C_s = T.alloc_shared((block_M, 64), dtype)
             C_local = T.alloc_fragment((block_M, block_N), accum_dtype)
             full = T.alloc_barrier([128] * num_stages)
-            empty = T.alloc_cluster_barrier([2 * consumer_threads] * num_stages)
+            empty = T.alloc_cluster_barrier([2 * stage_releasers] * num_stages)
             rank = T.block_rank_in_cluster()
             # This cluster's pairs of tiles: p = cluster + i * clusters (one pair when not persistent)
             my_pairs = T.ceildiv(pairs - cluster, clusters)
@@ -947,7 +957,8 @@ def describe(name: str) -> str:
     if name in EXPERIMENTS and EXPERIMENTS[name][0] == "gemm_ws_multicast_program":
         kwargs = EXPERIMENTS[name][1]
         walk = f", persistent{kwargs.get('num_sms', H200_SMS)}" if kwargs.get("persistent") else ""
-        return f"ws 128x256x64 s4, clusters of 2 blocks along M, B by TMA multicast{walk}"
+        arrivals = ", warp arrivals" if kwargs.get("warp_arrivals") else ""
+        return f"ws 128x256x64 s4, clusters of 2 blocks along M, B by TMA multicast{walk}{arrivals}"
     if name in EXPERIMENTS and EXPERIMENTS[name][0] == "gemm_ws_streamk_program":
         kwargs = {"num_sms": H200_SMS, "sk_waves": 2, **EXPERIMENTS[name][1]}
         return (f"ws 128x256x64 s4, persistent{kwargs['num_sms']}, stream-K over the last "

@@ -70,6 +70,9 @@ class GemmConfig:
     # 8192x4096x14336 (B's 256-column panels twice A's 128-row ones) columns read ~25% fewer bytes. On the
     # H200 (2026-12-03) neither 16-row nor 8-column panels beat 8-row ones: its GEMMs run at the power cap.
     panels: str = "rows"
+    # "ws": a consumer warp hands a stage back with one arrival (its lane 0, after the warp's wait_wgmma), not
+    # one per thread: 8 shared-memory atomics a K step instead of 256 (CUTLASS signals once per warpgroup).
+    warp_arrivals: bool = False
 
     @property
     def hand_ws(self) -> bool:
@@ -108,6 +111,8 @@ class GemmConfig:
             text += " pingpong"
         elif self.hand_ws:
             text += " ws" + (f" store{self.store_buffers}" if self.store_buffers != 1 else "")
+        if self.warp_arrivals:
+            text += " warp-arrivals"
         if self.persistent:
             text += f" persistent{self.persistent}"
         return text
@@ -250,6 +255,8 @@ def _check_hand_ws(config: GemmConfig) -> None:
                         f"a multiple of 64 x (consumer warpgroups)")
     if config.policy != "FullRow":
         problems.append(f"policy={config.policy!r} must be 'FullRow' (each warpgroup owns full rows)")
+    if config.warp_arrivals and config.kernel != "ws":
+        problems.append("warp_arrivals is written for kernel='ws' only")
     if config.block_N % WS_STORE_BLOCK_N:
         problems.append(f"block_N={config.block_N} must be a multiple of the {WS_STORE_BLOCK_N}-column store strips")
     strips = max(1, config.block_N // WS_STORE_BLOCK_N)
@@ -407,7 +414,7 @@ def gemm_pipelined_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, 
 
 
 def ws_pipeline(block_M: int, block_N: int, block_K: int, k_steps, num_stages: int, *, b_cluster_mask=None,
-                release=None):
+                release=None, warp_arrivals: bool = False):
     """The ring of the hand-written kernels: (stage_of, produce_tile, consume_tile).
 
     stage_of(step): a k-step's slot in the ring and the parity of its round (the n-th completion of a
@@ -415,18 +422,27 @@ def ws_pipeline(block_M: int, block_N: int, block_K: int, k_steps, num_stages: i
     consume_tile: the consumers' wgmma batches of one tile, one batch kept in flight. `first_step` counts
     the k-steps this block went through before the tile, so the ring's phases carry on across tiles.
     b_cluster_mask multicasts B within a thread-block cluster; release(empty, step) replaces the plain
-    arrival that hands a stage back (a cluster hands it back in every block)."""
+    arrival that hands a stage back (a cluster hands it back in every block). warp_arrivals: only lane 0 of
+    each consumer warp arrives (the `empty` barriers then count warps, not threads)."""
     policy = T.GemmWarpPolicy.FullRow  # one m64nN wgmma per 16 of K per warpgroup: shared memory read least
 
     def stage_of(step):
         return step % num_stages, (step // num_stages) & 1
 
     @T.macro
-    def give_back(empty, step):
+    def arrive(empty, step):
         if release is None:
             T.mbarrier_arrive(empty[stage_of(step)[0]])
         else:
             release(empty, step)
+
+    @T.macro
+    def give_back(empty, step):
+        if warp_arrivals:
+            if T.get_thread_binding() % 32 == 0:  # the warp has passed its wait: its wgmma are done
+                arrive(empty, step)
+        else:
+            arrive(empty, step)
 
     @T.macro
     def produce_tile(A, B, A_s, B_s, full, empty, m, n, first_step):
@@ -498,7 +514,8 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
     m_tiles, n_tiles, k_steps = T.ceildiv(M, bM), T.ceildiv(N, bN), T.ceildiv(K, bK)
     strips, store_buffers = bN // WS_STORE_BLOCK_N, config.store_buffers
     panel = config.panel if config.swizzle else 1
-    _, produce_tile, consume_tile = ws_pipeline(bM, bN, bK, k_steps, num_stages)
+    _, produce_tile, consume_tile = ws_pipeline(bM, bN, bK, k_steps, num_stages, warp_arrivals=config.warp_arrivals)
+    stage_releasers = consumer_threads // 32 if config.warp_arrivals else consumer_threads
 
     @T.macro
     def produce_bias(Bias, Bias_s, bias_full, bias_empty, n, tile):
@@ -544,9 +561,9 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
                 T.alloc_shared((store_buffers, bM, WS_STORE_BLOCK_N), dtype),
                 T.alloc_fragment((bM, bN), accum_dtype),
                 # full[s]: the producer warpgroup's 128 arrivals plus the TMA bytes; empty[s]: every consumer
-                # thread's arrival after its wgmma batch reading stage s is known finished.
+                # thread's (or warp's) arrival after its wgmma batch reading stage s is known finished.
                 T.alloc_barrier([128] * num_stages),
-                T.alloc_barrier([consumer_threads] * num_stages),
+                T.alloc_barrier([stage_releasers] * num_stages),
                 # the bias tile: full when the producer's 128 arrived and its bytes landed; empty when every
                 # consumer thread has added it
                 T.alloc_shared((bN,), dtype), T.alloc_barrier([128]), T.alloc_barrier([consumer_threads]))

@@ -53,7 +53,9 @@ def test_consumers_release_the_previous_stage_only_after_wait_1(lowered):
     issue, wait_one = loop.index("wgmma_ss<"), loop.index("wait_wgmma<1>")
     release = loop.index("empty[", wait_one)
     assert issue < wait_one < release
-    assert re.search(r"if \(0 < k\w*\) \{\s*empty\[", loop[wait_one:])  # nothing to release at step 0
+    # nothing to release at step 0 (with warp arrivals only lane 0 of each warp releases)
+    assert re.search(r"if \(0 < k\w*\) \{\s*(if \(\(\(\(int\)threadIdx\.x\) % 32\) == 0\) \{\s*)?empty\[",
+                     loop[wait_one:])
     assert loop.index("wait_wgmma<0>") < loop.rindex("empty[")  # the drain, then the last stage's release
 
 
@@ -65,6 +67,29 @@ def test_producer_waits_for_free_stages_with_the_flipped_parity(lowered):
     consumers = probe.VARIANTS[name].threads // 128 if name in probe.VARIANTS else 2
     allowed = {probe.register_split(consumers, persistent)[1] for persistent in (False, True)}
     assert int(re.search(r"warpgroup_reg_alloc<(\d+)>", report.source).group(1)) in allowed
+
+
+def test_warp_arrivals_release_each_stage_once_per_consumer_warp(lowered):
+    name, _, report = lowered
+    loop = probe.consumer_main_loop(report.source)
+    guarded = re.findall(r"if \(\(\(\(int\)threadIdx\.x\) % 32\) == 0\) \{\s*empty\[", loop)
+    counts = {int(c) for c in re.findall(r"\bempty\[\d+\]\.init\((\d+)\);", report.source)}
+    cluster = 2 if name.startswith("ws_multicast") else 1  # both blocks' consumers hand each stage back
+    if name.endswith("_wa"):
+        assert len(guarded) == 2  # inside the K loop and after the drain
+        assert counts == {cluster * 256 // 32}
+    else:
+        assert guarded == []
+        config = probe.VARIANTS.get(name)
+        consumers = 256 if config is None else 128 if config.kernel == "pingpong" else config.threads
+        assert counts == {cluster * consumers}  # ping-pong: one warpgroup consumes a stage
+
+
+def test_warp_arrivals_are_for_the_ws_kernel_only():
+    pingpong = dataclasses.replace(probe.VARIANTS["pingpong"], warp_arrivals=True)
+    with pytest.raises(ValueError, match="warp_arrivals"):
+        probe.gemm_program(1024, 1024, 1024, pingpong)
+    assert probe.VARIANTS["ws_persistent_wa"].label().endswith(" warp-arrivals persistent132")
 
 
 def test_register_split_fits_the_register_file():
