@@ -134,6 +134,12 @@ VARIANTS: dict[str, GemmConfig] = {
     "ws_persistent_wa": GemmConfig(128, 256, 64, 4, 256, True, persistent=H200_SMS, warp_arrivals=True, **HAND_WS),
     "ws_persistent_s3_store4_wa": GemmConfig(128, 256, 64, 3, 256, True, persistent=H200_SMS, store_buffers=4,
                                              warp_arrivals=True, **HAND_WS),
+    # ... and one producer warp, not four, running the producer loop (32 `full` arrivals a K step, not 128; the
+    # other three warps idle, as in CUTLASS). Not run on a GPU yet.
+    "ws_persistent_lean": GemmConfig(128, 256, 64, 4, 256, True, persistent=H200_SMS, warp_arrivals=True,
+                                     producer_warps=1, **HAND_WS),
+    "ws_persistent_s3_store4_lean": GemmConfig(128, 256, 64, 3, 256, True, persistent=H200_SMS, store_buffers=4,
+                                               warp_arrivals=True, producer_warps=1, **HAND_WS),
     # The section's ping-pong kernel (kernel="pingpong"): each consumer warpgroup on its own tile, taking turns,
     # so one's epilogue overlaps the other's K loop. 128x128 with 6 stages, 5 stages, and 128x192 (fewer bytes
     # a FLOP; the fusion section's schedule).

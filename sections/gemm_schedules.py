@@ -73,6 +73,9 @@ class GemmConfig:
     # "ws": a consumer warp hands a stage back with one arrival (its lane 0, after the warp's wait_wgmma), not
     # one per thread: 8 shared-memory atomics a K step instead of 256 (CUTLASS signals once per warpgroup).
     warp_arrivals: bool = False
+    # "ws": how many warps of the producer warpgroup run its loop (4, or 1 as CUTLASS: the other three idle
+    # instead of waiting on every stage and arriving on every `full` barrier: 32 arrivals a K step, not 128).
+    producer_warps: int = 4
 
     @property
     def hand_ws(self) -> bool:
@@ -113,6 +116,8 @@ class GemmConfig:
             text += " ws" + (f" store{self.store_buffers}" if self.store_buffers != 1 else "")
         if self.warp_arrivals:
             text += " warp-arrivals"
+        if self.producer_warps != 4:
+            text += f" producer-warps{self.producer_warps}"
         if self.persistent:
             text += f" persistent{self.persistent}"
         return text
@@ -257,6 +262,8 @@ def _check_hand_ws(config: GemmConfig) -> None:
         problems.append(f"policy={config.policy!r} must be 'FullRow' (each warpgroup owns full rows)")
     if config.warp_arrivals and config.kernel != "ws":
         problems.append("warp_arrivals is written for kernel='ws' only")
+    if config.producer_warps not in (1, 4) or (config.producer_warps != 4 and config.kernel != "ws"):
+        problems.append(f"producer_warps={config.producer_warps} must be 4, or 1 with kernel='ws'")
     if config.block_N % WS_STORE_BLOCK_N:
         problems.append(f"block_N={config.block_N} must be a multiple of the {WS_STORE_BLOCK_N}-column store strips")
     strips = max(1, config.block_N // WS_STORE_BLOCK_N)
@@ -496,7 +503,8 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
 
     * one producer warpgroup (registers lowered to 24, or 40 when persistent) waits for a free stage of a ring
       of `num_stages` shared buffers (its `empty` mbarrier), issues the TMA loads of the A and B tiles into it
-      and arrives on the stage's `full` mbarrier, which completes when the bytes have landed;
+      and arrives on the stage's `full` mbarrier, which completes when the bytes have landed (producer_warps=1:
+      only its first warp runs this loop);
     * threads / 128 consumer warpgroups (registers raised to 240 / 232 when two), each owning block_M / warpgroups
       full rows of the tile (64: one m64nN wgmma per 16 of K; 128: two, as CUTLASS's 256-row cooperative tiles),
       wait for `full`, issue the stage's wgmma batch without waiting for it, then wait_wgmma(1): the previous
@@ -516,6 +524,7 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
     panel = config.panel if config.swizzle else 1
     _, produce_tile, consume_tile = ws_pipeline(bM, bN, bK, k_steps, num_stages, warp_arrivals=config.warp_arrivals)
     stage_releasers = consumer_threads // 32 if config.warp_arrivals else consumer_threads
+    producer_threads = 32 * config.producer_warps  # those that run the producer loop and arrive on `full`
 
     @T.macro
     def produce_bias(Bias, Bias_s, bias_full, bias_empty, n, tile):
@@ -560,13 +569,27 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
                 T.alloc_shared((num_stages, bK, bN), dtype),
                 T.alloc_shared((store_buffers, bM, WS_STORE_BLOCK_N), dtype),
                 T.alloc_fragment((bM, bN), accum_dtype),
-                # full[s]: the producer warpgroup's 128 arrivals plus the TMA bytes; empty[s]: every consumer
+                # full[s]: the producer threads' arrivals plus the TMA bytes; empty[s]: every consumer
                 # thread's (or warp's) arrival after its wgmma batch reading stage s is known finished.
-                T.alloc_barrier([128] * num_stages),
+                T.alloc_barrier([producer_threads] * num_stages),
                 T.alloc_barrier([stage_releasers] * num_stages),
                 # the bias tile: full when the producer's 128 arrived and its bytes landed; empty when every
                 # consumer thread has added it
-                T.alloc_shared((bN,), dtype), T.alloc_barrier([128]), T.alloc_barrier([consumer_threads]))
+                T.alloc_shared((bN,), dtype), T.alloc_barrier([producer_threads]), T.alloc_barrier([consumer_threads]))
+
+    @T.macro
+    def produce_one_tile(A, B, Bias, A_s, B_s, full, empty, Bias_s, bias_full, bias_empty, bx, by):
+        produce_bias(Bias, Bias_s, bias_full, bias_empty, bx, 0)
+        produce_tile(A, B, A_s, B_s, full, empty, by, bx, 0)
+
+    @T.macro
+    def produce_block_tiles(A, B, Bias, A_s, B_s, full, empty, Bias_s, bias_full, bias_empty, block_id):
+        tiles = tile_scheduler(m_tiles, n_tiles, config)
+        tiles.init(block_id)
+        while tiles.valid():
+            produce_bias(Bias, Bias_s, bias_full, bias_empty, tiles.n_idx, tiles.current_iter)
+            produce_tile(A, B, A_s, B_s, full, empty, tiles.m_idx, tiles.n_idx, tiles.current_iter * k_steps)
+            tiles.next_tile()
 
     @T.macro
     def one_tile_per_block(A, B, Bias, C):
@@ -576,8 +599,11 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
             tid = T.get_thread_binding()
             if tid >= consumer_threads:  # the producer warpgroup comes last
                 T.set_max_nreg(producer_regs, 0)
-                produce_bias(Bias, Bias_s, bias_full, bias_empty, bx, 0)
-                produce_tile(A, B, A_s, B_s, full, empty, by, bx, 0)
+                if producer_threads < 128:
+                    if tid < consumer_threads + producer_threads:
+                        produce_one_tile(A, B, Bias, A_s, B_s, full, empty, Bias_s, bias_full, bias_empty, bx, by)
+                else:
+                    produce_one_tile(A, B, Bias, A_s, B_s, full, empty, Bias_s, bias_full, bias_empty, bx, by)
             else:
                 T.set_max_nreg(consumer_regs, 1)
                 consume_tile(A_s, B_s, C_local, full, empty, 0)
@@ -593,12 +619,12 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
             # is config.persistent); `current_iter` counts this block's tiles.
             if tid >= consumer_threads:
                 T.set_max_nreg(producer_regs, 0)
-                tiles = tile_scheduler(m_tiles, n_tiles, config)
-                tiles.init(block_id)
-                while tiles.valid():
-                    produce_bias(Bias, Bias_s, bias_full, bias_empty, tiles.n_idx, tiles.current_iter)
-                    produce_tile(A, B, A_s, B_s, full, empty, tiles.m_idx, tiles.n_idx, tiles.current_iter * k_steps)
-                    tiles.next_tile()
+                if producer_threads < 128:
+                    if tid < consumer_threads + producer_threads:
+                        produce_block_tiles(A, B, Bias, A_s, B_s, full, empty, Bias_s, bias_full, bias_empty,
+                                            block_id)
+                else:
+                    produce_block_tiles(A, B, Bias, A_s, B_s, full, empty, Bias_s, bias_full, bias_empty, block_id)
             else:
                 T.set_max_nreg(consumer_regs, 1)
                 tiles = tile_scheduler(m_tiles, n_tiles, config)

@@ -75,7 +75,7 @@ def test_warp_arrivals_release_each_stage_once_per_consumer_warp(lowered):
     guarded = re.findall(r"if \(\(\(\(int\)threadIdx\.x\) % 32\) == 0\) \{\s*empty\[", loop)
     counts = {int(c) for c in re.findall(r"\bempty\[\d+\]\.init\((\d+)\);", report.source)}
     cluster = 2 if name.startswith("ws_multicast") else 1  # both blocks' consumers hand each stage back
-    if name.endswith("_wa"):
+    if name.endswith(("_wa", "_lean")):
         assert len(guarded) == 2  # inside the K loop and after the drain
         assert counts == {cluster * 256 // 32}
     else:
@@ -85,11 +85,28 @@ def test_warp_arrivals_release_each_stage_once_per_consumer_warp(lowered):
         assert counts == {cluster * consumers}  # ping-pong: one warpgroup consumes a stage
 
 
+def test_one_producer_warp_runs_the_loop_and_arrives_on_full(lowered):
+    name, _, report = lowered
+    counts = {int(c) for c in re.findall(r"\bfull\[\d+\]\.init\((\d+)\);", report.source)}
+    consumers = probe.VARIANTS[name].threads if name in probe.VARIANTS else 256
+    guard = f"if (((int)threadIdx.x) < {consumers + 32}) {{"
+    if name.endswith("_lean"):
+        assert counts == {32} and guard in report.source
+        assert "tl_shuffle_elect<32>()" in report.source  # the TMA issuer: one lane of that warp
+    else:
+        assert counts == {128} and guard not in report.source
+
+
 def test_warp_arrivals_are_for_the_ws_kernel_only():
     pingpong = dataclasses.replace(probe.VARIANTS["pingpong"], warp_arrivals=True)
     with pytest.raises(ValueError, match="warp_arrivals"):
         probe.gemm_program(1024, 1024, 1024, pingpong)
     assert probe.VARIANTS["ws_persistent_wa"].label().endswith(" warp-arrivals persistent132")
+    for bad in (dataclasses.replace(probe.VARIANTS["ws"], producer_warps=2),
+                dataclasses.replace(probe.VARIANTS["pingpong"], producer_warps=1)):
+        with pytest.raises(ValueError, match="producer_warps"):
+            probe.gemm_program(1024, 1024, 1024, bad)
+    assert probe.VARIANTS["ws_persistent_lean"].label().endswith(" warp-arrivals producer-warps1 persistent132")
 
 
 def test_register_split_fits_the_register_file():
