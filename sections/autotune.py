@@ -73,8 +73,10 @@ REFINE_LEADERS, REFINE_ROUNDS = 4, 6
 
 TUNED_KEYS = ("block_M", "block_N", "block_K", "num_stages", "threads", "swizzle")
 # GemmConfig fields that only the extra configurations set; gemm_for_tuning passes them on (the warp policy,
-# and which kernel: TileLang's pipeline or the hand-written warp-specialized one, persistent or not).
-PASSED_KEYS = ("panel", "policy", "kernel", "persistent", "store_buffers")
+# and which kernel: TileLang's pipeline or the hand-written warp-specialized one, persistent or not, with its
+# tile order and barrier arrivals).
+PASSED_KEYS = ("panel", "policy", "kernel", "persistent", "store_buffers", "panels", "warp_arrivals",
+               "producer_warps")
 SCHEDULE_KEYS = TUNED_KEYS + PASSED_KEYS
 
 # Per architecture family: the default space (about a minute on an H200) and the full one (--full).
@@ -221,12 +223,14 @@ def report_filter(ctx, space: list[dict], kept: list[dict], dropped: list[tuple[
 
 
 def gemm_for_tuning(M, N, K, builder="", block_M=128, block_N=128, block_K=64, num_stages=3, threads=256,
-                    swizzle=True, panel=10, policy="Square", kernel="tilelang", persistent=0, store_buffers=1):
+                    swizzle=True, panel=10, policy="Square", kernel="tilelang", persistent=0, store_buffers=1,
+                    panels="rows", warp_arrivals=False, producer_warps=4):
     """The GEMM of gemm_schedules, with the schedule as keyword arguments for tilelang.autotune.
     `builder` only enters the autotuner's cache key (see builder_hash)."""
     return gemm_program(M, N, K, GemmConfig(block_M, block_N, block_K, num_stages, threads, swizzle, panel=panel,
                                             policy=policy, kernel=kernel, persistent=persistent,
-                                            store_buffers=store_buffers))
+                                            store_buffers=store_buffers, panels=panels,
+                                            warp_arrivals=warp_arrivals, producer_warps=producer_warps))
 
 
 def builder_hash() -> str:

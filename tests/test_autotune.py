@@ -4,6 +4,8 @@ autotuner's leaders, compile-only through the runner.
 The CPU cache-flow test replaces only the GPU timing (AutoTuner._benchmark_target) with a deterministic
 fake, so the compile, selection, in-memory, on-disk and new-process cache paths all run for real."""
 
+import dataclasses
+import inspect
 import os
 
 import pytest
@@ -79,6 +81,14 @@ def test_config_dict_round_trips_and_keeps_product_dicts_short():
         kwargs = autotune.config_dict(config)
         assert kwargs["kernel"] == "ws" and autotune.to_gemm_config(kwargs) == config
     assert "store_buffers" not in autotune.config_dict(WS_PERSISTENT)
+    # ... and so are its tile order and barrier-arrival options, and gemm_for_tuning builds from all of them
+    lean = dataclasses.replace(WS_PERSISTENT, panels="columns", warp_arrivals=True, producer_warps=1)
+    kwargs = autotune.config_dict(lean)
+    assert autotune.to_gemm_config(kwargs) == lean
+    assert set(inspect.signature(autotune.gemm_for_tuning).parameters) >= set(autotune.SCHEDULE_KEYS)
+    from sections.gemm_schedules import gemm_program
+    tuned = tourkit.lower_for_arch(autotune.gemm_for_tuning(1024, 1024, 1024, **kwargs), "sm_90a").kernel_source
+    assert tuned == tourkit.lower_for_arch(gemm_program(1024, 1024, 1024, lean), "sm_90a").kernel_source
 
 
 def test_hopper_extras_hold_the_hand_written_kernel_sized_for_the_gpu():
