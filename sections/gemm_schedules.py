@@ -898,7 +898,9 @@ def run_shape_set(ctx, schedules: list[GemmConfig]) -> dict[str, float]:
             kernel = compile_gemm(M, N, K, config)
             tourkit.require([tourkit.validate(config.label(), lambda: kernel(a, b, c), c, ref, TOLERANCE)])
             contenders[config.label()] = (lambda k: lambda: k(a, b, c))(kernel)
-        ms = tourkit.bench_interleaved(contenders, rounds=4)  # two forward/backward pairs: a verdict, not a screen
+        # a verdict, not a screen: as many forward/backward pairs as the head-to-head (two pairs read the same
+        # kernel 2% apart on one H200 a minute apart, 2026-12-03)
+        ms = tourkit.bench_interleaved(contenders, rounds=HEAD_TO_HEAD_ROUNDS)
         cublas_ms = ms.pop("cuBLAS")
         label = min(ms, key=ms.get)
         shape = f"{M}x{N}x{K}"
@@ -907,7 +909,8 @@ def run_shape_set(ctx, schedules: list[GemmConfig]) -> dict[str, float]:
         flops = gemm_flops(M, N, K)
         rows.append([shape, label, f"{tourkit.tflops(flops, ms[label]):.0f}", f"{tourkit.tflops(flops, cublas_ms):.0f}",
                      f"{ratios[shape]:.3f}x"])
-    ctx.log("\nShape set (--full), every schedule against cuBLAS (>1: faster):")
+    ctx.log(f"\nShape set (--full), every schedule against cuBLAS (>1: faster; timed in turns per shape, "
+            f"{HEAD_TO_HEAD_ROUNDS // 2} forward/backward pairs):")
     shapes = list(every)
     ctx.table(["schedule"] + shapes,
               [[c.label()] + [f"{every[shape][c.label()]:.3f}x" for shape in shapes] for c in schedules])

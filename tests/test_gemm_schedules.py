@@ -439,6 +439,7 @@ def test_shape_set_reports_every_schedule_and_the_best_per_shape(monkeypatch):
                 torch.empty((M, N), dtype=torch.float16))
 
     def fake_bench(contenders, rounds):
+        assert rounds == gemm_schedules.HEAD_TO_HEAD_ROUNDS  # a verdict: as many pairs as the head-to-head
         for launch in contenders.values():
             launch()  # every contender runs
         return next(timings)
