@@ -340,9 +340,17 @@ WS_ODD_SIZES = [(1000, 1000, 1000), (1001, 1032, 1000)]
 # The ping-pong kernels on 132 blocks get at most one tile a block at those sizes (warpgroup 1 idles), so they
 # also run with 5 blocks, each walking ~14-16 tiles: both warpgroups take many turns, on ragged tiles too.
 # Column panels on 5 blocks: the 8 x 4 tiles of 1000x1000 in one ragged panel of 4 columns, many tiles a block.
+# The lean barrier options (one `empty` arrival per consumer warp, one producer warp) on a one-tile-per-block
+# grid and on 5 blocks walking many tiles (the ring's phases across tiles), and a 256-row tile (each consumer
+# warpgroup 128 rows, two m64 wgmma).
+_ONE_TILE_WS = next(c for c in HAND_WS if not c.persistent)
 GPU_HAND_WRITTEN = HAND_WS + PINGPONG + [dataclasses.replace(PINGPONG[0], persistent=5),
                                          dataclasses.replace(HAND_WS[0], persistent=5, panels="columns"),
-                                         dataclasses.replace(PINGPONG[0], persistent=5, panels="columns")]
+                                         dataclasses.replace(PINGPONG[0], persistent=5, panels="columns"),
+                                         dataclasses.replace(_ONE_TILE_WS, warp_arrivals=True, producer_warps=1),
+                                         dataclasses.replace(HAND_WS[0], persistent=5, warp_arrivals=True,
+                                                             producer_warps=1),
+                                         dataclasses.replace(HAND_WS[0], block_M=256, block_N=128, persistent=5)]
 
 
 def on_this_gpu(config: GemmConfig, sm_count: int) -> GemmConfig:
