@@ -16,8 +16,8 @@ each variant here is a GemmConfig):
 * one producer warpgroup (registers lowered to 24, or 40 in the persistent kernel) waits for a free stage of a
   ring of `num_stages` shared-memory buffers (its `empty` mbarrier), issues the TMA loads of the A and B tiles
   into it and arrives on the stage's `full` mbarrier, which completes when the bytes have landed;
-* `consumers` consumer warpgroups (registers raised to 240 / 232 when two) wait for `full`, issue the stage's wgmma batch
-  without waiting for it (`T.wgmma_gemm`), then `T.wait_wgmma(1)`: the batch of the previous step is finished,
+* `consumers` consumer warpgroups (registers raised to 240 / 232 when two) wait for `full`, issue the stage's
+  wgmma batch without waiting for it (`T.wgmma_gemm`), then `T.wait_wgmma(1)`: the batch of the previous step is finished,
   so only then do they release the previous step's stage (`empty`), keeping one batch in flight;
 * the epilogue converts the fp32 accumulator to fp16 into a small shared tile (block_M x 64) and
   stores it with TMA, one column strip at a time (a full 128x256 staging tile would not fit next to four
@@ -78,7 +78,8 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import tourkit  # noqa: E402  (no tilelang work at import)
-from sections.gemm_schedules import GemmConfig, gemm_program, ws_pipeline, ws_register_split  # noqa: E402
+from sections.gemm_schedules import (GemmConfig, gemm_program, stage_releasers, ws_pipeline,  # noqa: E402
+                                     ws_register_split)
 
 register_split = ws_register_split  # the section's; kept under the probe's old name
 
@@ -225,7 +226,6 @@ def gemm_ws_multicast_program(M: int, N: int, K: int, block_M: int = 128, block_
     # the section's ring, with B multicast to both blocks and stages handed back in both
     _, produce, consume = ws_pipeline(block_M, block_N, block_K, k_steps, num_stages, b_cluster_mask=0b11,
                                       release=release, warp_arrivals=warp_arrivals)
-    stage_releasers = consumer_threads // 32 if warp_arrivals else consumer_threads
 
     @T.macro
     def consume_and_store(C, A_s, B_s, C_s, C_local, full, empty, m, n, first_step):
@@ -243,7 +243,7 @@ def gemm_ws_multicast_program(M: int, N: int, K: int, block_M: int = 128, block_
             C_s = T.alloc_shared((block_M, 64), dtype)
             C_local = T.alloc_fragment((block_M, block_N), accum_dtype)
             full = T.alloc_barrier([128] * num_stages)
-            empty = T.alloc_cluster_barrier([2 * stage_releasers] * num_stages)
+            empty = T.alloc_cluster_barrier([2 * stage_releasers(consumer_threads, warp_arrivals)] * num_stages)
             rank = T.block_rank_in_cluster()
             # This cluster's pairs of tiles: p = cluster + i * clusters (one pair when not persistent)
             my_pairs = T.ceildiv(pairs - cluster, clusters)

@@ -420,6 +420,11 @@ def gemm_pipelined_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, 
     return body
 
 
+def stage_releasers(consumer_threads: int, warp_arrivals: bool) -> int:
+    """Arrivals that hand a stage of the ring back: one per consumer thread, or one per consumer warp."""
+    return consumer_threads // 32 if warp_arrivals else consumer_threads
+
+
 def ws_pipeline(block_M: int, block_N: int, block_K: int, k_steps, num_stages: int, *, b_cluster_mask=None,
                 release=None, warp_arrivals: bool = False):
     """The ring of the hand-written kernels: (stage_of, produce_tile, consume_tile).
@@ -523,7 +528,7 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
     strips, store_buffers = bN // WS_STORE_BLOCK_N, config.store_buffers
     panel = config.panel if config.swizzle else 1
     _, produce_tile, consume_tile = ws_pipeline(bM, bN, bK, k_steps, num_stages, warp_arrivals=config.warp_arrivals)
-    stage_releasers = consumer_threads // 32 if config.warp_arrivals else consumer_threads
+    releasers = stage_releasers(consumer_threads, config.warp_arrivals)
     producer_threads = 32 * config.producer_warps  # those that run the producer loop and arrive on `full`
 
     @T.macro
@@ -572,7 +577,7 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
                 # full[s]: the producer threads' arrivals plus the TMA bytes; empty[s]: every consumer
                 # thread's (or warp's) arrival after its wgmma batch reading stage s is known finished.
                 T.alloc_barrier([producer_threads] * num_stages),
-                T.alloc_barrier([stage_releasers] * num_stages),
+                T.alloc_barrier([releasers] * num_stages),
                 # the bias tile: full when the producer's 128 arrived and its bytes landed; empty when every
                 # consumer thread has added it
                 T.alloc_shared((bN,), dtype), T.alloc_barrier([producer_threads]), T.alloc_barrier([consumer_threads]))
