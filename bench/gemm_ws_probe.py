@@ -131,12 +131,15 @@ VARIANTS: dict[str, GemmConfig] = {
     # The whole tile staged (4 strips) next to a 3-stage ring: the epilogue never waits for a store.
     "ws_persistent_s3_store4": GemmConfig(128, 256, 64, 3, 256, True, persistent=H200_SMS, store_buffers=4, **HAND_WS),
     # The same two kernels, each consumer warp handing a stage back with one arrival (8 shared-memory atomics a K
-    # step, not 256): less work beside the tensor cores on a power-capped GPU. Not run on a GPU yet.
+    # step, not 256): less work beside the tensor cores on a power-capped GPU. H200 2026-12-03 (8192x4096x14336 /
+    # 4096^3 / 8192^3 vs cuBLAS): ws_persistent_wa 0.999 / 0.977 / 1.031x against ws_persistent's 0.999 / 0.957 /
+    # 1.029x; ws_persistent_s3_store4_wa 0.943 / 0.951 / 0.966x against 0.950 / 0.973 / 0.950x: within the noise.
     "ws_persistent_wa": GemmConfig(128, 256, 64, 4, 256, True, persistent=H200_SMS, warp_arrivals=True, **HAND_WS),
     "ws_persistent_s3_store4_wa": GemmConfig(128, 256, 64, 3, 256, True, persistent=H200_SMS, store_buffers=4,
                                              warp_arrivals=True, **HAND_WS),
     # ... and one producer warp, not four, running the producer loop (32 `full` arrivals a K step, not 128; the
-    # other three warps idle, as in CUTLASS). Not run on a GPU yet.
+    # other three warps idle, as in CUTLASS). H200 2026-12-03 (same turns as above): ws_persistent_lean 0.992 /
+    # 0.951 / 1.029x, ws_persistent_s3_store4_lean 0.943 / 0.944 / 0.985x: no gain. All four validated on odd sizes.
     "ws_persistent_lean": GemmConfig(128, 256, 64, 4, 256, True, persistent=H200_SMS, warp_arrivals=True,
                                      producer_warps=1, **HAND_WS),
     "ws_persistent_s3_store4_lean": GemmConfig(128, 256, 64, 3, 256, True, persistent=H200_SMS, store_buffers=4,
@@ -147,6 +150,12 @@ VARIANTS: dict[str, GemmConfig] = {
     "pingpong": GemmConfig(128, 128, 64, 6, 256, True, persistent=H200_SMS, **dict(HAND_WS, kernel="pingpong")),
     "pingpong_s5": GemmConfig(128, 128, 64, 5, 256, True, persistent=H200_SMS, **dict(HAND_WS, kernel="pingpong")),
     "pingpong_192": GemmConfig(128, 192, 64, 4, 256, True, persistent=H200_SMS, **dict(HAND_WS, kernel="pingpong")),
+    # 64x256 tiles a warpgroup: the cooperative kernel's m64n256 wgmma and accumulator (128 registers a thread),
+    # but each warpgroup's epilogue runs under the other's K loop (short-K shapes such as 4096^3 spend ~3% of a
+    # tile in the cooperative kernel's epilogue, tensor cores idle). Loads B for 64 rows, not 128.
+    "pingpong_64x256": GemmConfig(64, 256, 64, 5, 256, True, persistent=H200_SMS, **dict(HAND_WS, kernel="pingpong")),
+    "pingpong_64x256_s4": GemmConfig(64, 256, 64, 4, 256, True, persistent=H200_SMS,
+                                     **dict(HAND_WS, kernel="pingpong")),
 }
 
 # Experimental kernels written here first: name -> (builder in this file, its keyword arguments). Builders are
@@ -157,7 +166,10 @@ EXPERIMENTS: dict[str, tuple[str, dict]] = {
     # about level at 8192^3)
     "ws_multicast_persistent": ("gemm_ws_multicast_program", dict(persistent=True)),
     # the same with one arrival per consumer warp on each block's `empty` barrier (16 a stage, 8 of them remote,
-    # instead of 512, 256 remote, as CUTLASS signals once per warpgroup). Not run on a GPU yet.
+    # instead of 512, 256 remote, as CUTLASS signals once per warpgroup). H200 2026-12-03 (8192x4096x14336 /
+    # 4096^3 / 8192^3): 0.989 / 0.942 / 1.021x cuBLAS, ws_multicast_persistent 0.979 / 0.951 / 1.012x in the same
+    # turns. Both persistent multicast kernels stop with "illegal instruction" on the odd sizes (1000^3,
+    # 1001x1032x1000: 16 tile pairs for 66 clusters, most of them idle); not chased, since they lose anyway.
     "ws_multicast_persistent_wa": ("gemm_ws_multicast_program", dict(persistent=True, warp_arrivals=True)),
     # 64 clusters: in case the GPCs cannot hold 66 two-block clusters at once (an SM left over in a GPC with an
     # odd SM count), which would leave the last clusters for a second wave
