@@ -152,7 +152,10 @@ VARIANTS: dict[str, GemmConfig] = {
     "pingpong_192": GemmConfig(128, 192, 64, 4, 256, True, persistent=H200_SMS, **dict(HAND_WS, kernel="pingpong")),
     # 64x256 tiles a warpgroup: the cooperative kernel's m64n256 wgmma and accumulator (128 registers a thread),
     # but each warpgroup's epilogue runs under the other's K loop (short-K shapes such as 4096^3 spend ~3% of a
-    # tile in the cooperative kernel's epilogue, tensor cores idle). Loads B for 64 rows, not 128.
+    # tile in the cooperative kernel's epilogue, tensor cores idle). Loads B for 64 rows, not 128. H200
+    # 2026-12-03 (4096^3 / 8192x4096x14336 vs cuBLAS): s5 0.920 / 0.813x, s4 0.918 / 0.888x, ws_persistent_s3_store4
+    # 0.973 / 0.986x in the same turns; in the shape set s5 0.94 / 0.92 / 0.94 / 0.89 / 0.95x. The GPU runs these
+    # GEMMs at its ~700 W cap, where B loaded twice as often costs more than the hidden epilogue saves.
     "pingpong_64x256": GemmConfig(64, 256, 64, 5, 256, True, persistent=H200_SMS, **dict(HAND_WS, kernel="pingpong")),
     "pingpong_64x256_s4": GemmConfig(64, 256, 64, 4, 256, True, persistent=H200_SMS,
                                      **dict(HAND_WS, kernel="pingpong")),

@@ -168,11 +168,11 @@ def default_schedules(family: str, sm_count: int = 132) -> list[GemmConfig]:
             # three consumer warpgroups, each a 256x64 column strip, 160 registers a thread (not 240; see
             # consumer_registers): level with the hand-written kernel at 8192^3 and 8192x28672x4096
             GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol"),
-            GemmConfig(128, 256, 64, 4, 256, True, **hand_ws),  # hand-written, one block per tile
             # ping-pong: each consumer warpgroup its own 128x192 tile, taking turns on the tensor cores, so one's
-            # epilogue runs under the other's K loop. Bare it trails the rows above (0.96-0.99x cuBLAS, 2026-12-02
-            # probes); with bias + GELU fused it leads (1.15x eager, 1.07x torch.compile): the fusion section's.
+            # epilogue runs under the other's K loop. Bare it was 0.96-1.03x cuBLAS at 8192^3 (2026-12-02/03);
+            # with bias + GELU fused it leads (1.15x eager, 1.07x torch.compile): the fusion section's.
             GemmConfig(128, 192, 64, 4, 256, True, persistent=sm_count, **dict(hand_ws, kernel="pingpong")),
+            GemmConfig(128, 256, 64, 4, 256, True, **hand_ws),  # hand-written, one block per tile
             # TileLang's automatic warp specialization: 2 consumer warpgroups share a 128x256 tile, but each
             # waits for its whole wgmma batch every K step (0.92-0.97x); each other row changes one knob.
             GemmConfig(128, 256, 64, 4, 256, True),
@@ -977,9 +977,10 @@ def compile_only(ctx, family: str, schedules: list[GemmConfig]) -> None:
 
 def shape_set_schedules(schedules: list[GemmConfig], smem_budget: int) -> list[GemmConfig]:
     """The --full shape sweep tries the first five fitting schedules of the table (each table lists
-    first the ones that win on some shape; on Hopper: the hand-written kernel, persistent with one, two and
-    four store strips and one tile per block, and TileLang's 256x192 three-warpgroup schedule), and, when the
-    first is persistent, two other tile orders of it: panels of 16 tile rows, and panels of 8 tile columns."""
+    first the ones that win on some shape; on Hopper: the hand-written cooperative kernel, persistent with one,
+    two and four store strips, TileLang's 256x192 three-warpgroup schedule, and the 128x192 ping-pong kernel),
+    and, when the first is persistent, two other tile orders of it: panels of 16 tile rows, and panels of 8
+    tile columns."""
     leaders = [c for c in schedules if fits(c, smem_budget)][:5]
     if leaders and leaders[0].persistent and leaders[0].hand_ws and leaders[0].swizzle:
         first = leaders[0]
