@@ -75,6 +75,7 @@ class GemmConfig:
     warp_arrivals: bool = False
     # "ws": how many warps of the producer warpgroup run its loop (4, or 1 as CUTLASS: the other three idle
     # instead of waiting on every stage and arriving on every `full` barrier: 32 arrivals a K step, not 128).
+    # H200 2026-12-03: neither option moved the time beyond the run-to-run noise (BENCHMARKS.md, session 9).
     producer_warps: int = 4
 
     @property
