@@ -410,7 +410,7 @@ SETTLE_MS = 1500.0
 
 
 def bench_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int = 4, settle_ms: float | None = None,
-                      **bench_kwargs: Any) -> dict[str, float]:
+                      pairs: dict[str, list[float]] | None = None, **bench_kwargs: Any) -> dict[str, float]:
     """`bench_ms` of each contender, taking turns in pairs of rounds: A B C, then C B A. Each contender's
     time is the mean of its two readings in a pair, and the median over the pairs (`rounds` is rounded up
     to an even number).
@@ -425,6 +425,9 @@ def bench_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int = 4, set
     idle starts a heavy load at its boost clock and its power controller pulls the clock down over the next
     second or so; that drift is not linear, so the pairs would not cancel it, and the timings would describe
     the first second after idle rather than the sustained state the GPU settles in (and a real workload runs in).
+
+    `pairs`: a dict to fill with each contender's per-pair times (the values the median is taken over), for a
+    report of how far the pairs disagree (`pair_ratio_range`).
     """
     times: dict[str, list[float]] = {name: [] for name in fns}
     names = list(fns)
@@ -434,7 +437,17 @@ def bench_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int = 4, set
     for r in range(rounds + rounds % 2):
         for name in (names if r % 2 == 0 else names[::-1]):
             times[name].append(bench_ms(fns[name], **bench_kwargs))
-    return {name: _median([0.5 * (ts[i] + ts[i + 1]) for i in range(0, len(ts), 2)]) for name, ts in times.items()}
+    per_pair = {name: [0.5 * (ts[i] + ts[i + 1]) for i in range(0, len(ts), 2)] for name, ts in times.items()}
+    if pairs is not None:
+        pairs.update(per_pair)
+    return {name: _median(values) for name, values in per_pair.items()}
+
+
+def pair_ratio_range(reference: Sequence[float], contender: Sequence[float]) -> tuple[float, float]:
+    """The lowest and highest speedup of a contender over a reference across the pairs of `bench_interleaved`
+    (reference time / contender time, pair by pair): how much one verdict moves within a run."""
+    ratios = [speedup(r, c) for r, c in zip(reference, contender)]
+    return min(ratios), max(ratios)
 
 
 def settle(fns, ms: float) -> None:

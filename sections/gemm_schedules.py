@@ -864,24 +864,32 @@ def head_to_head(ctx, M: int, N: int, K: int, leaders: list[GemmConfig], kernels
     """The table's fastest schedules against cuBLAS again, three forward/backward pairs. One pair over fifteen
     GEMMs running at the GPU's power limit misreads a kernel by a few percent (on the H200 the same kernel's
     ratio to cuBLAS moved from 0.99x to 1.07x between runs), so the table is a screen and this is the
-    verdict: the fastest here is the section's best schedule."""
+    verdict: the fastest here is the section's best schedule. The table shows the ratio's range over the pairs
+    as well: how far one run's readings of the same two kernels disagree."""
     import torch
 
     a, b, c, c_cublas = tensors
     contenders = {"cuBLAS": lambda: torch.matmul(a, b, out=c_cublas)}
     for config in leaders:
         contenders[config.label()] = (lambda k: lambda: k(a, b, c))(kernels[config])
-    ms = tourkit.bench_interleaved(contenders, rounds=HEAD_TO_HEAD_ROUNDS)
+    pairs: dict[str, list[float]] = {}
+    ms = tourkit.bench_interleaved(contenders, rounds=HEAD_TO_HEAD_ROUNDS, pairs=pairs)
     cublas_ms = ms.pop("cuBLAS")
     best = min(leaders, key=lambda cfg: ms[cfg.label()])
     flops = gemm_flops(M, N, K)
+
+    def pair_range(label: str) -> str:
+        low, high = tourkit.pair_ratio_range(pairs["cuBLAS"], pairs[label])
+        return f"{low:.3f}-{high:.3f}x"
+
     ctx.log(f"\nHead to head: the table's {len(leaders)} fastest and cuBLAS, {HEAD_TO_HEAD_ROUNDS // 2} "
             f"forward/backward pairs")
-    ctx.table(["schedule", "median ms", "TFLOP/s", "vs cuBLAS", ""],
+    ctx.table(["schedule", "median ms", "TFLOP/s", "vs cuBLAS", "pair by pair", ""],
               [[cfg.label(), f"{ms[cfg.label()]:.3f}", f"{tourkit.tflops(flops, ms[cfg.label()]):.0f}",
-                f"{tourkit.speedup(cublas_ms, ms[cfg.label()]):.3f}x", "<- best" if cfg == best else ""]
+                f"{tourkit.speedup(cublas_ms, ms[cfg.label()]):.3f}x", pair_range(cfg.label()),
+                "<- best" if cfg == best else ""]
                for cfg in leaders] + [["cuBLAS (torch.matmul)", f"{cublas_ms:.3f}", f"{tourkit.tflops(flops, cublas_ms):.0f}",
-                                       "1.000x", ""]])
+                                       "1.000x", "", ""]])
     ratio = tourkit.speedup(cublas_ms, ms[best.label()])
     ctx.metric(head_to_head={cfg.label(): round(tourkit.speedup(cublas_ms, ms[cfg.label()]), 3) for cfg in leaders})
     return best, ratio, tourkit.tflops(flops, ms[best.label()])

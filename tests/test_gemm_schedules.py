@@ -407,9 +407,12 @@ def test_head_to_head_decides_the_best_schedule(monkeypatch):
     leaders = HAND_WS[:3]
     timed = {}
 
-    def fake_bench(contenders, rounds):
+    def fake_bench(contenders, rounds, pairs):
         timed.update(rounds=rounds, names=list(contenders))
-        # the screen's fastest (first) is slower head to head than the second
+        # the screen's fastest (first) is slower head to head than the second; pair by pair the second's
+        # ratio to cuBLAS runs from 1.00/0.97 to 1.02/0.95
+        pairs.update({"cuBLAS": [1.00, 1.00, 1.02], leaders[0].label(): [1.02, 1.02, 1.02],
+                      leaders[1].label(): [0.95, 0.97, 0.95], leaders[2].label(): [0.99, 0.99, 0.99]})
         return {"cuBLAS": 1.00, leaders[0].label(): 1.02, leaders[1].label(): 0.95, leaders[2].label(): 0.99}
 
     monkeypatch.setattr(tourkit, "bench_interleaved", fake_bench)
@@ -421,6 +424,8 @@ def test_head_to_head_decides_the_best_schedule(monkeypatch):
     assert abs(tflops - gemm_flops(1024, 1024, 1024) / 0.95e-3 / 1e12) < 1e-6
     assert ctx.metrics["head_to_head"][leaders[0].label()] == round(1 / 1.02, 3)
     assert any("<- best" in line and leaders[1].label() in line for line in ctx.report)
+    best_row = next(line for line in ctx.report if line.startswith(leaders[1].label()))
+    assert f"{1 / 0.97:.3f}-{1.02 / 0.95:.3f}x" in best_row  # the lowest and highest pair's ratio
 
 
 def test_shape_set_reports_every_schedule_and_the_best_per_shape(monkeypatch):

@@ -192,6 +192,21 @@ def test_taking_turns_cancels_a_linear_clock_drift(monkeypatch):
     assert times["A"] / times["fast"] == pytest.approx(1.0 / 0.97, rel=2e-3)
 
 
+def test_bench_interleaved_hands_out_the_pairs_behind_its_medians(monkeypatch):
+    """`pairs` gets each contender's per-pair mean, the values the median is taken over; pair_ratio_range reads
+    the lowest and highest speedup over them."""
+    script = iter([1.0, 2.0, 2.1, 1.2,    # pair 1, in the order A B | B A: A 1.1, B 2.05
+                   1.0, 1.2, 1.2, 1.0,    # pair 2: A 1.0, B 1.2
+                   3.0, 1.0, 1.0, 3.0])   # pair 3: A 3.0, B 1.0
+    monkeypatch.setattr(tourkit, "bench_ms", lambda fn, **kw: next(script))
+    monkeypatch.setattr(tourkit, "settle", lambda fns, ms: None)
+    pairs = {}
+    times = tourkit.bench_interleaved({"A": lambda: None, "B": lambda: None}, rounds=6, pairs=pairs)
+    assert pairs == {"A": pytest.approx([1.1, 1.0, 3.0]), "B": pytest.approx([2.05, 1.2, 1.0])}
+    assert times == {"A": pytest.approx(1.1), "B": pytest.approx(1.2)}
+    assert tourkit.pair_ratio_range(pairs["A"], pairs["B"]) == (pytest.approx(1.1 / 2.05), pytest.approx(3.0))
+
+
 def test_bench_interleaved_settles_the_gpu_before_the_first_timed_round(monkeypatch):
     """By default every contender runs, untimed, for SETTLE_MS before any reading; settle_ms=0 skips it."""
     assert tourkit.SETTLE_MS == 0.0  # conftest: no settling in CPU tests
