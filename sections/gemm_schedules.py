@@ -914,15 +914,17 @@ def run_shape_set(ctx, schedules: list[GemmConfig]) -> dict[str, float]:
             contenders[config.label()] = (lambda k: lambda: k(a, b, c))(kernel)
         # a verdict, not a screen: as many forward/backward pairs as the head-to-head (two pairs read the same
         # kernel 2% apart on one H200 a minute apart, 2026-12-03)
-        ms = tourkit.bench_interleaved(contenders, rounds=HEAD_TO_HEAD_ROUNDS)
+        pairs: dict[str, list[float]] = {}
+        ms = tourkit.bench_interleaved(contenders, rounds=HEAD_TO_HEAD_ROUNDS, pairs=pairs)
         cublas_ms = ms.pop("cuBLAS")
         label = min(ms, key=ms.get)
         shape = f"{M}x{N}x{K}"
         every[shape] = {name: round(tourkit.speedup(cublas_ms, t), 3) for name, t in ms.items()}
         ratios[shape] = round(tourkit.speedup(cublas_ms, ms[label]), 3)
         flops = gemm_flops(M, N, K)
+        low, high = tourkit.pair_ratio_range(pairs["cuBLAS"], pairs[label])
         rows.append([shape, label, f"{tourkit.tflops(flops, ms[label]):.0f}", f"{tourkit.tflops(flops, cublas_ms):.0f}",
-                     f"{ratios[shape]:.3f}x"])
+                     f"{ratios[shape]:.3f}x", f"{low:.3f}-{high:.3f}x"])
     ctx.log(f"\nShape set (--full), every schedule against cuBLAS (>1: faster; timed in turns per shape, "
             f"{HEAD_TO_HEAD_ROUNDS // 2} forward/backward pairs):")
     shapes = list(every)
@@ -930,7 +932,7 @@ def run_shape_set(ctx, schedules: list[GemmConfig]) -> dict[str, float]:
               [[c.label()] + [f"{every[shape][c.label()]:.3f}x" for shape in shapes] for c in schedules])
     ctx.metric(shape_set_every=every)
     ctx.log("\nShape set (--full), the best of the listed schedules per shape:")
-    ctx.table(["M x N x K", "schedule", "TFLOP/s", "cuBLAS TFLOP/s", "vs cuBLAS"], rows)
+    ctx.table(["M x N x K", "schedule", "TFLOP/s", "cuBLAS TFLOP/s", "vs cuBLAS", "pair by pair"], rows)
     return ratios
 
 

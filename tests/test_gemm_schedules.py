@@ -452,11 +452,13 @@ def test_shape_set_reports_every_schedule_and_the_best_per_shape(monkeypatch):
                 tourkit.random_tensor((K, N), torch.float16, seed=2, device="cpu"),
                 torch.empty((M, N), dtype=torch.float16))
 
-    def fake_bench(contenders, rounds):
+    def fake_bench(contenders, rounds, pairs):
         assert rounds == gemm_schedules.HEAD_TO_HEAD_ROUNDS  # a verdict: as many pairs as the head-to-head
         for launch in contenders.values():
             launch()  # every contender runs
-        return next(timings)
+        medians = next(timings)
+        pairs.update({name: [t, t * 1.1, t] for name, t in medians.items()})  # the middle pair 10% slower
+        return medians
 
     monkeypatch.setattr(gemm_schedules, "SHAPE_SET", shapes)
     monkeypatch.setattr(gemm_schedules, "compile_gemm", fake_compile)
@@ -471,3 +473,5 @@ def test_shape_set_reports_every_schedule_and_the_best_per_shape(monkeypatch):
     assert {label for *_, label in launched} == {c.label() for c in schedules}
     every_row = [line for line in ctx.report if line.startswith(schedules[1].label())]
     assert every_row and "1.111x" in every_row[0] and "0.800x" in every_row[0]
+    best_row = next(line for line in ctx.report if line.startswith("64x32x16 "))
+    assert "1.111x" in best_row and "1.111-1.111x" in best_row  # every pair gave the winner the same ratio
