@@ -171,8 +171,9 @@ EXPERIMENTS: dict[str, tuple[str, dict]] = {
     # the same with one arrival per consumer warp on each block's `empty` barrier (16 a stage, 8 of them remote,
     # instead of 512, 256 remote, as CUTLASS signals once per warpgroup). H200 2026-12-03 (8192x4096x14336 /
     # 4096^3 / 8192^3): 0.989 / 0.942 / 1.021x cuBLAS, ws_multicast_persistent 0.979 / 0.951 / 1.012x in the same
-    # turns. Both persistent multicast kernels stop with "illegal instruction" on the odd sizes (1000^3,
-    # 1001x1032x1000: 16 tile pairs for 66 clusters, most of them idle); not chased, since they lose anyway.
+    # turns. Both persistent multicast kernels then stopped with "illegal instruction" on 1000^3 and
+    # 1001x1032x1000 (16 tile pairs for 66 clusters): the idle clusters ran a tile past the matrix (see the
+    # kernel's pair loop, since guarded; the CUDA of the larger shapes changed with it: not re-timed yet).
     "ws_multicast_persistent_wa": ("gemm_ws_multicast_program", dict(persistent=True, warp_arrivals=True)),
     # 64 clusters: in case the GPCs cannot hold 66 two-block clusters at once (an SM left over in a GPC with an
     # odd SM count), which would leave the last clusters for a second wave
@@ -260,20 +261,25 @@ def gemm_ws_multicast_program(M: int, N: int, K: int, block_M: int = 128, block_
             full = T.alloc_barrier([128] * num_stages)
             empty = T.alloc_cluster_barrier([2 * stage_releasers(consumer_threads, warp_arrivals)] * num_stages)
             rank = T.block_rank_in_cluster()
-            # This cluster's pairs of tiles: p = cluster + i * clusters (one pair when not persistent)
-            my_pairs = T.ceildiv(pairs - cluster, clusters)
+            # This cluster's pairs of tiles: p = cluster + i * clusters < pairs (one pair when not persistent).
+            # The loop runs to the most any cluster has, each pass guarded: written as a loop of
+            # ceildiv(pairs - cluster, clusters) passes, TileLang 0.1.15 dropped the loop whenever that count
+            # could only be 0 or 1 (fewer pairs than clusters: 1000^3) and ran one pass on every cluster, the
+            # idle ones on tiles past the matrix: "illegal instruction" on the H200 (2026-12-03).
             T.cluster_sync()  # the peer's barriers are initialized before anyone arrives on them remotely
             tid = T.get_thread_binding()
             if tid >= consumer_threads:
                 T.set_max_nreg(producer_regs, 0)
-                for i in T.serial(my_pairs):
-                    m, n = tile_of(cluster + i * clusters, rank)
-                    produce(A, B, A_s, B_s, full, empty, m, n, i * k_steps)
+                for i in T.serial(T.ceildiv(pairs, clusters)):
+                    if cluster + i * clusters < pairs:
+                        m, n = tile_of(cluster + i * clusters, rank)
+                        produce(A, B, A_s, B_s, full, empty, m, n, i * k_steps)
             else:
                 T.set_max_nreg(consumer_regs, 1)
-                for i in T.serial(my_pairs):
-                    m, n = tile_of(cluster + i * clusters, rank)
-                    consume_and_store(C, A_s, B_s, C_s, C_local, full, empty, m, n, i * k_steps)
+                for i in T.serial(T.ceildiv(pairs, clusters)):
+                    if cluster + i * clusters < pairs:
+                        m, n = tile_of(cluster + i * clusters, rank)
+                        consume_and_store(C, A_s, B_s, C_s, C_local, full, empty, m, n, i * k_steps)
                 T.tma_store_wait(0)
             T.cluster_sync()  # no block leaves while its peer may still arrive on its barriers
 

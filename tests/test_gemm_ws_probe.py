@@ -159,6 +159,17 @@ def test_multicast_shares_b_and_releases_stages_in_both_blocks(name):
     assert "cluster_sync()" in tail
 
 
+@pytest.mark.parametrize("name", ["ws_multicast_persistent", "ws_multicast_persistent_wa"])
+def test_persistent_multicast_leaves_the_idle_clusters_idle(name):
+    """1000^3 has 16 pairs of 128x256 tiles for 66 clusters: clusters 16..65 must not touch a tile. (Written as a
+    loop of ceildiv(pairs - cluster, clusters) passes, TileLang dropped the loop and ran one pass everywhere.)"""
+    source = tourkit.inspect_kernel(name, probe.program_for(name, 1000, 1000, 1000), "sm_90a", nvcc=False).source
+    assert source.count("if (((int)blockIdx.y) < 16) {") == 2  # the producer's and the consumers' pair loops
+    big = tourkit.inspect_kernel(name, probe.program_for(name, 8192, 8192, 8192), "sm_90a", nvcc=False).source
+    # 1024 pairs: each pass of both loops asks whether its pair exists (TileLang halves both sides)
+    assert len(re.findall(r"if \(\(\(i_?\d* \* 33\) \+ \(\(\(int\)blockIdx\.y\) >> 1\)\) < 512\)", big)) == 2
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Stream-K: the schedule in pure Python (the kernel's own formulas), then what the generated code does with it
 # ---------------------------------------------------------------------------------------------------------
