@@ -860,6 +860,12 @@ def run_schedule_table(ctx, M: int, N: int, K: int, schedules: list[GemmConfig])
 HEAD_TO_HEAD_LEADERS, HEAD_TO_HEAD_ROUNDS = 3, 6
 
 
+def pair_range(pairs: dict[str, list[float]], label: str) -> str:
+    """A schedule's lowest and highest ratio to cuBLAS over the pairs of one bench_interleaved call."""
+    low, high = tourkit.pair_ratio_range(pairs["cuBLAS"], pairs[label])
+    return f"{low:.3f}-{high:.3f}x"
+
+
 def head_to_head(ctx, M: int, N: int, K: int, leaders: list[GemmConfig], kernels: dict, tensors):
     """The table's fastest schedules against cuBLAS again, three forward/backward pairs. One pair over fifteen
     GEMMs running at the GPU's power limit misreads a kernel by a few percent (on the H200 the same kernel's
@@ -877,16 +883,11 @@ def head_to_head(ctx, M: int, N: int, K: int, leaders: list[GemmConfig], kernels
     cublas_ms = ms.pop("cuBLAS")
     best = min(leaders, key=lambda cfg: ms[cfg.label()])
     flops = gemm_flops(M, N, K)
-
-    def pair_range(label: str) -> str:
-        low, high = tourkit.pair_ratio_range(pairs["cuBLAS"], pairs[label])
-        return f"{low:.3f}-{high:.3f}x"
-
     ctx.log(f"\nHead to head: the table's {len(leaders)} fastest and cuBLAS, {HEAD_TO_HEAD_ROUNDS // 2} "
             f"forward/backward pairs")
     ctx.table(["schedule", "median ms", "TFLOP/s", "vs cuBLAS", "pair by pair", ""],
               [[cfg.label(), f"{ms[cfg.label()]:.3f}", f"{tourkit.tflops(flops, ms[cfg.label()]):.0f}",
-                f"{tourkit.speedup(cublas_ms, ms[cfg.label()]):.3f}x", pair_range(cfg.label()),
+                f"{tourkit.speedup(cublas_ms, ms[cfg.label()]):.3f}x", pair_range(pairs, cfg.label()),
                 "<- best" if cfg == best else ""]
                for cfg in leaders] + [["cuBLAS (torch.matmul)", f"{cublas_ms:.3f}", f"{tourkit.tflops(flops, cublas_ms):.0f}",
                                        "1.000x", "", ""]])
@@ -922,9 +923,8 @@ def run_shape_set(ctx, schedules: list[GemmConfig]) -> dict[str, float]:
         every[shape] = {name: round(tourkit.speedup(cublas_ms, t), 3) for name, t in ms.items()}
         ratios[shape] = round(tourkit.speedup(cublas_ms, ms[label]), 3)
         flops = gemm_flops(M, N, K)
-        low, high = tourkit.pair_ratio_range(pairs["cuBLAS"], pairs[label])
         rows.append([shape, label, f"{tourkit.tflops(flops, ms[label]):.0f}", f"{tourkit.tflops(flops, cublas_ms):.0f}",
-                     f"{ratios[shape]:.3f}x", f"{low:.3f}-{high:.3f}x"])
+                     f"{ratios[shape]:.3f}x", pair_range(pairs, label)])
     ctx.log(f"\nShape set (--full), every schedule against cuBLAS (>1: faster; timed in turns per shape, "
             f"{HEAD_TO_HEAD_ROUNDS // 2} forward/backward pairs):")
     shapes = list(every)
