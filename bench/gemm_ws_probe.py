@@ -175,6 +175,11 @@ EXPERIMENTS: dict[str, tuple[str, dict]] = {
     # 1001x1032x1000 (16 tile pairs for 66 clusters): the idle clusters ran a tile past the matrix (see the
     # kernel's pair loop, since guarded; the CUDA of the larger shapes changed with it: not re-timed yet).
     "ws_multicast_persistent_wa": ("gemm_ws_multicast_program", dict(persistent=True, warp_arrivals=True)),
+    # the persistent multicast kernel with the shape set's best ring (3 stages, the whole C tile staged in four
+    # strips, as ws_persistent_s3_store4): 144 + 64 KiB of shared memory
+    "ws_multicast_persistent_s3_store4_wa": ("gemm_ws_multicast_program",
+                                             dict(persistent=True, warp_arrivals=True, num_stages=3,
+                                                  store_buffers=4)),
     # 64 clusters: in case the GPCs cannot hold 66 two-block clusters at once (an SM left over in a GPC with an
     # odd SM count), which would leave the last clusters for a second wave
     "ws_multicast_persistent128": ("gemm_ws_multicast_program", dict(persistent=True, num_sms=128)),
@@ -206,7 +211,8 @@ def say(text: str = "") -> None:
 
 def gemm_ws_multicast_program(M: int, N: int, K: int, block_M: int = 128, block_N: int = 256, block_K: int = 64,
                               num_stages: int = 4, panel: int = 8, persistent: bool = False, num_sms: int = H200_SMS,
-                              warp_arrivals: bool = False, dtype: str = "float16", accum_dtype: str = "float32"):
+                              warp_arrivals: bool = False, store_buffers: int = 1, dtype: str = "float16",
+                              accum_dtype: str = "float32"):
     """C = A @ B with the ws kernel's roles (one producer, two consumer warpgroups on a 128x256 tile) in clusters
     of two blocks on vertically adjacent tiles (rows m = 2 pair + rank, the same column n): they need the same
     B tile every K step, so rank 0 loads it once by TMA multicast into both blocks' shared memory, halving
@@ -215,7 +221,8 @@ def gemm_ws_multicast_program(M: int, N: int, K: int, block_M: int = 128, block_
     thread arrives on the stage's `empty` barrier in both blocks (cluster barriers, 2 x 256 arrivals; with
     warp_arrivals lane 0 of every consumer warp, 2 x 8).
     persistent=True: num_sms / 2 clusters walk the pairs of tiles (grid stride), the ring's phases carrying on
-    across tiles as in the ws kernel."""
+    across tiles as in the ws kernel. store_buffers: block_M x 64 strips of C staged in shared memory, as the
+    section's ws kernel (4: the whole tile, so a store never waits for the one before it within a tile)."""
     import tilelang.language as T
 
     consumer_threads = 256
@@ -247,16 +254,17 @@ def gemm_ws_multicast_program(M: int, N: int, K: int, block_M: int = 128, block_
     def consume_and_store(C, A_s, B_s, C_s, C_local, full, empty, m, n, first_step):
         consume(A_s, B_s, C_local, full, empty, first_step)
         for j in T.unroll(block_N // 64):
-            T.tma_store_wait(0)
-            T.copy(C_local[:, j * 64:(j + 1) * 64], C_s)
-            T.tma_copy(C_s, C[m * block_M:(m + 1) * block_M, n * block_N + j * 64:n * block_N + (j + 1) * 64])
+            T.tma_store_wait(store_buffers - 1)  # the strip buffer about to be rewritten has been read
+            T.copy(C_local[:, j * 64:(j + 1) * 64], C_s[j % store_buffers, :, :])
+            T.tma_copy(C_s[j % store_buffers, :, :],
+                       C[m * block_M:(m + 1) * block_M, n * block_N + j * 64:n * block_N + (j + 1) * 64])
 
     @T.prim_func
     def gemm_ws_multicast(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
         with T.ClusterKernel(2, clusters, threads=consumer_threads + 128, cluster_dims=(2, 1, 1)) as (bx, cluster):
             A_s = T.alloc_shared((num_stages, block_M, block_K), dtype)
             B_s = T.alloc_shared((num_stages, block_K, block_N), dtype)
-            C_s = T.alloc_shared((block_M, 64), dtype)
+            C_s = T.alloc_shared((store_buffers, block_M, 64), dtype)
             C_local = T.alloc_fragment((block_M, block_N), accum_dtype)
             full = T.alloc_barrier([128] * num_stages)
             empty = T.alloc_cluster_barrier([2 * stage_releasers(consumer_threads, warp_arrivals)] * num_stages)
@@ -985,7 +993,9 @@ def describe(name: str) -> str:
         kwargs = EXPERIMENTS[name][1]
         walk = f", persistent{kwargs.get('num_sms', H200_SMS)}" if kwargs.get("persistent") else ""
         arrivals = ", warp arrivals" if kwargs.get("warp_arrivals") else ""
-        return f"ws 128x256x64 s4, clusters of 2 blocks along M, B by TMA multicast{walk}{arrivals}"
+        stores = f", store{kwargs['store_buffers']}" if kwargs.get("store_buffers", 1) > 1 else ""
+        return (f"ws 128x256x64 s{kwargs.get('num_stages', 4)}{stores}, clusters of 2 blocks along M, B by TMA "
+                f"multicast{walk}{arrivals}")
     if name in EXPERIMENTS and EXPERIMENTS[name][0] == "gemm_ws_streamk_program":
         kwargs = {"num_sms": H200_SMS, "sk_waves": 2, **EXPERIMENTS[name][1]}
         return (f"ws 128x256x64 s4, persistent{kwargs['num_sms']}, stream-K over the last "
