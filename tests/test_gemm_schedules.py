@@ -219,11 +219,10 @@ def test_shape_set_leaders_are_the_hand_written_kernels_and_fullcol():
     leaders = shape_set_schedules(HOPPER_TABLE, tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin)
     assert len(leaders) == 7 and leaders[:3] == HAND_WS[:3] and HAND_WS[3] not in leaders
     assert PINGPONG[1] in leaders  # the 128x192 ping-pong kernel (it led 8192x28672x4096 once, 2026-12-03)
-    # the first one again in two other tile orders
-    assert leaders[5:] == [dataclasses.replace(HAND_WS[0], panel=16),
-                           dataclasses.replace(HAND_WS[0], panels="columns")]
+    # the first one and the whole-tile-staged one again, in panels of 16 tile rows
+    assert leaders[5:] == [dataclasses.replace(HAND_WS[0], panel=16), dataclasses.replace(HAND_WS[2], panel=16)]
     assert [c.label() for c in leaders[5:]] == ["128x256x64 s4 t256 swz16 FullRow ws persistent132",
-                                                 "128x256x64 s4 t256 swz8 columns FullRow ws persistent132"]
+                                                 "128x256x64 s3 t256 swz16 FullRow ws store4 persistent132"]
     assert HAND_WS[2].store_buffers == 4 and HAND_WS[2].num_stages == 3  # the whole tile staged
     assert any(c.policy == "FullCol" and c.kernel == "tilelang" for c in leaders)
 
