@@ -527,6 +527,7 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
     producer_regs, consumer_regs = ws_register_split(consumer_threads // 128, persistent)
     m_tiles, n_tiles, k_steps = T.ceildiv(M, bM), T.ceildiv(N, bN), T.ceildiv(K, bK)
     strips, store_buffers = bN // WS_STORE_BLOCK_N, config.store_buffers
+    whole_tile = store_buffers == strips  # C staged as one block_M x block_N tile
     panel = config.panel if config.swizzle else 1
     _, produce_tile, consume_tile = ws_pipeline(bM, bN, bK, k_steps, num_stages, warp_arrivals=config.warp_arrivals)
     releasers = stage_releasers(consumer_threads, config.warp_arrivals)
@@ -556,13 +557,20 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
         """fp32 accumulator -> fp16 strips of block_M x 64 in shared memory -> global by TMA. TileLang puts a
         named barrier over the consumer threads around each strip's shared writes, and one elected consumer
         thread issues the stores. Before a strip buffer is rewritten only the store issued `store_buffers`
-        strips earlier must have finished reading it (across tiles too: the kernel drains once, at its end)."""
-        for j in T.unroll(strips):
-            buffer = j % store_buffers
-            T.tma_store_wait(store_buffers - 1)  # by the thread that issued the stores; a no-op for the rest
-            T.copy(C_local[:, j * WS_STORE_BLOCK_N:(j + 1) * WS_STORE_BLOCK_N], C_s[buffer, :, :])
-            column = n * bN + j * WS_STORE_BLOCK_N
-            T.tma_copy(C_s[buffer, :, :], C[m * bM:(m + 1) * bM, column:column + WS_STORE_BLOCK_N])
+        strips earlier must have finished reading it (across tiles too: the kernel drains once, at its end).
+        With the whole tile staged it is one copy: TileLang writes it with stmatrix (16 a thread, not 64
+        4-byte stores) between two barriers, not eight, and one thread issues the tile's TMA stores."""
+        if whole_tile:
+            T.tma_store_wait(0)  # the previous tile's stores, issued a whole K loop ago, have read the buffer
+            T.copy(C_local, C_s)
+            T.tma_copy(C_s, C[m * bM:(m + 1) * bM, n * bN:(n + 1) * bN])
+        else:
+            for j in T.unroll(strips):
+                buffer = j % store_buffers
+                T.tma_store_wait(store_buffers - 1)  # by the thread that issued the stores; a no-op for the rest
+                T.copy(C_local[:, j * WS_STORE_BLOCK_N:(j + 1) * WS_STORE_BLOCK_N], C_s[buffer, :, :])
+                column = n * bN + j * WS_STORE_BLOCK_N
+                T.tma_copy(C_s[buffer, :, :], C[m * bM:(m + 1) * bM, column:column + WS_STORE_BLOCK_N])
 
     @T.macro
     def finish_tile(C, C_local, C_s, Bias_s, bias_full, bias_empty, m, n, tile):
@@ -573,7 +581,7 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
     def buffers():
         return (T.alloc_shared((num_stages, bM, bK), dtype),
                 T.alloc_shared((num_stages, bK, bN), dtype),
-                T.alloc_shared((store_buffers, bM, WS_STORE_BLOCK_N), dtype),
+                T.alloc_shared((bM, bN) if whole_tile else (store_buffers, bM, WS_STORE_BLOCK_N), dtype),
                 T.alloc_fragment((bM, bN), accum_dtype),
                 # full[s]: the producer threads' arrivals plus the TMA bytes; empty[s]: every consumer
                 # thread's (or warp's) arrival after its wgmma batch reading stage s is known finished.

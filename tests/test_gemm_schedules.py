@@ -195,6 +195,25 @@ def test_ws_epilogue_applies_bias_and_gelu_before_the_store(ws_report):
         assert "Bias" not in source and "exp2f(" not in source
 
 
+def test_ws_epilogue_store_strips_or_the_whole_tile_at_once(ws_report):
+    """Strips: each written between two consumer barriers by 4-byte stores, then its TMA store. The whole tile
+    staged (store_buffers = block_N / 64): one stmatrix copy between two barriers, then one thread's TMA stores
+    of every strip, after one wait for the previous tile's stores."""
+    config, _, report = ws_report
+    epilogue = report.source[report.source.rindex("wait_wgmma<0>"):]
+    strips = config.block_N // 64
+    if config.store_buffers == strips:
+        assert epilogue.count("__sync_thread_partial") == 2 and "ptx_stmatrix_m8n8_x4(" in epilogue
+        assert epilogue.count("tma_store_wait<0, true>") == 2  # before the copy, and the kernel's final drain
+        assert re.search(rf"for \(int \w+ = 0; \w+ < {strips}; \+\+\w+\) \{{\s*tl::tma_store\(", epilogue)
+    else:
+        assert "ptx_stmatrix" not in epilogue
+        # a loop over the strips: wait for the store that last read this strip's buffer, barrier, writes, barrier
+        assert re.search(rf"for \(int \w+ = 0; \w+ < {strips}; \+\+\w+\) \{{\s*"
+                         rf"tl::tma_store_wait<{config.store_buffers - 1}, true>\(\);\s*tl::__sync_thread_partial",
+                         epilogue)
+
+
 def test_ws_smem_estimate_bounds_the_lowered_kernel(ws_report):
     config, _, report = ws_report
     assert report.smem_bytes <= config.smem_bytes() < report.smem_bytes + 4096
@@ -342,7 +361,7 @@ WS_ODD_SIZES = [(1000, 1000, 1000), (1001, 1032, 1000)]
 # Column panels on 5 blocks: the 8 x 4 tiles of 1000x1000 in one ragged panel of 4 columns, many tiles a block.
 # The lean barrier options (one `empty` arrival per consumer warp, one producer warp) on a one-tile-per-block
 # grid and on 5 blocks walking many tiles (the ring's phases across tiles), and a 256-row tile (each consumer
-# warpgroup 128 rows, two m64 wgmma).
+# warpgroup 128 rows, two m64 wgmma), and the whole-tile store on 5 blocks.
 _ONE_TILE_WS = next(c for c in HAND_WS if not c.persistent)
 GPU_HAND_WRITTEN = HAND_WS + PINGPONG + [dataclasses.replace(PINGPONG[0], persistent=5),
                                          dataclasses.replace(HAND_WS[0], persistent=5, panels="columns"),
@@ -350,7 +369,10 @@ GPU_HAND_WRITTEN = HAND_WS + PINGPONG + [dataclasses.replace(PINGPONG[0], persis
                                          dataclasses.replace(_ONE_TILE_WS, warp_arrivals=True, producer_warps=1),
                                          dataclasses.replace(HAND_WS[0], persistent=5, warp_arrivals=True,
                                                              producer_warps=1),
-                                         dataclasses.replace(HAND_WS[0], block_M=256, block_N=128, persistent=5)]
+                                         dataclasses.replace(HAND_WS[0], block_M=256, block_N=128, persistent=5),
+                                         # the whole tile staged, many tiles a block: each tile's stmatrix copy
+                                         # waits for the previous tile's stores
+                                         dataclasses.replace(HAND_WS[2], persistent=5)]
 
 
 def on_this_gpu(config: GemmConfig, sm_count: int) -> GemmConfig:
