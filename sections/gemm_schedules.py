@@ -15,7 +15,7 @@ multiply the shared memory; `T.use_swizzle` reorders the blocks so neighbours sh
 On Hopper the table also holds kernels whose warp specialization is written by hand, with the same tile
 language (T.alloc_barrier, T.tma_copy, T.wgmma_gemm, T.wait_wgmma, T.set_max_nreg): a TMA producer
 warpgroup and consumer warpgroups that keep one wgmma batch in flight (gemm_ws_body), on a persistent grid,
-with the tile's store staged in one, two or all four 128x64 strips; and the ping-pong variant, where each
+with the tile's store staged in one, two or all four 128x64 strips (all four: one stmatrix copy); and the ping-pong variant, where each
 consumer warpgroup owns its own tile and the two take turns on the tensor cores (gemm_pingpong_body). The
 section runs the table against cuBLAS (torch.matmul) as a screen, then its three fastest head to head.
 
@@ -516,7 +516,8 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
       wait for `full`, issue the stage's wgmma batch without waiting for it, then wait_wgmma(1): the previous
       step's batch is finished, so only then is the previous step's stage released: one batch in flight;
     * the epilogue (bias, activation) runs on the register accumulator; the fp16 result goes out through
-      block_M x 64 shared strips by TMA (store_buffers=2: one strip stores while the next is written);
+      block_M x 64 shared strips by TMA (store_buffers=2: one strip stores while the next is written;
+      block_N / 64: the whole tile, written at once with stmatrix);
     * persistent > 0: that many blocks walk the tiles (T.PersistentTileScheduler, row panels of `panel` tile
       rows as T.use_swizzle). Producer and consumers run the same tile loop and the ring's barrier phases
       carry on across tiles (a k-step counter over the block's tiles), so the producer loads the next tile's
