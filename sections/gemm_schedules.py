@@ -165,7 +165,7 @@ def default_schedules(family: str, sm_count: int = 132) -> list[GemmConfig]:
             GemmConfig(128, 256, 64, 4, 256, True, persistent=sm_count, store_buffers=2, **hand_ws),
             # the whole 128x256 tile staged (4 strips, 64 KiB) next to a 3-stage ring: the consumers write the
             # epilogue without waiting for any store, and go back to wgmma sooner (short-K shapes: 4096^3). Written
-            # in one stmatrix copy it led every shape-set shape but one and reached 1.00-1.06x cuBLAS on all five
+            # in one stmatrix copy it led most shape-set shapes and reached 1.00-1.06x cuBLAS on all five
             # (H200, 2026-12-03, three runs on two machines; BENCHMARKS.md, session 10)
             GemmConfig(128, 256, 64, 3, 256, True, persistent=sm_count, store_buffers=4, **hand_ws),
             # three consumer warpgroups, each a 256x64 column strip, 160 registers a thread (not 240; see
