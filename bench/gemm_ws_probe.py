@@ -173,10 +173,13 @@ EXPERIMENTS: dict[str, tuple[str, dict]] = {
     # 4096^3 / 8192^3): 0.989 / 0.942 / 1.021x cuBLAS, ws_multicast_persistent 0.979 / 0.951 / 1.012x in the same
     # turns. Both persistent multicast kernels then stopped with "illegal instruction" on 1000^3 and
     # 1001x1032x1000 (16 tile pairs for 66 clusters): the idle clusters ran a tile past the matrix (see the
-    # kernel's pair loop, since guarded; the CUDA of the larger shapes changed with it: not re-timed yet).
+    # kernel's pair loop, since guarded). Guarded, both validate on all four odd sizes (H200 2026-12-03, session
+    # 10) and time 0.970-0.976x cuBLAS at 4096^3 / 8192x4096x14336, against 0.999 / 0.975x for
+    # ws_persistent_s3_store4 in the same turns.
     "ws_multicast_persistent_wa": ("gemm_ws_multicast_program", dict(persistent=True, warp_arrivals=True)),
     # the persistent multicast kernel with the shape set's best ring (3 stages, the whole C tile staged in four
-    # strips, as ws_persistent_s3_store4): 144 + 64 KiB of shared memory
+    # strips, as ws_persistent_s3_store4): 144 + 64 KiB of shared memory. H200 2026-12-03: 0.983 / 0.981x cuBLAS
+    # at 4096^3 / 8192x4096x14336, against 0.999 / 0.975x for ws_persistent_s3_store4 in the same turns
     "ws_multicast_persistent_s3_store4_wa": ("gemm_ws_multicast_program",
                                              dict(persistent=True, warp_arrivals=True, num_stages=3,
                                                   store_buffers=4)),

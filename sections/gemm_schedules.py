@@ -15,9 +15,10 @@ multiply the shared memory; `T.use_swizzle` reorders the blocks so neighbours sh
 On Hopper the table also holds kernels whose warp specialization is written by hand, with the same tile
 language (T.alloc_barrier, T.tma_copy, T.wgmma_gemm, T.wait_wgmma, T.set_max_nreg): a TMA producer
 warpgroup and consumer warpgroups that keep one wgmma batch in flight (gemm_ws_body), on a persistent grid,
-with the tile's store staged in one, two or all four 128x64 strips (all four: one stmatrix copy); and the ping-pong variant, where each
-consumer warpgroup owns its own tile and the two take turns on the tensor cores (gemm_pingpong_body). The
-section runs the table against cuBLAS (torch.matmul) as a screen, then its three fastest head to head.
+with the tile's store staged in one, two or all four 128x64 strips (all four: one stmatrix copy); and the
+ping-pong variant, where each consumer warpgroup owns its own tile and the two take turns on the tensor cores
+(gemm_pingpong_body). The section runs the table against cuBLAS (torch.matmul) as a screen, then its three
+fastest head to head.
 
 The same builder also takes a fused epilogue (bias, GELU) that the `fusion` section uses.
 """
@@ -82,6 +83,11 @@ class GemmConfig:
     def hand_ws(self) -> bool:
         """One of the hand-written warp-specialized kernels (Hopper only)."""
         return self.kernel in ("ws", "pingpong")
+
+    @property
+    def stages_whole_tile(self) -> bool:
+        """The ws kernel stages its whole C tile (store_buffers = block_N / 64 strips): one stmatrix copy."""
+        return self.kernel == "ws" and self.store_buffers * WS_STORE_BLOCK_N == self.block_N
 
     def smem_bytes(self, dtype_bytes: int = 2) -> int:
         """Shared memory this schedule needs: `num_stages` copies of the A and B tiles, and the C tile
@@ -530,7 +536,7 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
     producer_regs, consumer_regs = ws_register_split(consumer_threads // 128, persistent)
     m_tiles, n_tiles, k_steps = T.ceildiv(M, bM), T.ceildiv(N, bN), T.ceildiv(K, bK)
     strips, store_buffers = bN // WS_STORE_BLOCK_N, config.store_buffers
-    whole_tile = store_buffers == strips  # C staged as one block_M x block_N tile
+    whole_tile = config.stages_whole_tile  # C staged as one block_M x block_N tile
     panel = config.panel if config.swizzle else 1
     _, produce_tile, consume_tile = ws_pipeline(bM, bN, bK, k_steps, num_stages, warp_arrivals=config.warp_arrivals)
     releasers = stage_releasers(consumer_threads, config.warp_arrivals)
@@ -896,12 +902,11 @@ def head_to_head(ctx, M: int, N: int, K: int, leaders: list[GemmConfig], kernels
     flops = gemm_flops(M, N, K)
     ctx.log(f"\nHead to head: the table's {len(leaders)} fastest and cuBLAS, {HEAD_TO_HEAD_ROUNDS // 2} "
             f"forward/backward pairs")
-    ctx.table(["schedule", "median ms", "TFLOP/s", "vs cuBLAS", "pair by pair", ""],
-              [[cfg.label(), f"{ms[cfg.label()]:.3f}", f"{tourkit.tflops(flops, ms[cfg.label()]):.0f}",
-                f"{tourkit.speedup(cublas_ms, ms[cfg.label()]):.3f}x", pair_range(pairs, cfg.label()),
-                "<- best" if cfg == best else ""]
-               for cfg in leaders] + [["cuBLAS (torch.matmul)", f"{cublas_ms:.3f}", f"{tourkit.tflops(flops, cublas_ms):.0f}",
-                                       "1.000x", "", ""]])
+    rows = [[cfg.label(), f"{ms[cfg.label()]:.3f}", f"{tourkit.tflops(flops, ms[cfg.label()]):.0f}",
+             f"{tourkit.speedup(cublas_ms, ms[cfg.label()]):.3f}x", pair_range(pairs, cfg.label()),
+             "<- best" if cfg == best else ""] for cfg in leaders]
+    rows.append(["cuBLAS (torch.matmul)", f"{cublas_ms:.3f}", f"{tourkit.tflops(flops, cublas_ms):.0f}", "1.000x", "", ""])
+    ctx.table(["schedule", "median ms", "TFLOP/s", "vs cuBLAS", "pair by pair", ""], rows)
     ratio = tourkit.speedup(cublas_ms, ms[best.label()])
     ctx.metric(head_to_head={cfg.label(): round(tourkit.speedup(cublas_ms, ms[cfg.label()]), 3) for cfg in leaders})
     return best, ratio, tourkit.tflops(flops, ms[best.label()])
@@ -1004,10 +1009,11 @@ def shape_set_schedules(schedules: list[GemmConfig], smem_budget: int) -> list[G
     and two of them again with panels of 16 tile rows: the first, and the one that stages its whole tile (when
     they are persistent hand-written kernels). A wave of 132 128x256 tiles then spans 16 rows x 8 columns, which
     reads the least of A and B from HBM per wave (128 x rows + 256 x columns is least at rows = 2 x columns);
-    on the H200 the first schedule ordered so was 0.4-1.8% ahead of its panels of 8 on four shapes of five in one
-    run (2026-12-03 12:40 UTC), and level within the noise in earlier ones."""
+    on the H200 (2026-12-03) the first schedule ordered so was 0.4-1.8% ahead of its panels of 8 on four shapes
+    of five in one run, and level within the noise in the others; the whole-tile kernel in panels of 16 led
+    4096^3 once."""
     leaders = [c for c in schedules if fits(c, smem_budget)][:5]
-    whole_tile = [c for c in leaders if c.store_buffers * WS_STORE_BLOCK_N == c.block_N]
+    whole_tile = [c for c in leaders if c.stages_whole_tile]
     reordered = [dataclasses.replace(c, panel=16) for c in leaders[:1] + whole_tile[:1]
                  if c.persistent and c.hand_ws and c.swizzle and c.panels == "rows" and c.panel != 16]
     return leaders + reordered

@@ -202,7 +202,7 @@ def test_ws_epilogue_store_strips_or_the_whole_tile_at_once(ws_report):
     config, _, report = ws_report
     epilogue = report.source[report.source.rindex("wait_wgmma<0>"):]
     strips = config.block_N // 64
-    if config.store_buffers == strips:
+    if config.stages_whole_tile:
         assert epilogue.count("__sync_thread_partial") == 2 and "ptx_stmatrix_m8n8_x4(" in epilogue
         assert epilogue.count("tma_store_wait<0, true>") == 2  # before the copy, and the kernel's final drain
         assert re.search(rf"for \(int \w+ = 0; \w+ < {strips}; \+\+\w+\) \{{\s*tl::tma_store\(", epilogue)
