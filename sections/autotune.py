@@ -76,7 +76,7 @@ TUNED_KEYS = ("block_M", "block_N", "block_K", "num_stages", "threads", "swizzle
 # and which kernel: TileLang's pipeline or the hand-written warp-specialized one, persistent or not, with its
 # tile order and barrier arrivals).
 PASSED_KEYS = ("panel", "policy", "kernel", "persistent", "store_buffers", "panels", "warp_arrivals",
-               "producer_warps")
+               "producer_warps", "even_rounds")
 SCHEDULE_KEYS = TUNED_KEYS + PASSED_KEYS
 
 # Per architecture family: the default space (about a minute on an H200) and the full one (--full).
@@ -109,21 +109,22 @@ SPACES["ada"] = SPACES["ampere"]
 def extra_schedules(family: str, sm_count: int = 132) -> list[GemmConfig]:
     """Schedules a product of per-knob values cannot express. On Hopper: the 256x192 tile on three consumer
     warpgroups (TileLang's pipeline), and gemm_schedules' hand-written warp-specialized kernel (kernel="ws": one
-    wgmma batch kept in flight), one block per tile and persistent on `sm_count` blocks, with one, two or four
+    wgmma batch kept in flight), one block per tile and persistent on up to `sm_count` blocks, with one, two or four
     store strips. The same GEMM builder builds them all; only the schedule's knobs differ."""
     if family not in SPACES:
         raise ValueError(f"no autotune space for architecture family {family!r}")
     if family != "hopper":
         return []
     hand_ws = dict(panel=8, policy="FullRow", kernel="ws")
+    even_ws = dict(hand_ws, persistent=sm_count, even_rounds=True)  # as gemm_schedules' table: see persistent_grid
     return [
         # Three consumer warpgroups, each a 256x64 column strip with 160 registers a thread: level with the
         # hand-written kernel at 8192^3 on the H200 (225 KiB: just inside 227 KiB).
         GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol"),
         GemmConfig(256, 192, 64, 3, 384, True, panel=8, policy="FullCol"),  # its 3-stage sibling (169 KiB)
-        GemmConfig(128, 256, 64, 4, 256, True, persistent=sm_count, **hand_ws),
-        GemmConfig(128, 256, 64, 4, 256, True, persistent=sm_count, store_buffers=2, **hand_ws),
-        GemmConfig(128, 256, 64, 3, 256, True, persistent=sm_count, store_buffers=4, **hand_ws),  # whole tile staged
+        GemmConfig(128, 256, 64, 4, 256, True, **even_ws),
+        GemmConfig(128, 256, 64, 4, 256, True, store_buffers=2, **even_ws),
+        GemmConfig(128, 256, 64, 3, 256, True, store_buffers=4, **even_ws),  # whole tile staged
         GemmConfig(128, 256, 64, 4, 256, True, **hand_ws),
     ]
 
@@ -224,13 +225,14 @@ def report_filter(ctx, space: list[dict], kept: list[dict], dropped: list[tuple[
 
 def gemm_for_tuning(M, N, K, builder="", block_M=128, block_N=128, block_K=64, num_stages=3, threads=256,
                     swizzle=True, panel=10, policy="Square", kernel="tilelang", persistent=0, store_buffers=1,
-                    panels="rows", warp_arrivals=False, producer_warps=4):
+                    panels="rows", warp_arrivals=False, producer_warps=4, even_rounds=False):
     """The GEMM of gemm_schedules, with the schedule as keyword arguments for tilelang.autotune.
     `builder` only enters the autotuner's cache key (see builder_hash)."""
     return gemm_program(M, N, K, GemmConfig(block_M, block_N, block_K, num_stages, threads, swizzle, panel=panel,
                                             policy=policy, kernel=kernel, persistent=persistent,
                                             store_buffers=store_buffers, panels=panels,
-                                            warp_arrivals=warp_arrivals, producer_warps=producer_warps))
+                                            warp_arrivals=warp_arrivals, producer_warps=producer_warps,
+                                            even_rounds=even_rounds))
 
 
 def builder_hash() -> str:

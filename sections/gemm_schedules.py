@@ -78,6 +78,11 @@ class GemmConfig:
     # instead of waiting on every stage and arriving on every `full` barrier: 32 arrivals a K step, not 128).
     # H200 2026-12-03: neither option moved the time beyond the run-to-run noise (BENCHMARKS.md, session 9).
     producer_warps: int = 4
+    # "ws", persistent: the fewest blocks that still walk the tiles in as many rounds as `persistent` blocks
+    # do, so each block gets the same number of tiles (512 tiles: 128 blocks of 4, not 116 of 4 and 16 of 3).
+    # The H200's GEMMs run at the power cap, so an SM left idle gives its power to the others' clocks, and no
+    # SM idles through a last partial round while the rest finish (persistent_grid).
+    even_rounds: bool = False
 
     @property
     def hand_ws(self) -> bool:
@@ -126,7 +131,7 @@ class GemmConfig:
         if self.producer_warps != 4:
             text += f" producer-warps{self.producer_warps}"
         if self.persistent:
-            text += f" persistent{self.persistent}"
+            text += f" persistent{self.persistent}" + (" even" if self.even_rounds else "")
         return text
 
 
@@ -164,16 +169,19 @@ def default_schedules(family: str, sm_count: int = 132) -> list[GemmConfig]:
         # Measured on an H200 (2026-12-02, bench/gemm_ws_probe.py, ratios to cuBLAS in turns): the
         # hand-written warp-specialized kernel (kernel="ws") keeps one wgmma batch in flight; persistent, it
         # was 0.97-1.03x cuBLAS on the five target shapes. Its double-buffered store (store2) led at 4096^3.
-        # The first five rows are the --full shape sweep's leaders (shape_set_schedules).
+        # The first five rows are the --full shape sweep's leaders (shape_set_schedules). The persistent ws
+        # kernels run on as few blocks as take the same number of tile rounds (even_rounds; 2026-12-03: 128
+        # blocks, not 132, were 0.7-2.3% faster on four shapes of five).
         hand_ws = dict(panel=8, policy="FullRow", kernel="ws")
+        even_ws = dict(hand_ws, persistent=sm_count, even_rounds=True)
         return [
-            GemmConfig(128, 256, 64, 4, 256, True, persistent=sm_count, **hand_ws),
-            GemmConfig(128, 256, 64, 4, 256, True, persistent=sm_count, store_buffers=2, **hand_ws),
+            GemmConfig(128, 256, 64, 4, 256, True, **even_ws),
+            GemmConfig(128, 256, 64, 4, 256, True, store_buffers=2, **even_ws),
             # the whole 128x256 tile staged (4 strips, 64 KiB) next to a 3-stage ring: the consumers write the
             # epilogue without waiting for any store, and go back to wgmma sooner (short-K shapes: 4096^3). Written
             # in one stmatrix copy it led most shape-set shapes and reached 1.00-1.06x cuBLAS on all five
             # (H200, 2026-12-03, three runs on two machines; BENCHMARKS.md, session 10)
-            GemmConfig(128, 256, 64, 3, 256, True, persistent=sm_count, store_buffers=4, **hand_ws),
+            GemmConfig(128, 256, 64, 3, 256, True, store_buffers=4, **even_ws),
             # three consumer warpgroups, each a 256x64 column strip, 160 registers a thread (not 240; see
             # consumer_registers): level with the hand-written kernel at 8192^3 and 8192x28672x4096
             GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol"),
@@ -181,6 +189,8 @@ def default_schedules(family: str, sm_count: int = 132) -> list[GemmConfig]:
             # epilogue runs under the other's K loop. Bare it was 0.96-1.03x cuBLAS at 8192^3 (2026-12-02/03);
             # with bias + GELU fused it leads (1.15x eager, 1.07x torch.compile): the fusion section's.
             GemmConfig(128, 192, 64, 4, 256, True, persistent=sm_count, **dict(hand_ws, kernel="pingpong")),
+            # the whole-tile kernel with a block on every SM: what even rounds are worth
+            GemmConfig(128, 256, 64, 3, 256, True, persistent=sm_count, store_buffers=4, **hand_ws),
             GemmConfig(128, 256, 64, 4, 256, True, **hand_ws),  # hand-written, one block per tile
             # TileLang's automatic warp specialization: 2 consumer warpgroups share a 128x256 tile, but each
             # waits for its whole wgmma batch every K step (0.92-0.97x); each other row changes one knob.
@@ -273,6 +283,8 @@ def _check_hand_ws(config: GemmConfig) -> None:
         problems.append("warp_arrivals is written for kernel='ws' only")
     if config.producer_warps not in (1, 4) or (config.producer_warps != 4 and config.kernel != "ws"):
         problems.append(f"producer_warps={config.producer_warps} must be 4, or 1 with kernel='ws'")
+    if config.even_rounds and (config.kernel != "ws" or config.persistent <= 0):
+        problems.append("even_rounds is written for the persistent kernel='ws' only")
     if config.block_N % WS_STORE_BLOCK_N:
         problems.append(f"block_N={config.block_N} must be a multiple of the {WS_STORE_BLOCK_N}-column store strips")
     strips = max(1, config.block_N // WS_STORE_BLOCK_N)
@@ -502,10 +514,22 @@ def ws_pipeline(block_M: int, block_N: int, block_K: int, k_steps, num_stages: i
     return stage_of, produce_tile, consume_tile
 
 
-def tile_scheduler(m_tiles, n_tiles, config: GemmConfig):
-    """The persistent kernels' tile order: config.persistent blocks take every config.persistent-th tile of
-    a linear order that sweeps panels of `panel` tile rows (or columns, config.panels) for L2 reuse."""
-    return T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=config.persistent,
+def persistent_grid(config: GemmConfig, tiles: int) -> int:
+    """How many blocks a persistent kernel runs for `tiles` tiles: config.persistent (one per SM), or with
+    even_rounds the fewest that need no more rounds of tiles than that: every block then walks the same number
+    of tiles. H200, 2026-12-03 (bench/grid_probe.py): 128 blocks instead of 132 took the ws kernels 0.7-2.3%
+    faster at 4096^3, 8192^3, 8192x4096x14336 and 1024x8192x8192 (512, 2048, 1024 and 256 tiles); at 16384^3
+    (8192 tiles) 128 blocks would need 64 rounds instead of 63, and lost 1.6%: this rule keeps 131 there."""
+    if not config.even_rounds:
+        return config.persistent
+    rounds = -(-tiles // config.persistent)
+    return -(-tiles // rounds)
+
+
+def tile_scheduler(m_tiles, n_tiles, config: GemmConfig, workers: int):
+    """The persistent kernels' tile order: `workers` blocks take every workers-th tile of a linear order that
+    sweeps panels of `panel` tile rows (or columns, config.panels) for L2 reuse."""
+    return T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=workers,
                                      swizzle_size=config.panel if config.swizzle else 1,
                                      column_major=config.panels == "columns")
 
@@ -527,7 +551,7 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
       block_M x 64 shared strips by TMA (store_buffers=2: one strip stores while the next is written;
       block_N / 64: the whole tile, written at once with stmatrix);
     * persistent > 0: that many blocks walk the tiles (T.PersistentTileScheduler, row panels of `panel` tile
-      rows as T.use_swizzle). Producer and consumers run the same tile loop and the ring's barrier phases
+      rows as T.use_swizzle; even_rounds: as few as take no more rounds, persistent_grid). Producer and consumers run the same tile loop and the ring's barrier phases
       carry on across tiles (a k-step counter over the block's tiles), so the producer loads the next tile's
       first stages while the consumers run the epilogue."""
     bM, bN, bK, num_stages = config.block_M, config.block_N, config.block_K, config.num_stages
@@ -535,6 +559,7 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
     persistent = config.persistent > 0
     producer_regs, consumer_regs = ws_register_split(consumer_threads // 128, persistent)
     m_tiles, n_tiles, k_steps = T.ceildiv(M, bM), T.ceildiv(N, bN), T.ceildiv(K, bK)
+    blocks = persistent_grid(config, -(-M // bM) * -(-N // bN))  # when persistent
     strips, store_buffers = bN // WS_STORE_BLOCK_N, config.store_buffers
     whole_tile = config.stages_whole_tile  # C staged as one block_M x block_N tile
     panel = config.panel if config.swizzle else 1
@@ -607,7 +632,7 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
 
     @T.macro
     def produce_block_tiles(A, B, Bias, A_s, B_s, full, empty, Bias_s, bias_full, bias_empty, block_id):
-        tiles = tile_scheduler(m_tiles, n_tiles, config)
+        tiles = tile_scheduler(m_tiles, n_tiles, config, blocks)
         tiles.init(block_id)
         while tiles.valid():
             produce_bias(Bias, Bias_s, bias_full, bias_empty, tiles.n_idx, tiles.current_iter)
@@ -635,11 +660,11 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
 
     @T.macro
     def persistent_blocks(A, B, Bias, C):
-        with T.Kernel(config.persistent, threads=consumer_threads + 128) as block_id:
+        with T.Kernel(blocks, threads=consumer_threads + 128) as block_id:
             A_s, B_s, C_s, C_local, full, empty, Bias_s, bias_full, bias_empty = buffers()
             tid = T.get_thread_binding()
             # Both roles walk the same tiles in the same order, each with its own scheduler (the grid stride
-            # is config.persistent); `current_iter` counts this block's tiles.
+            # is `blocks`); `current_iter` counts this block's tiles.
             if tid >= consumer_threads:
                 T.set_max_nreg(producer_regs, 0)
                 if producer_threads < 128:
@@ -650,7 +675,7 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
                     produce_block_tiles(A, B, Bias, A_s, B_s, full, empty, Bias_s, bias_full, bias_empty, block_id)
             else:
                 T.set_max_nreg(consumer_regs, 1)
-                tiles = tile_scheduler(m_tiles, n_tiles, config)
+                tiles = tile_scheduler(m_tiles, n_tiles, config, blocks)
                 tiles.init(block_id)
                 while tiles.valid():
                     consume_tile(A_s, B_s, C_local, full, empty, tiles.current_iter * k_steps)
@@ -686,7 +711,7 @@ def gemm_pingpong_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, a
     _, produce_tile, mainloop = ws_pipeline(bM, bN, bK, k_steps, num_stages)
 
     def scheduler(block_id):
-        tiles = tile_scheduler(m_tiles, n_tiles, config)
+        tiles = tile_scheduler(m_tiles, n_tiles, config, workers)
         tiles.init(block_id)
         return tiles
 

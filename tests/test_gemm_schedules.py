@@ -8,7 +8,7 @@ import pytest
 import tilelang_tour
 import tourkit
 from sections.gemm_schedules import (GemmConfig, compile_gemm, default_schedules, epilogue_pass_configs, fits,
-                                     gemm_flops, gemm_program,
+                                     gemm_flops, gemm_program, persistent_grid,
                                      reference, require_hopper, shape_set_schedules)
 
 HOPPER_TABLE = default_schedules("hopper")
@@ -72,7 +72,8 @@ def test_persistent_kernel_launches_one_block_per_sm_and_walks_the_tiles():
     assert "exp2f(" in report.source and " < 32" in report.source  # 8 x 4 tiles of 128x256 cover 1000x1000
     assert config.label().endswith("persistent114")
     sized = [c for c in default_schedules("hopper", sm_count=78) if c.persistent]
-    assert [c.persistent for c in sized] == [78] * 5  # three hand-written, ping-pong, one T.Persistent
+    # three hand-written (even rounds), ping-pong, the whole-tile one on every SM, one T.Persistent
+    assert [c.persistent for c in sized] == [78] * 6
 
 
 def test_column_panels_change_the_persistent_tile_order_only():
@@ -171,8 +172,10 @@ def test_ws_kernel_has_no_block_barrier_inside_a_role(ws_report):
 def test_ws_persistent_loop_strides_by_the_grid(ws_report):
     config, _, report = ws_report
     if config.persistent:
-        assert tuple(report.grid) == (config.persistent, 1, 1)
-        assert len(re.findall(rf"\+ {config.persistent}\);", report.source)) == 2  # producer and consumers
+        blocks = persistent_grid(config, -(-1001 // config.block_M) * -(-1032 // config.block_N))
+        assert blocks == (40 if config.even_rounds else config.persistent)  # 8 x 5 tiles: one round
+        assert tuple(report.grid) == (blocks, 1, 1)
+        assert len(re.findall(rf"\+ {blocks}\);", report.source)) == 2  # producer and consumers
         assert re.search(r"reg_dealloc<40>", report.source) and re.search(r"reg_alloc<232>", report.source)
     else:
         assert tuple(report.grid) == (-(-1032 // config.block_N), -(-1001 // config.block_M), 1)
@@ -230,8 +233,25 @@ def test_ws_is_hopper_only_and_checks_its_shape():
                      (dict(store_buffers=5), "store"), (dict(kernel="cutlass"), "kernel")):
         with pytest.raises(ValueError, match=why):
             gemm_program(1024, 1024, 1024, dataclasses.replace(ws, **bad))
-    assert ws.label() == "128x256x64 s4 t256 swz8 FullRow ws persistent132"
-    assert HAND_WS[1].label() == "128x256x64 s4 t256 swz8 FullRow ws store2 persistent132"
+    assert ws.label() == "128x256x64 s4 t256 swz8 FullRow ws persistent132 even"
+    assert HAND_WS[1].label() == "128x256x64 s4 t256 swz8 FullRow ws store2 persistent132 even"
+    with pytest.raises(ValueError, match="even_rounds"):
+        gemm_program(1024, 1024, 1024, dataclasses.replace(PINGPONG[1], even_rounds=True))
+
+
+def test_even_rounds_run_the_fewest_blocks_that_take_no_more_rounds_of_tiles():
+    ws = HAND_WS[0]
+    assert ws.even_rounds and ws.persistent == 132
+    # 128x256 tiles at 4096^3, 8192^3, 8192x4096x14336, 1024x8192x8192, 16384^3, 8192x28672x4096, 1000^3; then
+    # one round exactly, and one tile over it
+    for tiles, blocks in ((512, 128), (2048, 128), (1024, 128), (256, 128), (8192, 131), (7168, 131), (32, 32),
+                          (132, 132), (133, 67)):
+        rounds = -(-tiles // 132)
+        assert persistent_grid(ws, tiles) == blocks
+        assert -(-tiles // blocks) == rounds < -(-tiles // (blocks - 1))  # as few rounds as 132 blocks; the fewest
+    assert persistent_grid(dataclasses.replace(ws, even_rounds=False), 512) == 132
+    report = tourkit.inspect_kernel("ws", gemm_program(4096, 4096, 4096, ws), "sm_90a", nvcc=False)
+    assert report.grid[0] == 128  # the lowered kernel launches that grid
 
 
 def test_shape_set_leaders_are_the_hand_written_kernels_and_fullcol():
@@ -240,8 +260,10 @@ def test_shape_set_leaders_are_the_hand_written_kernels_and_fullcol():
     assert PINGPONG[1] in leaders  # the 128x192 ping-pong kernel (it led 8192x28672x4096 once, 2026-12-03)
     # the first one and the whole-tile-staged one again, in panels of 16 tile rows
     assert leaders[5:] == [dataclasses.replace(HAND_WS[0], panel=16), dataclasses.replace(HAND_WS[2], panel=16)]
-    assert [c.label() for c in leaders[5:]] == ["128x256x64 s4 t256 swz16 FullRow ws persistent132",
-                                                 "128x256x64 s3 t256 swz16 FullRow ws store4 persistent132"]
+    assert [c.label() for c in leaders[5:]] == ["128x256x64 s4 t256 swz16 FullRow ws persistent132 even",
+                                                 "128x256x64 s3 t256 swz16 FullRow ws store4 persistent132 even"]
+    # the whole-tile kernel with a block on every SM stays in the table, next to its even-rounds form
+    assert dataclasses.replace(HAND_WS[2], even_rounds=False) in HOPPER_TABLE
     assert HAND_WS[2].store_buffers == 4 and HAND_WS[2].num_stages == 3  # the whole tile staged
     assert any(c.policy == "FullCol" and c.kernel == "tilelang" for c in leaders)
 
@@ -372,7 +394,10 @@ GPU_HAND_WRITTEN = HAND_WS + PINGPONG + [dataclasses.replace(PINGPONG[0], persis
                                          dataclasses.replace(HAND_WS[0], block_M=256, block_N=128, persistent=5),
                                          # the whole tile staged, many tiles a block: each tile's stmatrix copy
                                          # waits for the previous tile's stores
-                                         dataclasses.replace(HAND_WS[2], persistent=5)]
+                                         dataclasses.replace(HAND_WS[2], persistent=5),
+                                         # even rounds that shrink the grid: the 32 tiles of 1000^3 take 3
+                                         # rounds on 12 blocks, so 11 run (10 of them 3 tiles, one 2)
+                                         dataclasses.replace(HAND_WS[2], persistent=12)]
 
 
 def on_this_gpu(config: GemmConfig, sm_count: int) -> GemmConfig:

@@ -1,0 +1,80 @@
+"""Does a persistent GEMM need a block on every SM? (H200, session 11, 2026-12-03)
+
+The H200's GEMMs run at its power cap, so an SM that sits out does not slow the others: the power it does
+not draw goes to their clocks. A persistent grid that divides the tile count exactly gives every block the
+same number of tiles, so no SM idles through a last partial wave while the rest finish. At 4096^3 (512 tiles
+of 128x256), 8192^3 (2048) and 8192x4096x14336 (1024) that grid is 128 blocks, not 132: both take the same
+number of tile rounds, but with 132 blocks 4-64 SMs idle through the last one. This probe times the
+section's persistent ws kernels on both grids against cuBLAS, in turns (tourkit.bench_interleaved), shape by
+shape; 16384^3 (8192 tiles: 62.06 rounds on 132 SMs, 64 on 128) is the control where 128 blocks should lose.
+
+    python bench/grid_probe.py [--rounds 6] [--shapes 4096x4096x4096,...] [--grids 132,128]
+"""
+
+import argparse
+import dataclasses
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+DEFAULT_SHAPES = "4096x4096x4096,8192x8192x8192,8192x4096x14336,1024x8192x8192,16384x16384x16384"
+
+
+def log(*args) -> None:
+    print(*args, flush=True)
+
+
+def kernels_to_time(grids: list[int]):
+    """The section's two persistent ws leaders (s4, and s3 with the whole tile staged), once per grid size."""
+    from sections.gemm_schedules import default_schedules
+
+    leaders = [c for c in default_schedules("hopper") if c.kernel == "ws" and c.persistent][:3]
+    leaders = [c for c in leaders if c.store_buffers in (1, 4)]
+    return [dataclasses.replace(c, persistent=g) for c in leaders for g in grids]
+
+
+def time_shape(M: int, N: int, K: int, configs, rounds: int) -> None:
+    import torch
+
+    import tourkit
+    from sections.gemm_schedules import TOLERANCE, compile_gemm, gemm_flops, gemm_inputs
+
+    a, b, c = gemm_inputs(M, N, K)
+    c_cublas = torch.empty_like(c)
+    torch.matmul(a, b, out=c_cublas)
+    ref = c_cublas.float()
+    contenders = {"cuBLAS": lambda: torch.matmul(a, b, out=c_cublas)}
+    for config in configs:
+        kernel = compile_gemm(M, N, K, config)
+        tourkit.require([tourkit.validate(config.label(), lambda: kernel(a, b, c), c, ref, TOLERANCE)])
+        contenders[config.label()] = (lambda k: lambda: k(a, b, c))(kernel)
+    pairs: dict[str, list[float]] = {}
+    ms = tourkit.bench_interleaved(contenders, rounds=rounds, pairs=pairs)
+    cublas_ms = ms.pop("cuBLAS")
+    log(f"\n{M}x{N}x{K}: cuBLAS {tourkit.tflops(gemm_flops(M, N, K), cublas_ms):.0f} TFLOP/s")
+    for label, t in ms.items():
+        low, high = tourkit.pair_ratio_range(pairs["cuBLAS"], pairs[label])
+        log(f"  {label:58s} {tourkit.tflops(gemm_flops(M, N, K), t):5.0f} TFLOP/s  "
+            f"{tourkit.speedup(cublas_ms, t):.3f}x  (pairs {low:.3f}-{high:.3f}x)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--shapes", default=DEFAULT_SHAPES)
+    parser.add_argument("--grids", default="132,128")
+    args = parser.parse_args()
+
+    import tourkit
+    from sections.gemm_schedules import gemm_program
+
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    configs = kernels_to_time([int(g) for g in args.grids.split(",")])
+    tourkit.compile_many([gemm_program(M, N, K, c) for M, N, K in shapes for c in configs], log=log)
+    for M, N, K in shapes:
+        time_shape(M, N, K, configs, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
