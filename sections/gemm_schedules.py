@@ -892,11 +892,22 @@ def run_schedule_table(ctx, M: int, N: int, K: int, schedules: list[GemmConfig])
             f"(timed in turns with cuBLAS after {tourkit.SETTLE_MS / 1e3:.1f} s of untimed load: one forward and one "
             f"backward round)")
     ctx.table(["schedule", "smem", "TFLOP/s", "vs cuBLAS", "rel. error", ""], rows)
+    even = next((cfg for cfg in kernels if cfg.even_rounds), None)
+    if even:
+        explain_even_rounds(ctx, M, N, even)
     ctx.metric(schedules={cfg.label(): round(tourkit.speedup(cublas_ms, ms[cfg.label()]), 3) for cfg in kernels},
                cublas_tflops=round(tourkit.tflops(flops, cublas_ms)))
     leaders = sorted(kernels, key=lambda cfg: ms[cfg.label()])[:HEAD_TO_HEAD_LEADERS]
     best, ratio, tflops = head_to_head(ctx, M, N, K, leaders, kernels, (a, b, c, c_cublas))
     return best, ratio, tflops, kernels[best]
+
+
+def explain_even_rounds(ctx, M: int, N: int, config: GemmConfig) -> None:
+    tiles = -(-M // config.block_M) * -(-N // config.block_N)
+    blocks, rounds = persistent_grid(config, tiles), -(-tiles // config.persistent)
+    last = tiles - (rounds - 1) * config.persistent
+    ctx.log(f"'even': {blocks} blocks walk the {tiles} tiles in {rounds} round{'s' * (rounds > 1)}; {config.persistent} blocks "
+            f"(one per SM) take as many, with {config.persistent - last} of them idle through the last")
 
 
 HEAD_TO_HEAD_LEADERS, HEAD_TO_HEAD_ROUNDS = 3, 6

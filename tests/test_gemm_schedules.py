@@ -8,7 +8,7 @@ import pytest
 import tilelang_tour
 import tourkit
 from sections.gemm_schedules import (GemmConfig, compile_gemm, default_schedules, epilogue_pass_configs, fits,
-                                     gemm_flops, gemm_program, persistent_grid,
+                                     explain_even_rounds, gemm_flops, gemm_program, persistent_grid,
                                      reference, require_hopper, shape_set_schedules)
 
 HOPPER_TABLE = default_schedules("hopper")
@@ -250,6 +250,10 @@ def test_even_rounds_run_the_fewest_blocks_that_take_no_more_rounds_of_tiles():
         assert persistent_grid(ws, tiles) == blocks
         assert -(-tiles // blocks) == rounds < -(-tiles // (blocks - 1))  # as few rounds as 132 blocks; the fewest
     assert persistent_grid(dataclasses.replace(ws, even_rounds=False), 512) == 132
+    ctx = tourkit.TourContext(echo=False)
+    explain_even_rounds(ctx, 8192, 8192, ws)
+    assert ctx.report[-1] == ("'even': 128 blocks walk the 2048 tiles in 16 rounds; 132 blocks (one per SM) "
+                                     "take as many, with 64 of them idle through the last")
     report = tourkit.inspect_kernel("ws", gemm_program(4096, 4096, 4096, ws), "sm_90a", nvcc=False)
     assert report.grid[0] == 128  # the lowered kernel launches that grid
 
