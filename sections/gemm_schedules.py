@@ -14,8 +14,8 @@ multiply the shared memory; `T.use_swizzle` reorders the blocks so neighbours sh
 
 On Hopper the table also holds kernels whose warp specialization is written by hand, with the same tile
 language (T.alloc_barrier, T.tma_copy, T.wgmma_gemm, T.wait_wgmma, T.set_max_nreg): a TMA producer
-warpgroup and consumer warpgroups that keep one wgmma batch in flight (gemm_ws_body), on a persistent grid,
-with the tile's store staged in one, two or all four 128x64 strips (all four: one stmatrix copy); and the
+warpgroup and consumer warpgroups that keep one wgmma batch in flight (gemm_ws_body), on a persistent grid
+sized so every block walks as many tiles (persistent_grid), with the tile's store staged in one, two or all four 128x64 strips (all four: one stmatrix copy); and the
 ping-pong variant, where each consumer warpgroup owns its own tile and the two take turns on the tensor cores
 (gemm_pingpong_body). The section runs the table against cuBLAS (torch.matmul) as a screen, then its three
 fastest head to head.
@@ -170,8 +170,9 @@ def default_schedules(family: str, sm_count: int = 132) -> list[GemmConfig]:
         # hand-written warp-specialized kernel (kernel="ws") keeps one wgmma batch in flight; persistent, it
         # was 0.97-1.03x cuBLAS on the five target shapes. Its double-buffered store (store2) led at 4096^3.
         # The first five rows are the --full shape sweep's leaders (shape_set_schedules). The persistent ws
-        # kernels run on as few blocks as take the same number of tile rounds (even_rounds; 2026-12-03: 128
-        # blocks, not 132, were 0.7-2.3% faster on four shapes of five).
+        # kernels run on as few blocks as take the same number of tile rounds (even_rounds; H200 2026-12-03: 128
+        # blocks, not 132, were 0.7-2.3% faster on four shapes in one probe run; a second machine's one-pair
+        # screens did not tell the two grids apart, so the 132-block whole-tile row stays in the table).
         hand_ws = dict(panel=8, policy="FullRow", kernel="ws")
         even_ws = dict(hand_ws, persistent=sm_count, even_rounds=True)
         return [
@@ -519,7 +520,8 @@ def persistent_grid(config: GemmConfig, tiles: int) -> int:
     even_rounds the fewest that need no more rounds of tiles than that: every block then walks the same number
     of tiles. H200, 2026-12-03 (bench/grid_probe.py): 128 blocks instead of 132 took the ws kernels 0.7-2.3%
     faster at 4096^3, 8192^3, 8192x4096x14336 and 1024x8192x8192 (512, 2048, 1024 and 256 tiles); at 16384^3
-    (8192 tiles) 128 blocks would need 64 rounds instead of 63, and lost 1.6%: this rule keeps 131 there."""
+    (8192 tiles) 128 blocks would need 64 rounds instead of 63, and lost 1.6%: this rule keeps 131 there.
+    The GEMMs run at the power cap, so the SMs left idle lend their power to the others' clocks."""
     if not config.even_rounds:
         return config.persistent
     rounds = -(-tiles // config.persistent)
