@@ -950,28 +950,34 @@ def head_to_head(ctx, M: int, N: int, K: int, leaders: list[GemmConfig], kernels
     return best, ratio, tourkit.tflops(flops, ms[best.label()])
 
 
+def time_against_cublas(M: int, N: int, K: int, schedules: list[GemmConfig], rounds: int):
+    """Check each schedule against cuBLAS's result, then time them all and cuBLAS in turns. Returns each
+    schedule's median ms by label, cuBLAS's, and the per-pair times (cuBLAS's under "cuBLAS")."""
+    import torch
+
+    a, b, c = gemm_inputs(M, N, K)
+    c_cublas = torch.empty_like(c)
+    torch.matmul(a, b, out=c_cublas)
+    ref = c_cublas.float()  # cuBLAS as the reference here: an fp32 16384^3 GEMM would dominate a sweep
+    contenders = {"cuBLAS": lambda: torch.matmul(a, b, out=c_cublas)}
+    for config in schedules:
+        kernel = compile_gemm(M, N, K, config)
+        tourkit.require([tourkit.validate(config.label(), lambda: kernel(a, b, c), c, ref, TOLERANCE)])
+        contenders[config.label()] = (lambda k: lambda: k(a, b, c))(kernel)
+    pairs: dict[str, list[float]] = {}
+    ms = tourkit.bench_interleaved(contenders, rounds=rounds, pairs=pairs)
+    return ms, ms.pop("cuBLAS"), pairs
+
+
 def run_shape_set(ctx, schedules: list[GemmConfig]) -> dict[str, float]:
     """--full: a few schedules on the LLM-like shape set, each timed in turns with cuBLAS per shape; a table
     of every ratio, then the best per shape."""
-    import torch
-
     rows, ratios, every = [], {}, {}
     tourkit.compile_many([gemm_program(M, N, K, c) for M, N, K in SHAPE_SET for c in schedules], log=ctx.log)
     for M, N, K in SHAPE_SET:
-        a, b, c = gemm_inputs(M, N, K)
-        c_cublas = torch.empty_like(c)
-        torch.matmul(a, b, out=c_cublas)
-        ref = c_cublas.float()  # cuBLAS as the reference here: an fp32 16384^3 GEMM would dominate the sweep
-        contenders = {"cuBLAS": lambda: torch.matmul(a, b, out=c_cublas)}
-        for config in schedules:
-            kernel = compile_gemm(M, N, K, config)
-            tourkit.require([tourkit.validate(config.label(), lambda: kernel(a, b, c), c, ref, TOLERANCE)])
-            contenders[config.label()] = (lambda k: lambda: k(a, b, c))(kernel)
         # a verdict, not a screen: as many forward/backward pairs as the head-to-head (two pairs read the same
         # kernel 2% apart on one H200 a minute apart, 2026-12-03)
-        pairs: dict[str, list[float]] = {}
-        ms = tourkit.bench_interleaved(contenders, rounds=HEAD_TO_HEAD_ROUNDS, pairs=pairs)
-        cublas_ms = ms.pop("cuBLAS")
+        ms, cublas_ms, pairs = time_against_cublas(M, N, K, schedules, HEAD_TO_HEAD_ROUNDS)
         label = min(ms, key=ms.get)
         shape = f"{M}x{N}x{K}"
         every[shape] = {name: round(tourkit.speedup(cublas_ms, t), 3) for name, t in ms.items()}
