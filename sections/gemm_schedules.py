@@ -15,7 +15,8 @@ multiply the shared memory; `T.use_swizzle` reorders the blocks so neighbours sh
 On Hopper the table also holds kernels whose warp specialization is written by hand, with the same tile
 language (T.alloc_barrier, T.tma_copy, T.wgmma_gemm, T.wait_wgmma, T.set_max_nreg): a TMA producer
 warpgroup and consumer warpgroups that keep one wgmma batch in flight (gemm_ws_body), on a persistent grid
-sized so every block walks as many tiles (persistent_grid), with the tile's store staged in one, two or all four 128x64 strips (all four: one stmatrix copy); and the
+sized so every block walks as many tiles (persistent_grid), with the tile's store staged in one, two or all
+four 128x64 strips (all four: one stmatrix copy); and the
 ping-pong variant, where each consumer warpgroup owns its own tile and the two take turns on the tensor cores
 (gemm_pingpong_body). The section runs the table against cuBLAS (torch.matmul) as a screen, then its three
 fastest head to head.
@@ -515,6 +516,11 @@ def ws_pipeline(block_M: int, block_N: int, block_K: int, k_steps, num_stages: i
     return stage_of, produce_tile, consume_tile
 
 
+def tile_count(M: int, N: int, config: GemmConfig) -> int:
+    """How many block_M x block_N tiles cover C (the last row and column of tiles may be partial)."""
+    return -(-M // config.block_M) * -(-N // config.block_N)
+
+
 def persistent_grid(config: GemmConfig, tiles: int) -> int:
     """How many blocks a persistent kernel runs for `tiles` tiles: config.persistent (one per SM), or with
     even_rounds the fewest that need no more rounds of tiles than that: every block then walks the same number
@@ -553,7 +559,8 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
       block_M x 64 shared strips by TMA (store_buffers=2: one strip stores while the next is written;
       block_N / 64: the whole tile, written at once with stmatrix);
     * persistent > 0: that many blocks walk the tiles (T.PersistentTileScheduler, row panels of `panel` tile
-      rows as T.use_swizzle; even_rounds: as few as take no more rounds, persistent_grid). Producer and consumers run the same tile loop and the ring's barrier phases
+      rows as T.use_swizzle; even_rounds: as few as take no more rounds, persistent_grid). Producer and
+      consumers run the same tile loop and the ring's barrier phases
       carry on across tiles (a k-step counter over the block's tiles), so the producer loads the next tile's
       first stages while the consumers run the epilogue."""
     bM, bN, bK, num_stages = config.block_M, config.block_N, config.block_K, config.num_stages
@@ -561,7 +568,7 @@ def gemm_ws_body(M: int, N: int, K: int, config: GemmConfig, bias: bool, activat
     persistent = config.persistent > 0
     producer_regs, consumer_regs = ws_register_split(consumer_threads // 128, persistent)
     m_tiles, n_tiles, k_steps = T.ceildiv(M, bM), T.ceildiv(N, bN), T.ceildiv(K, bK)
-    blocks = persistent_grid(config, -(-M // bM) * -(-N // bN))  # when persistent
+    blocks = persistent_grid(config, tile_count(M, N, config))  # when persistent
     strips, store_buffers = bN // WS_STORE_BLOCK_N, config.store_buffers
     whole_tile = config.stages_whole_tile  # C staged as one block_M x block_N tile
     panel = config.panel if config.swizzle else 1
@@ -905,11 +912,12 @@ def run_schedule_table(ctx, M: int, N: int, K: int, schedules: list[GemmConfig])
 
 
 def explain_even_rounds(ctx, M: int, N: int, config: GemmConfig) -> None:
-    tiles = -(-M // config.block_M) * -(-N // config.block_N)
+    """What the 'even' grid is for this problem, next to one block per SM."""
+    tiles = tile_count(M, N, config)
     blocks, rounds = persistent_grid(config, tiles), -(-tiles // config.persistent)
-    last = tiles - (rounds - 1) * config.persistent
-    ctx.log(f"'even': {blocks} blocks walk the {tiles} tiles in {rounds} round{'s' * (rounds > 1)}; {config.persistent} blocks "
-            f"(one per SM) take as many, with {config.persistent - last} of them idle through the last")
+    idle = config.persistent - (tiles - (rounds - 1) * config.persistent)
+    ctx.log(f"'even': {blocks} blocks walk the {tiles} tiles in {rounds} round{'s' * (rounds > 1)}; "
+            f"{config.persistent} blocks (one per SM) take as many, with {idle} of them idle through the last")
 
 
 HEAD_TO_HEAD_LEADERS, HEAD_TO_HEAD_ROUNDS = 3, 6
@@ -943,7 +951,8 @@ def head_to_head(ctx, M: int, N: int, K: int, leaders: list[GemmConfig], kernels
     rows = [[cfg.label(), f"{ms[cfg.label()]:.3f}", f"{tourkit.tflops(flops, ms[cfg.label()]):.0f}",
              f"{tourkit.speedup(cublas_ms, ms[cfg.label()]):.3f}x", pair_range(pairs, cfg.label()),
              "<- best" if cfg == best else ""] for cfg in leaders]
-    rows.append(["cuBLAS (torch.matmul)", f"{cublas_ms:.3f}", f"{tourkit.tflops(flops, cublas_ms):.0f}", "1.000x", "", ""])
+    rows.append(["cuBLAS (torch.matmul)", f"{cublas_ms:.3f}", f"{tourkit.tflops(flops, cublas_ms):.0f}", "1.000x",
+                 "", ""])
     ctx.table(["schedule", "median ms", "TFLOP/s", "vs cuBLAS", "pair by pair", ""], rows)
     ratio = tourkit.speedup(cublas_ms, ms[best.label()])
     ctx.metric(head_to_head={cfg.label(): round(tourkit.speedup(cublas_ms, ms[cfg.label()]), 3) for cfg in leaders})

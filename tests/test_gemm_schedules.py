@@ -8,7 +8,7 @@ import pytest
 import tilelang_tour
 import tourkit
 from sections.gemm_schedules import (GemmConfig, compile_gemm, default_schedules, epilogue_pass_configs, fits,
-                                     explain_even_rounds, gemm_flops, gemm_program, persistent_grid,
+                                     explain_even_rounds, gemm_flops, gemm_program, persistent_grid, tile_count,
                                      reference, require_hopper, shape_set_schedules)
 
 HOPPER_TABLE = default_schedules("hopper")
@@ -172,7 +172,7 @@ def test_ws_kernel_has_no_block_barrier_inside_a_role(ws_report):
 def test_ws_persistent_loop_strides_by_the_grid(ws_report):
     config, _, report = ws_report
     if config.persistent:
-        blocks = persistent_grid(config, -(-1001 // config.block_M) * -(-1032 // config.block_N))
+        blocks = persistent_grid(config, tile_count(1001, 1032, config))
         assert blocks == (40 if config.even_rounds else config.persistent)  # 8 x 5 tiles: one round
         assert tuple(report.grid) == (blocks, 1, 1)
         assert len(re.findall(rf"\+ {blocks}\);", report.source)) == 2  # producer and consumers
