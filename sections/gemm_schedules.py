@@ -18,8 +18,8 @@ warpgroup and consumer warpgroups that keep one wgmma batch in flight (gemm_ws_b
 sized so every block walks as many tiles (persistent_grid), with the tile's store staged in one, two or all
 four 128x64 strips (all four: one stmatrix copy); and the
 ping-pong variant, where each consumer warpgroup owns its own tile and the two take turns on the tensor cores
-(gemm_pingpong_body). The section runs the table against cuBLAS (torch.matmul) as a screen, then its three
-fastest head to head.
+(gemm_pingpong_body). The section runs the table against cuBLAS (torch.matmul) as a screen, then its first
+three rows (the section's picks) and the screen's three fastest head to head.
 
 The same builder also takes a fused epilogue (bias, GELU) that the `fusion` section uses.
 """
@@ -906,7 +906,7 @@ def run_schedule_table(ctx, M: int, N: int, K: int, schedules: list[GemmConfig])
         explain_even_rounds(ctx, M, N, even)
     ctx.metric(schedules={cfg.label(): round(tourkit.speedup(cublas_ms, ms[cfg.label()]), 3) for cfg in kernels},
                cublas_tflops=round(tourkit.tflops(flops, cublas_ms)))
-    leaders = sorted(kernels, key=lambda cfg: ms[cfg.label()])[:HEAD_TO_HEAD_LEADERS]
+    leaders = head_to_head_contenders(list(kernels), ms)
     best, ratio, tflops = head_to_head(ctx, M, N, K, leaders, kernels, (a, b, c, c_cublas))
     return best, ratio, tflops, kernels[best]
 
@@ -920,7 +920,18 @@ def explain_even_rounds(ctx, M: int, N: int, config: GemmConfig) -> None:
             f"{config.persistent} blocks (one per SM) take as many, with {idle} of them idle through the last")
 
 
-HEAD_TO_HEAD_LEADERS, HEAD_TO_HEAD_ROUNDS = 3, 6
+HEAD_TO_HEAD_PICKS, HEAD_TO_HEAD_LEADERS, HEAD_TO_HEAD_ROUNDS = 3, 3, 6
+
+
+def head_to_head_contenders(timed: list[GemmConfig], ms: dict[str, float]) -> list[GemmConfig]:
+    """The section's picks (the table's first HEAD_TO_HEAD_PICKS rows that ran) and the screen's
+    HEAD_TO_HEAD_LEADERS fastest, picks first. The picks are there whatever the screen read: one pair over
+    sixteen GEMMs at the power cap can misread a whole stretch of the table (H200, 2026-12-03: the first six
+    rows read 0.94-0.96x cuBLAS and sent three TileLang-pipelined kernels to a head to head they lost at
+    0.97-0.99x, where other machines' head to heads had the picks at 1.01-1.02x)."""
+    fastest = sorted(timed, key=lambda cfg: ms[cfg.label()])[:HEAD_TO_HEAD_LEADERS]
+    picks = timed[:HEAD_TO_HEAD_PICKS]
+    return picks + [cfg for cfg in fastest if cfg not in picks]
 
 
 def pair_range(pairs: dict[str, list[float]], label: str) -> str:
@@ -930,11 +941,12 @@ def pair_range(pairs: dict[str, list[float]], label: str) -> str:
 
 
 def head_to_head(ctx, M: int, N: int, K: int, leaders: list[GemmConfig], kernels: dict, tensors):
-    """The table's fastest schedules against cuBLAS again, three forward/backward pairs. One pair over fifteen
-    GEMMs running at the GPU's power limit misreads a kernel by a few percent (on the H200 the same kernel's
-    ratio to cuBLAS moved from 0.99x to 1.07x between runs), so the table is a screen and this is the
-    verdict: the fastest here is the section's best schedule. The table shows the ratio's range over the pairs
-    as well: how far one run's readings of the same two kernels disagree."""
+    """The section's picks and the table's fastest schedules against cuBLAS again, three forward/backward
+    pairs (head_to_head_contenders). One pair over sixteen GEMMs running at the GPU's power limit misreads a
+    kernel by a few percent (on the H200 the same kernel's ratio to cuBLAS moved from 0.99x to 1.07x between
+    runs), so the table is a screen and this is the verdict: the fastest here is the section's best schedule.
+    The table shows the ratio's range over the pairs as well: how far one run's readings of the same two
+    kernels disagree."""
     import torch
 
     a, b, c, c_cublas = tensors
@@ -946,8 +958,8 @@ def head_to_head(ctx, M: int, N: int, K: int, leaders: list[GemmConfig], kernels
     cublas_ms = ms.pop("cuBLAS")
     best = min(leaders, key=lambda cfg: ms[cfg.label()])
     flops = gemm_flops(M, N, K)
-    ctx.log(f"\nHead to head: the table's {len(leaders)} fastest and cuBLAS, {HEAD_TO_HEAD_ROUNDS // 2} "
-            f"forward/backward pairs")
+    ctx.log(f"\nHead to head: the section's picks (the table's first {HEAD_TO_HEAD_PICKS} rows), the screen's "
+            f"{HEAD_TO_HEAD_LEADERS} fastest and cuBLAS, {HEAD_TO_HEAD_ROUNDS // 2} forward/backward pairs")
     rows = [[cfg.label(), f"{ms[cfg.label()]:.3f}", f"{tourkit.tflops(flops, ms[cfg.label()]):.0f}",
              f"{tourkit.speedup(cublas_ms, ms[cfg.label()]):.3f}x", pair_range(pairs, cfg.label()),
              "<- best" if cfg == best else ""] for cfg in leaders]

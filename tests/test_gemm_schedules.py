@@ -450,6 +450,23 @@ def test_ws_schedules_validate_on_odd_sizes(config, M, N, K, epilogue, ws_kernel
     assert check.passed, check.line()
 
 
+def test_head_to_head_takes_the_picks_whatever_the_screen_read():
+    """The table's first three rows go to the head to head even when the one-pair screen reads them last
+    (it did on one H200, 2026-12-03); the screen's three fastest join them, each once."""
+    from sections import gemm_schedules
+
+    table = [c for c in HOPPER_TABLE if fits(c, tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin)]
+    screen = {cfg.label(): 1.0 + 0.01 * (len(table) - i) for i, cfg in enumerate(table)}  # the last row fastest
+    contenders = gemm_schedules.head_to_head_contenders(table, screen)
+    assert contenders == table[:3] + table[-1:-4:-1]
+
+    screen = {cfg.label(): 1.0 + 0.01 * i for i, cfg in enumerate(table)}  # the screen agrees with the picks
+    assert gemm_schedules.head_to_head_contenders(table, screen) == table[:3]
+
+    screen[table[1].label()], screen[table[7].label()] = 0.5, 0.6  # one pick and one other row lead
+    assert gemm_schedules.head_to_head_contenders(table, screen) == table[:3] + [table[7]]
+
+
 def test_head_to_head_decides_the_best_schedule(monkeypatch):
     """The table is a screen; the verdict comes from the leaders timed again against cuBLAS, three pairs."""
     from sections import gemm_schedules
