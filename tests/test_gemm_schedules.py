@@ -467,6 +467,47 @@ def test_head_to_head_takes_the_picks_whatever_the_screen_read():
     assert gemm_schedules.head_to_head_contenders(table, screen) == table[:3] + [table[7]]
 
 
+def test_schedule_table_sends_the_picks_and_the_screens_fastest_to_the_head_to_head(monkeypatch):
+    """run_schedule_table with the GPU faked (CPU matmuls, given timings): a screen that misreads the picks
+    still sends them to the head to head, and its verdict is the section's best."""
+    import torch
+
+    from sections import gemm_schedules
+
+    ctx = tourkit.TourContext(arch="sm_90a", echo=False)
+    table = [c for c in HOPPER_TABLE if fits(c, ctx.smem_budget)]
+    picks, misread = table[:3], table[6:9]  # the screen reads the picks slow and three other rows fast
+    calls = []
+
+    def fake_compile(M, N, K, config):
+        return lambda a, b, c: c.copy_((a.float() @ b.float()).half())
+
+    def fake_inputs(M, N, K):
+        return (tourkit.random_tensor((M, K), torch.float16, seed=1, device="cpu"),
+                tourkit.random_tensor((K, N), torch.float16, seed=2, device="cpu"),
+                torch.empty((M, N), dtype=torch.float16))
+
+    def fake_bench(contenders, rounds, pairs=None):
+        calls.append((rounds, list(contenders)))
+        for launch in contenders.values():
+            launch()
+        if pairs is None:  # the screen
+            return {name: 0.95 if name in {c.label() for c in misread} else
+                    1.06 if name in {c.label() for c in picks} else 1.0 for name in contenders}
+        medians = {name: 0.97 if name == picks[2].label() else 1.0 for name in contenders}
+        pairs.update({name: [t] * 3 for name, t in medians.items()})
+        return medians
+
+    monkeypatch.setattr(gemm_schedules, "compile_gemm", fake_compile)
+    monkeypatch.setattr(gemm_schedules, "gemm_inputs", fake_inputs)
+    monkeypatch.setattr(tourkit, "bench_interleaved", fake_bench)
+    best, ratio, _, _ = gemm_schedules.run_schedule_table(ctx, 64, 64, 64, HOPPER_TABLE)
+    assert [rounds for rounds, _ in calls] == [2, gemm_schedules.HEAD_TO_HEAD_ROUNDS]
+    assert calls[1][1] == ["cuBLAS"] + [c.label() for c in picks + misread]
+    assert best == picks[2] and abs(ratio - 1 / 0.97) < 1e-9
+    assert set(ctx.metrics["head_to_head"]) == {c.label() for c in picks + misread}
+
+
 def test_head_to_head_decides_the_best_schedule(monkeypatch):
     """The table is a screen; the verdict comes from the leaders timed again against cuBLAS, three pairs."""
     from sections import gemm_schedules
