@@ -172,8 +172,9 @@ def default_schedules(family: str, sm_count: int = 132) -> list[GemmConfig]:
         # was 0.97-1.03x cuBLAS on the five target shapes. Its double-buffered store (store2) led at 4096^3.
         # The first five rows are the --full shape sweep's leaders (shape_set_schedules). The persistent ws
         # kernels run on as few blocks as take the same number of tile rounds (even_rounds; H200 2026-12-03: 128
-        # blocks, not 132, were 0.7-2.3% faster on four shapes in one probe run; a second machine's one-pair
-        # screens did not tell the two grids apart, so the 132-block whole-tile row stays in the table).
+        # blocks, not 132, were 0.7-2.3% faster on four shapes in one probe run; on three more machines the
+        # whole-tile kernel gained 0-4% on all twelve readings, the s4 one on eight of twelve; the 132-block
+        # whole-tile row stays in the table to show it).
         hand_ws = dict(panel=8, policy="FullRow", kernel="ws")
         even_ws = dict(hand_ws, persistent=sm_count, even_rounds=True)
         return [
