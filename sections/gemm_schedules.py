@@ -16,10 +16,10 @@ On Hopper the table also holds kernels whose warp specialization is written by h
 language (T.alloc_barrier, T.tma_copy, T.wgmma_gemm, T.wait_wgmma, T.set_max_nreg): a TMA producer
 warpgroup and consumer warpgroups that keep one wgmma batch in flight (gemm_ws_body), on a persistent grid
 sized so every block walks as many tiles (persistent_grid), with the tile's store staged in one, two or all
-four 128x64 strips (all four: one stmatrix copy); and the
-ping-pong variant, where each consumer warpgroup owns its own tile and the two take turns on the tensor cores
-(gemm_pingpong_body). The section runs the table against cuBLAS (torch.matmul) as a screen, then its first
-three rows (the section's picks) and the screen's three fastest head to head.
+four 128x64 strips (all four: one stmatrix copy); and the ping-pong variant, where each consumer warpgroup
+owns its own tile and the two take turns on the tensor cores (gemm_pingpong_body). The section runs the table
+against cuBLAS (torch.matmul) as a screen, then its first three rows (the section's picks) and the screen's
+three fastest head to head.
 
 The same builder also takes a fused epilogue (bias, GELU) that the `fusion` section uses.
 """
@@ -929,7 +929,7 @@ def head_to_head_contenders(timed: list[GemmConfig], ms: dict[str, float]) -> li
     HEAD_TO_HEAD_LEADERS fastest, picks first. The picks are there whatever the screen read: one pair over
     sixteen GEMMs at the power cap can misread a whole stretch of the table (H200, 2026-12-03: the first six
     rows read 0.94-0.96x cuBLAS and sent three TileLang-pipelined kernels to a head to head they lost at
-    0.97-0.99x, where other machines' head to heads had the picks at 1.01-1.02x)."""
+    0.97-0.99x, where three other machines' head to heads had the picks at 1.00-1.02x)."""
     fastest = sorted(timed, key=lambda cfg: ms[cfg.label()])[:HEAD_TO_HEAD_LEADERS]
     picks = timed[:HEAD_TO_HEAD_PICKS]
     return picks + [cfg for cfg in fastest if cfg not in picks]
