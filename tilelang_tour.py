@@ -201,6 +201,10 @@ class _Preparer:
             event.wait()
 
 
+def _build_declared(section, ctx: TourContext) -> None:
+    tourkit.build_declared(section.kernels(ctx))
+
+
 def start_preparing(names: Sequence[str], options: RunOptions, device, loader=load_section) -> _Preparer:
     """A _Preparer for the GPU sections among `names` that have a prepare hook (none in compile-only mode)."""
     jobs = []
@@ -210,8 +214,10 @@ def start_preparing(names: Sequence[str], options: RunOptions, device, loader=lo
                 section = loader(name)
             except Exception:  # the section's own run reports an import problem
                 continue
-            if getattr(section, "prepare", None) is not None:
-                ctx = TourContext(quick=options.quick, device=device, full=options.full, echo=False)
+            ctx = TourContext(quick=options.quick, device=device, full=options.full, echo=False)
+            if getattr(section, "kernels", None) is not None:
+                jobs.append((name, functools.partial(_build_declared, section, ctx)))
+            elif getattr(section, "prepare", None) is not None:
                 jobs.append((name, functools.partial(section.prepare, ctx)))
     return _Preparer(jobs)
 
@@ -398,6 +404,7 @@ def main(argv: Sequence[str] | None = None, *, loader=load_section) -> TourRun |
         f"on {device.name} ({device.arch})" if device else "without a GPU")
     print(f"TileLang Tour — {len(names)} section(s), {mode}{', quick sizes' if options.quick else ''}", flush=True)
 
+    tourkit.quiet_tilelang()
     tilelang_probe = None
     preparer = None
     results: list[SectionResult] = []

@@ -46,9 +46,12 @@ class Section:
     min_capability: tuple[int, int] | None = None
     needs_nvcc: bool = False
     supports_compile_only: bool = True
-    # Optional: compile the section's kernels ahead of time (a GPU run only). The runner calls it in a
-    # background thread while earlier sections run, and waits for it before `run`; `run` must not rely on it.
-    prepare: Callable[["TourContext"], None] | None = None
+    # The kernels the section builds, declared once (see KernelDecl): the runner compiles them in a
+    # background thread while earlier sections run (a GPU run only) and waits before `run`; the section's
+    # compile-only path inspects the same list (inspect_declared) and its run compiles it (build_declared),
+    # which after the background compile are cache hits. `run` must not rely on the background compile.
+    kernels: Callable[["TourContext"], list["KernelDecl"]] | None = None
+    prepare: Callable[["TourContext"], None] | None = None  # older form of `kernels`, while sections move over
 
 
 @dataclass
@@ -525,7 +528,7 @@ class KernelReport:
     static_smem_bytes: int
     threads: int  # threads per block as launched (warp specialization can add producer warps)
     grid: tuple[int, int, int]
-    nvcc: str  # "compiled", "not run (nvcc not found)", "not asked", or "failed: ..."
+    nvcc: str  # "compiled", "not run (nvcc not found)", "lowered only" (nvcc not run, to save time), "failed: ..."
     source: str = ""
 
     @property
@@ -588,16 +591,15 @@ def compile_many(programs, *, target="cuda", out_idx=None, pass_configs: dict[st
     time in C++ and each nvcc is its own process, so on a 16-core machine ten kernels cost about one. Each
     kernel also lands in TileLang's kernel cache, so a later `tilelang.compile` of the same program (same
     target, out_idx and pass configs) returns in milliseconds: a section can compile everything it plans up
-    front and keep its code in lesson order. TileLang's per-kernel compile log is held back meanwhile (it
-    would interleave); `log` gets one line instead. Returns the kernels, None where one failed (the
+    front and keep its code in lesson order. TileLang's per-kernel compile log stays quiet (quiet_tilelang);
+    `log` gets one line instead. Returns the kernels, None where one failed (the
     section's own compile of it then raises the real error). An item of `programs` may also be a
     (prim_func, pass_configs) pair, for kernels that need their own configs."""
-    import logging
     from concurrent.futures import ThreadPoolExecutor
 
     import tilelang
 
-    _quiet_memory_cache_hits()
+    quiet_tilelang()
     programs = list(programs)
     if not programs:
         return []
@@ -610,13 +612,8 @@ def compile_many(programs, *, target="cuda", out_idx=None, pass_configs: dict[st
             return None
 
     started = time.perf_counter()
-    compile_log, quiet = logging.getLogger("tilelang.jit.kernel"), _DropCompileProgress()
-    compile_log.addFilter(quiet)
-    try:
-        with ThreadPoolExecutor(max_workers=min(len(programs), os.cpu_count() or 1)) as pool:
-            kernels = list(pool.map(one, programs))
-    finally:
-        compile_log.removeFilter(quiet)
+    with ThreadPoolExecutor(max_workers=min(len(programs), os.cpu_count() or 1)) as pool:
+        kernels = list(pool.map(one, programs))
     if log is not None:
         built = sum(k is not None for k in kernels)
         log(f"compiled {built} of {len(programs)} kernels in parallel in {time.perf_counter() - started:.1f} s "
@@ -624,11 +621,60 @@ def compile_many(programs, *, target="cuda", out_idx=None, pass_configs: dict[st
     return kernels
 
 
-class _DropCompileProgress:
-    """Drops TileLang's 'begins/completes to compile kernel' lines while compile_many runs."""
+@dataclass(frozen=True)
+class KernelDecl:
+    """One kernel a section builds, declared once and used by the background compile, the compile-only
+    report and the run. `program` builds the prim_func when called (building costs time, so it is
+    deferred); the rest says how to compile it and what its compile-only report must show."""
 
-    def filter(self, record) -> bool:
-        return "to compile kernel" not in record.getMessage()
+    name: str
+    program: Callable[[], Any]
+    out_idx: Any = None
+    pass_configs: dict[str, Any] | None = field(default=None, compare=False)
+    threads: int | None = None  # threads asked for, shown beside the threads the kernel launches with
+    nvcc: bool = True  # compile-only: also run nvcc (False: only lowered to CUDA source, which is quicker)
+    markers: tuple[str, ...] = ()  # compile-only: instructions the generated CUDA must contain
+    smem_limit: int | None = None  # compile-only: the kernel may not use more shared memory than this
+
+
+def build_declared(decls: Sequence[KernelDecl], *, target="cuda", log: Callable[[str], None] | None = None) -> dict:
+    """Compile the declared kernels at once (compile_many) and return {name: kernel}. A kernel that failed
+    is compiled once more on its own, so that its real error is raised."""
+    import tilelang
+
+    decls = list(decls)
+    by_args: dict[Any, list[KernelDecl]] = {}
+    for decl in decls:  # compile_many takes one out_idx per call
+        by_args.setdefault(repr(decl.out_idx), []).append(decl)
+    kernels: dict[str, Any] = {}
+    for group in by_args.values():
+        built = compile_many([(d.program(), d.pass_configs) for d in group], target=target,
+                             out_idx=group[0].out_idx, log=log)
+        for decl, kernel in zip(group, built):
+            if kernel is None:
+                kernel = tilelang.compile(decl.program(), out_idx=decl.out_idx, target=target,
+                                          pass_configs=dict(decl.pass_configs or {}))
+            kernels[decl.name] = kernel
+    return kernels
+
+
+def inspect_declared(ctx: "TourContext", decls: Sequence[KernelDecl]) -> dict[str, KernelReport]:
+    """The compile-only path of a section: lower every declared kernel for ctx.arch (nvcc where asked),
+    print the report table, and raise ValidationError where nvcc failed, a marker is missing or the
+    shared memory exceeds its limit. Returns {name: report} for the section's own explanations."""
+    decls = list(decls)
+    jobs = [(d.name, d.program(), ctx.arch, d.pass_configs) for d in decls]
+    with_nvcc = inspect_kernels([j for j, d in zip(jobs, decls) if d.nvcc])
+    lowered = inspect_kernels([j for j, d in zip(jobs, decls) if not d.nvcc], nvcc=False)
+    by_name = {r.name: r for r in with_nvcc + lowered}
+    reports = [by_name[d.name] for d in decls]
+    report_kernels(ctx, reports, {d.name: d.threads for d in decls if d.threads})
+    for decl, report in zip(decls, reports):
+        require_markers(report, decl.markers)
+        if decl.smem_limit is not None and report.smem_bytes > decl.smem_limit:
+            raise ValidationError(f"{report.name}: the kernel uses {report.smem_bytes} B of shared memory, "
+                                  f"more than {decl.smem_limit} B")
+    return {r.name: r for r in reports}
 
 
 class _DropMemoryCacheHits:
@@ -641,9 +687,13 @@ class _DropMemoryCacheHits:
         return "in memory cache" not in record.getMessage()
 
 
-def _quiet_memory_cache_hits() -> None:
+def quiet_tilelang() -> None:
+    """Keep TileLang's own compile log ('begins/completes to compile kernel', one pair a kernel) and its
+    memory-cache-hit warnings out of the lessons' output. TILELANG_PRINT_ON_COMPILATION=1 in the
+    environment brings the compile log back."""
     import logging
 
+    os.environ.setdefault("TILELANG_PRINT_ON_COMPILATION", "0")  # TileLang reads it at each compile
     for name in ("tilelang.cache.kernel_cache", "tilelang.autotuner.tuner"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropMemoryCacheHits) for f in logger.filters):
@@ -658,7 +708,7 @@ def inspect_kernel(name: str, func, arch: str, *, pass_configs: dict[str, Any] |
     source = artifact.kernel_source
     threads, grid, dyn = _launch_shape(artifact.device_mod)
     if not nvcc:
-        nvcc_status = "not asked"
+        nvcc_status = "lowered only"
     elif find_nvcc() is None:
         nvcc_status = "not run (nvcc not found)"
     else:

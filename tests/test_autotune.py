@@ -381,7 +381,7 @@ def test_compile_only_builds_the_extras_that_fit(monkeypatch):
         jobs = list(jobs)
         built.extend(name for name, _, _ in jobs)
         return [tourkit.KernelReport(name=name, arch=arch, markers={}, dynamic_smem_bytes=0, static_smem_bytes=0,
-                                     threads=0, grid=(1, 1, 1), nvcc="not asked") for name, _, arch in jobs]
+                                     threads=0, grid=(1, 1, 1), nvcc="lowered only") for name, _, arch in jobs]
 
     monkeypatch.setattr(tourkit, "inspect_kernels", fake_inspect)
     ctx = tourkit.TourContext(compile_only=True, arch="sm_90a", echo=False)

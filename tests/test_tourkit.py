@@ -1,5 +1,6 @@
 """The shared kit's arithmetic, validation, architecture handling and source inspection (CPU only)."""
 
+import dataclasses
 import math
 
 import pytest
@@ -143,7 +144,7 @@ def test_inspect_kernels_keeps_job_order_and_per_job_arch():
 
     jobs = [("a", vector_add_program(1000), "sm_80"), ("b", vector_add_program(2**20), "sm_90a")]
     reports = tourkit.inspect_kernels(jobs, nvcc=False)
-    assert [(r.name, r.arch, r.nvcc) for r in reports] == [("a", "sm_80", "not asked"), ("b", "sm_90a", "not asked")]
+    assert [(r.name, r.arch, r.nvcc) for r in reports] == [("a", "sm_80", "lowered only"), ("b", "sm_90a", "lowered only")]
     assert reports[0].grid == (1, 1, 1) and reports[1].grid == (1024, 1, 1)
 
 
@@ -158,8 +159,8 @@ def test_memory_cache_hit_warnings_are_dropped_and_others_kept():
         def emit(self, record):
             self.records.append(record)
 
-    tourkit._quiet_memory_cache_hits()
-    tourkit._quiet_memory_cache_hits()  # idempotent: one filter
+    tourkit.quiet_tilelang()
+    tourkit.quiet_tilelang()  # idempotent: one filter
     logger = logging.getLogger("tilelang.cache.kernel_cache")
     assert sum(isinstance(f, tourkit._DropMemoryCacheHits) for f in logger.filters) == 1
     keep = Keep()
@@ -275,3 +276,29 @@ def test_bench_ms_flushes_the_l2_before_every_timed_call(monkeypatch, mode, expe
     assert {"zero_", "max"} - {expected} & set(log) == set()
     with pytest.raises(ValueError, match="flush_mode"):
         tourkit.bench_ms(lambda: None, flush_mode="none")
+
+
+def test_quiet_tilelang_silences_the_compile_log_unless_the_user_asked_for_it(monkeypatch):
+    monkeypatch.delenv("TILELANG_PRINT_ON_COMPILATION", raising=False)
+    tourkit.quiet_tilelang()
+    from tilelang import env
+
+    assert not env.is_print_on_compilation_enabled()
+    monkeypatch.setenv("TILELANG_PRINT_ON_COMPILATION", "1")
+    tourkit.quiet_tilelang()
+    assert env.is_print_on_compilation_enabled()
+
+
+def test_inspect_declared_reports_every_kernel_and_enforces_markers_and_shared_memory():
+    from sections.vector_add import vector_add_program
+
+    ctx = tourkit.TourContext(compile_only=True, arch="sm_80", echo=False)
+    decls = [tourkit.KernelDecl("aligned", lambda: vector_add_program(2**20), threads=256, nvcc=False),
+             tourkit.KernelDecl("ragged", lambda: vector_add_program(1000), nvcc=False)]
+    reports = tourkit.inspect_declared(ctx, decls)
+    assert list(reports) == ["aligned", "ragged"] and reports["aligned"].nvcc == "lowered only"
+    assert any("aligned" in line for line in ctx.report)
+    with pytest.raises(tourkit.ValidationError, match="wgmma"):
+        tourkit.inspect_declared(ctx, [dataclasses.replace(decls[1], markers=("wgmma",))])
+    with pytest.raises(tourkit.ValidationError, match="shared memory"):
+        tourkit.inspect_declared(ctx, [dataclasses.replace(decls[1], smem_limit=-1)])
