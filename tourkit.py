@@ -405,10 +405,9 @@ def device_copy_gbps(nbytes: int = 1 << 30) -> float:
     return gbps(2 * src.numel(), ms)
 
 
-# Untimed load before bench_interleaved's rounds. On the H200 (2026-12-03, bench/settle_probe.py) an idle GPU
-# under a GEMM load reaches its power cap within about a second; timed from idle, the fused GEMM's ratios to
-# eager/torch.compile read 1.077-1.095x / 1.070-1.075x over three trials, timed after 1.5 s of settling
-# 1.140-1.147x / 1.046-1.051x: a different verdict, and a tighter one.
+# Untimed load before bench_interleaved's rounds: a GPU timed from idle is still raising its clocks and power
+# for the first second or so, and whichever contender runs first would pay for it (bench/settle_probe.py
+# measures this; BENCHMARKS.md has what it found).
 SETTLE_MS = 1500.0
 
 

@@ -22,7 +22,7 @@ def _has_cuda_gpu() -> bool:
 def pytest_collection_modifyitems(config, items):
     if _has_cuda_gpu():
         return
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run with the device tool: pytest -m gpu)")
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run python3 -m pytest -m gpu where there is one)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
