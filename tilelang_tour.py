@@ -555,7 +555,7 @@ def _run_here(names, options: RunOptions, source, faults) -> tuple[list[SectionR
     return results, device, probe, interrupted
 
 
-def main(argv: Sequence[str] | None = None, *, loader=None) -> TourRun | None:
+def main(argv: Sequence[str] | None = None, *, loader=None, _sigint=None) -> TourRun | None:
     """Run the tour. `argv=None` reads sys.argv, except inside Jupyter/Colab, whose argv is the kernel's.
     A `loader` (name -> Section) runs those sections in this process, as --no-isolate does."""
     if argv is None:
@@ -588,31 +588,44 @@ def main(argv: Sequence[str] | None = None, *, loader=None) -> TourRun | None:
 
     options = RunOptions(quick=args.quick, full=args.full, compile_only=args.compile_only, arch=args.arch,
                          timeout=args.timeout, install=args.install, exitfirst=args.exitfirst)
-    if isolate:
-        with tourrunner.SigintFlag() as sigint:
+    # From here a Ctrl-C sets a flag (the worker is stopped, the summary printed, the exit code 130);
+    # only --no-isolate's sections see it as KeyboardInterrupt, as a debugger expects.
+    sigint = _sigint or tourrunner.SigintFlag()
+    try:
+        if isolate:
+            sigint.__enter__()
             results, device, probe, interrupted = _run_isolated(names, options, faults, sigint)
-    else:
-        results, device, probe, interrupted = _run_here(names, options, source, faults)
-    with tourrunner.SigintFlag() as late:  # a Ctrl-C from here on changes nothing but the exit code
-        if options.exitfirst and results and results[-1].status in FAILING and results[-1].name != names[-1]:
-            print(f"\n■ stopping after {results[-1].name} (--exitfirst)", flush=True)
-        print_summary(results)
-        print("\n" + QUICK_REFERENCE, flush=True)
-        run = TourRun(results, environment_record(device, probe), 0)
-        run.exit_code = 130 if interrupted or late.fired else _exit_code(results)
-        if args.json:
-            try:
-                with open(args.json, "w") as fh:
-                    json.dump(run.to_dict(), fh, indent=2, default=str)
-                print(f"\nwrote {args.json}", flush=True)
-            except OSError as exc:
-                print(f"tilelang_tour.py: could not write {args.json}: {exc}", file=sys.stderr, flush=True)
-        run.exit_code = 130 if interrupted or late.fired else run.exit_code
+        else:
+            with tourrunner.SigintFlag(signal.default_int_handler):
+                results, device, probe, interrupted = _run_here(names, options, source, faults)
+            sigint.__enter__()
+        return _finish(args, names, options, results, environment_record(device, probe), interrupted, sigint)
+    finally:
+        if sigint is not _sigint:
+            sigint.__exit__()
+
+
+def _finish(args, names, options, results, environment, interrupted, sigint) -> TourRun:
+    if options.exitfirst and results and results[-1].status in FAILING and results[-1].name != names[-1]:
+        print(f"\n■ stopping after {results[-1].name} (--exitfirst)", flush=True)
+    print_summary(results)
+    print("\n" + QUICK_REFERENCE, flush=True)
+    run = TourRun(results, environment, 130 if interrupted or sigint.fired else _exit_code(results))
+    if args.json:
+        try:
+            with open(args.json, "w") as fh:
+                json.dump(run.to_dict(), fh, indent=2, default=str)
+            print(f"\nwrote {args.json}", flush=True)
+        except OSError as exc:
+            print(f"tilelang_tour.py: could not write {args.json}: {exc}", file=sys.stderr, flush=True)
+    if sigint.fired:
+        run.exit_code = 130
     return run
 
 
 def cli() -> int:
-    run = main()
+    sigint = tourrunner.SigintFlag().__enter__()  # to the process's exit, Ctrl-C is the runner's to handle
+    run = main(_sigint=sigint)
     return run.exit_code if run is not None else 2
 
 
@@ -622,4 +635,6 @@ if __name__ == "__main__":
     elif _in_notebook():  # pasted into a cell: run, but never raise SystemExit there
         main()
     else:
-        sys.exit(cli())
+        code = cli()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a late Ctrl-C must not turn the exit into a traceback
+        sys.exit(code)

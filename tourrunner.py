@@ -226,9 +226,10 @@ class SigintFlag:
     the supervisor polls it, so a Ctrl-C at any point (a worker starting, the pipe being read, the summary
     being printed) ends the run the same way, and a second one changes nothing."""
 
-    def __init__(self):
+    def __init__(self, handler=None):
         self.count = 0
         self.previous = None
+        self.handler = handler or self._handler  # another handler: just installed for a while
 
     @property
     def fired(self) -> bool:
@@ -239,7 +240,7 @@ class SigintFlag:
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handler)
+            self.previous = signal.signal(signal.SIGINT, self.handler)
         return self
 
     def __exit__(self, *exc):
@@ -462,13 +463,13 @@ class Supervisor:
                             outcome = "gpu"
                     elif kind == "start":
                         phase, started, title = "section", time.monotonic(), None
-                        worker.tail.clear()
                     elif kind == "loaded":
                         title = message["title"]
                     elif kind == "result":
                         phase, started = "between", time.monotonic()
                         self.results.append(message["record"])
                         pending.pop(0)
+                        worker.tail.clear()  # what follows belongs to the next section
                         if message.get("retire"):
                             outcome, self.check_gpu = "retire", True
                     elif kind == "done":

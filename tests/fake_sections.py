@@ -11,7 +11,7 @@ import time
 
 from tourkit import DeviceInfo, Section
 
-SECTION_NAMES = ["env_check", "first", "second", "third", "nap", "sticky", "boom", "gpu_one", "gpu_two"]
+SECTION_NAMES = ["env_check", "first", "nap", "sticky", "boom", "second", "third", "gpu_one", "gpu_two"]
 FAKE_GPU = DeviceInfo("fake GPU", (9, 0), "sm_90a", 132, 141 * 2**30, 232448, 60 * 2**20)
 
 
