@@ -529,9 +529,10 @@ def _worker_command() -> list[str] | None:
 
 
 def _run_isolated(names, options: RunOptions, faults, sigint) -> tuple[list[SectionResult], Any, Any, bool]:
-    def on_header(device, arch):
+    def on_header(device, arch, known):
         options.arch = arch
-        print(header_line(len(names), options, device_from(device)), flush=True)
+        line = header_line(len(names), options, device_from(device))
+        print(line if known or options.compile_only else line.split(", without")[0], flush=True)
 
     def on_lost(record, index):
         _progress.update(index=index, total=len(names))

@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from tourkit import SectionResult, UsageError
 
-STARTUP_LIMIT_S = 120.0  # a worker's start, and the gap between two sections (imports, the tilelang probe)
+STARTUP_LIMIT_S = 300.0  # a worker's start, and the gap between two sections (imports, the tilelang probe)
 GPU_CHECK_LIMIT_S = 20.0
 KILL_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this long
 TAIL_LINES = 20
@@ -381,7 +381,7 @@ class Worker:
 class Supervisor:
     """Runs `names` in workers, one after another, and returns the records (see the module docstring).
 
-    on_header(device, arch): once, when the first worker knows the device.
+    on_header(device, arch, known): once, when the first worker knows the device (known=False: it died first).
     on_lost(record, index): a section the worker could not report itself (crashed, timed out, interrupted).
     """
 
@@ -411,10 +411,10 @@ class Supervisor:
         self.interrupted = self.interrupted or self.sigint.fired
         return self.results
 
-    def _header(self, device, arch) -> None:
+    def _header(self, device, arch, known: bool = True) -> None:
         if not self.header_done:
             self.header_done = True
-            self.on_header(device, arch)
+            self.on_header(device, arch, known)
 
     def _spec(self, pending: list[str]) -> dict[str, Any]:
         return {"names": pending, "first_index": len(self.results) + 1, "total": len(self.names),
@@ -428,7 +428,7 @@ class Supervisor:
         record = SectionResult(name=name, title=title or name, status=status, seconds=seconds,
                                error_type=error_type, error_message=message,
                                traceback_tail="\n".join(tail) or None).to_dict()
-        self._header(None, self.options.get("arch"))
+        self._header(None, self.options.get("arch"), known=False)  # the worker died before it said
         self.results.append(record)
         self.on_lost(record, len(self.results))
 

@@ -2,7 +2,7 @@
 
 Standard library only, so a worker that runs them starts in a fraction of a second. Each fake section
 records the worker's pid in its headline (a test can tell whether the worker was replaced). The fake GPU
-(FAKE_SECTIONS_GPU=1) and its check (FAKE_GPU_CHECK=ok|fail|hang) stand in for the real device and the
+(FAKE_SECTIONS_GPU=1; FAKE_DETECT_CRASH=1 kills the worker while it looks) and its check (FAKE_GPU_CHECK=ok|fail|hang) stand in for the real device and the
 tiny kernel the runner runs after a crash.
 """
 
@@ -43,6 +43,8 @@ def load_section(name):
 
 
 def detect_device():
+    if os.environ.get("FAKE_DETECT_CRASH") == "1":  # a worker that dies before it runs anything
+        os._exit(4)
     return FAKE_GPU if os.environ.get("FAKE_SECTIONS_GPU") == "1" else None
 
 

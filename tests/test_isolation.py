@@ -24,7 +24,7 @@ TOUR = os.path.join(ROOT, "tilelang_tour.py")
 def fake_sections(monkeypatch):
     monkeypatch.setenv(tilelang_tour.SECTIONS_ENV, "tests.fake_sections")
     monkeypatch.delenv(tourrunner.FAULT_ENV, raising=False)
-    for var in ("FAKE_SECTIONS_GPU", "FAKE_GPU_CHECK", "FAKE_NAP_S"):
+    for var in ("FAKE_SECTIONS_GPU", "FAKE_GPU_CHECK", "FAKE_NAP_S", "FAKE_DETECT_CRASH"):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -106,6 +106,15 @@ def test_a_gpu_that_answers_runs_the_gpu_sections(monkeypatch):
     monkeypatch.setenv(tourrunner.FAULT_ENV, "first:abort")
     run = tilelang_tour.main(["--only", "first,gpu_one"])
     assert statuses(run) == ["crashed", "passed"]
+
+
+def test_a_worker_that_dies_before_it_starts_is_recorded(monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_DETECT_CRASH", "1")
+    run = tilelang_tour.main(["--only", "first,second"])
+    assert statuses(run) == ["crashed", "crashed"]
+    assert "before the section started" in run.results[0].error_message
+    assert run.results[0].error_type == "exit code 4"
+    assert capsys.readouterr().out.startswith("TileLang Tour — 2 section(s)\n")
 
 
 def test_exitfirst_stops_after_a_crash(monkeypatch):
