@@ -9,7 +9,8 @@
 The runner knows nothing about kernels: it runs the registered sections in order, isolates their
 failures, records status, time and headline numbers, and prints a summary and a TileLang quick reference.
 The sections run in a worker process (tourrunner.py), so a crash, a hung kernel or a broken CUDA context
-costs one section; `--no-isolate` runs them in this process instead (for a debugger).
+costs one section; `--no-isolate` runs them in this process instead (for a debugger). To see it work:
+TILELANG_TOUR_FAULT=vector_add:segfault (or raise, abort, exit, hang, gpu-hang, gpu-illegal-address).
 Exit codes: 0 all ran (or skipped), 1 a section failed, crashed or timed out, 2 usage error, 130 Ctrl-C.
 From a notebook: `import tilelang_tour; tilelang_tour.main(["--only", "gemm_schedules"])`.
 """
@@ -431,9 +432,12 @@ def environment_record(device, tilelang_probe) -> dict[str, Any]:
 
 def run_sections(names: Sequence[str], options: RunOptions, device, source, *, faults=None, gpu_broken=None,
                  probe=None, first_index: int = 1, total: int | None = None, send=None):
-    """Run `names` here, in order. `send(kind, **fields)` (the worker's channel) hears each step and says
-    after a result whether to stop. Returns (results, tilelang probe, interrupted)."""
+    """Run `names` here, in order. In the worker, `send(kind, **fields)` (its channel) hears each step, and
+    a CUDA error that breaks the context ends the run (the parent goes on in a fresh worker).
+    Returns (results, tilelang probe, interrupted)."""
     faults = faults or {}
+    in_worker = send is not None
+    send = send or (lambda kind, **fields: None)
     results: list[SectionResult] = []
     preparer = None
     _progress["total"] = total or len(names)
@@ -442,22 +446,21 @@ def run_sections(names: Sequence[str], options: RunOptions, device, source, *, f
         try:
             if name != "env_check" and probe is None:
                 probe = tuple(source.probe_tilelang_import())
-                send and send("probe", probe=probe)
+                send("probe", probe=probe)
             if name != "env_check" and preparer is None and probe[0]:
                 preparer = start_preparing(names[offset:], options, device, source.load_section)
-            send and send("start", name=name)
+            send("start", name=name)
             result = run_section(name, options, device, probe if name != "env_check" else None,
                                  source.load_section, preparer, fault=faults.get(name), gpu_broken=gpu_broken,
-                                 on_load=send and (lambda section: send("loaded", title=section.title)))
+                                 on_load=lambda section: send("loaded", title=section.title))
         except (_Interrupted, KeyboardInterrupt) as stop:  # Ctrl-C inside a section, or between sections
             if isinstance(stop, _Interrupted):
                 results.append(stop.result)
             print(f"\n■ interrupted during {name}", flush=True)
             return results, probe, True
         results.append(result)
-        retire = send is not None and tourrunner.broken_cuda_context(result)
-        if send is not None:
-            send("result", record=result.to_dict(), retire=retire)
+        retire = in_worker and tourrunner.broken_cuda_context(result)
+        send("result", record=result.to_dict(), retire=retire)
         if retire:
             print("  (a CUDA error like this leaves the process's CUDA context unusable: the sections after it "
                   "run in a fresh worker process)", flush=True)

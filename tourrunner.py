@@ -326,7 +326,8 @@ class Worker:
                 data = b""
             if not data:
                 self.selector.unregister(key.fd)
-                os.close(key.fd) if key.data is None else None
+                if key.data is None:
+                    os.close(key.fd)
             if key.data is not None:
                 key.data.feed(data)
                 continue
