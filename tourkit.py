@@ -60,7 +60,7 @@ class SectionResult:
 
     name: str
     title: str = ""
-    status: str = "pending"  # passed | failed | skipped | timed out | interrupted
+    status: str = "pending"  # passed | failed | crashed | skipped | timed out | interrupted
     seconds: float = 0.0
     headline: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)

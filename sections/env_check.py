@@ -3,7 +3,8 @@
 What you learn: which versions of Python, PyTorch, TileLang and its TVM FFI layer are installed; what the
 GPU offers a kernel (compute capability, SM count, memory, the shared memory one block may opt into);
 which driver and CUDA versions sit underneath; whether nvcc and a host C++ compiler are there. TileLang
-is imported in a child process first, because a broken install can abort the importing process.
+is imported in a child process first, because a broken install can abort the importing process; when it
+is missing or cannot be imported, this section fails with the fix (the other sections skip).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import subprocess
 import sys
 
 import tourkit
-from tourkit import Section, SectionSkip
+from tourkit import Section
 
 
 def package_version(dist: str) -> str | None:
@@ -89,6 +90,17 @@ def check_tilelang(ctx) -> tuple[bool, str]:
     return False, detail
 
 
+class TileLangUnavailable(RuntimeError):
+    """tilelang is missing or cannot be imported; the message says how to fix it."""
+
+
+def tilelang_fix(detail: str) -> str:
+    if "not installed" in detail or "installing tilelang failed" in detail:
+        return f"install it: {tourkit.TILELANG_INSTALL} (or rerun with --install)"
+    return (f"reinstall it ({tourkit.TILELANG_INSTALL}); if it cannot write its cache, set TILELANG_CACHE_DIR "
+            f"(and TMPDIR) to a writable directory")
+
+
 def software_rows(tilelang_detail: str, tilelang_ok: bool) -> list[list[str]]:
     try:
         import torch
@@ -144,7 +156,7 @@ def run(ctx) -> None:
                    driver=nvidia_driver_version(), cuda_driver_api=cuda_driver_api_version())
         ctx.headline(gpu=device.name, arch=device.arch, tilelang=tilelang_detail if tilelang_ok else "missing")
     if not tilelang_ok:
-        raise SectionSkip(f"tilelang unavailable: {tilelang_detail}")
+        raise TileLangUnavailable(f"tilelang unavailable: {tilelang_detail}; {tilelang_fix(tilelang_detail)}")
 
 
 SECTION = Section(

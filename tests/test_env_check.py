@@ -1,5 +1,6 @@
 """env_check on this machine (no GPU in CI; the H200 run is marked gpu)."""
 
+import os
 import subprocess
 import sys
 
@@ -28,13 +29,27 @@ def test_env_check_without_gpu_says_how_to_compile_only(capsys):
     assert "--compile-only" in capsys.readouterr().out
 
 
-def test_missing_tilelang_prints_the_install_command(monkeypatch, capsys):
+def test_missing_tilelang_fails_with_the_install_command(monkeypatch, capsys):
     monkeypatch.setattr(tourkit, "probe_tilelang_import", lambda timeout=120.0: (False, "tilelang is not installed (x)"))
     monkeypatch.setattr(env_check, "in_colab", lambda: False)
-    run = tilelang_tour.main(["--only", "env_check"])
-    assert run.results[0].status == "skipped"
-    assert run.exit_code == 0
+    run = tilelang_tour.main(["--only", "env_check", "--no-isolate"])  # in this process: the patches apply
+    assert run.results[0].status == "failed"
+    assert tourkit.TILELANG_INSTALL in run.results[0].error_message
+    assert run.exit_code == 1
     assert tourkit.TILELANG_INSTALL in capsys.readouterr().out
+
+
+def test_tilelang_that_cannot_be_imported_fails_env_check_and_skips_the_rest(tmp_path, monkeypatch):
+    broken = tmp_path / "tilelang"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("raise PermissionError(\"[Errno 13] Permission denied: '/ro/cache'\")\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    run = tilelang_tour.main(["--only", "env_check,vector_add"])  # the worker sees the broken tilelang
+    env, vector_add = run.results
+    assert env.status == "failed"
+    assert "Permission denied" in env.error_message and "TILELANG_CACHE_DIR" in env.error_message
+    assert vector_add.status == "skipped" and "tilelang is unavailable" in vector_add.skip_reason
+    assert run.exit_code == 1
 
 
 def test_missing_tilelang_in_colab_installs_it(monkeypatch, capsys):
@@ -49,7 +64,7 @@ def test_missing_tilelang_in_colab_installs_it(monkeypatch, capsys):
 
     monkeypatch.setattr(env_check.subprocess, "run", fake_pip)
     monkeypatch.setattr(env_check, "tool_version", lambda *a, **k: "fake")
-    run = tilelang_tour.main(["--only", "env_check"])
+    run = tilelang_tour.main(["--only", "env_check", "--no-isolate"])
     assert run.results[0].status == "passed"
     assert commands[0][:4] == [sys.executable, "-m", "pip", "install"]
     assert f"tilelang=={tourkit.TILELANG_PIN}" in commands[0]

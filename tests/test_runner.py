@@ -309,3 +309,34 @@ def test_nothing_is_prepared_in_compile_only_mode_or_without_a_gpu(monkeypatch):
     monkeypatch.setattr(tourkit, "detect_device", lambda: None)
     tilelang_tour.main(["--only", "vector_add,fusion"], loader=preparing_loader(events))
     assert [what for what, _, _ in events] == ["run", "run", "run", "run"]
+
+
+@pytest.mark.parametrize("argv", [["--timeout", "-1"], ["--timeout", "nan"], ["--only", ""], ["--only", ",,"],
+                                  ["--skip", " , "], ["--json", "/nonexistent-dir/run.json"], ["--json", "/tmp"]])
+def test_bad_command_lines_are_refused_before_anything_runs(argv, capsys):
+    calls = []
+    run = tilelang_tour.main(argv, loader=fake_loader({}, calls))
+    assert run.exit_code == 2 and calls == []
+    out, err = capsys.readouterr()
+    assert len(err.strip().splitlines()) == 1 and err.startswith("tilelang_tour.py: error:")
+    assert "TileLang Tour" not in out
+
+
+def test_the_json_check_leaves_no_file_behind(tmp_path):
+    path = tmp_path / "later.json"
+    tilelang_tour.check_json_path(str(path))
+    assert not path.exists()
+
+
+def test_timeout_zero_means_no_limit():
+    run = tilelang_tour.main(["--only", "fusion", "--timeout", "0"], loader=fake_loader({"fusion": _slow}))
+    assert [r.status for r in run.results] == ["passed"]
+
+
+def test_summary_counts_crashed_and_interrupted(capsys):
+    results = [tourkit.SectionResult("a", status="crashed", error_type="SIGSEGV", error_message="killed"),
+               tourkit.SectionResult("b", status="interrupted"), tourkit.SectionResult("c", status="passed")]
+    tilelang_tour.print_summary(results)
+    out = capsys.readouterr().out
+    assert "1 passed, 1 crashed, 1 interrupted" in out and "SIGSEGV: killed" in out
+    assert tilelang_tour._exit_code(results) == 1

@@ -1,0 +1,60 @@
+"""Fake sections for the runner's isolation tests, chosen with TILELANG_TOUR_SECTIONS=tests.fake_sections.
+
+Standard library only, so a worker that runs them starts in a fraction of a second. Each fake section
+records the worker's pid in its headline (a test can tell whether the worker was replaced). The fake GPU
+(FAKE_SECTIONS_GPU=1; FAKE_DETECT_CRASH=1 kills the worker while it looks) and its check (FAKE_GPU_CHECK=ok|fail|hang) stand in for the real device and the
+tiny kernel the runner runs after a crash.
+"""
+
+import os
+import time
+
+from tourkit import DeviceInfo, Section
+
+SECTION_NAMES = ["env_check", "first", "nap", "sticky", "boom", "second", "third", "gpu_one", "gpu_two"]
+FAKE_GPU = DeviceInfo("fake GPU", (9, 0), "sm_90a", 132, 141 * 2**30, 232448, 60 * 2**20)
+
+
+def _ok(ctx):
+    ctx.log(f"fake section ran in process {os.getpid()}")
+    ctx.headline(pid=os.getpid())
+
+
+def _nap(ctx):
+    time.sleep(float(os.environ.get("FAKE_NAP_S", "0.5")))
+    _ok(ctx)
+
+
+def _sticky(ctx):
+    ctx.headline(pid=os.getpid())
+    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def _boom(ctx):
+    raise RuntimeError("kernel exploded")
+
+
+RUNS = {"nap": _nap, "sticky": _sticky, "boom": _boom}
+
+
+def load_section(name):
+    return Section(name=name, title=f"fake {name}", summary="a fake section", run=RUNS.get(name, _ok),
+                   needs_gpu=name.startswith("gpu_"))
+
+
+def detect_device():
+    if os.environ.get("FAKE_DETECT_CRASH") == "1":  # a worker that dies before it runs anything
+        os._exit(4)
+    return FAKE_GPU if os.environ.get("FAKE_SECTIONS_GPU") == "1" else None
+
+
+def probe_tilelang_import():
+    return True, "0.0-fake"
+
+
+def gpu_check():
+    how = os.environ.get("FAKE_GPU_CHECK", "ok")
+    if how == "fail":
+        raise RuntimeError("CUDA error: no kernel image could run")
+    if how == "hang":
+        time.sleep(600)
