@@ -5,10 +5,9 @@ You will learn:
   (`T.copy`) while the tensor cores (`T.gemm`) work on earlier steps (`T.Pipelined`);
 - why the accumulator lives in registers (`T.alloc_fragment`) and C leaves once, through shared memory;
 - how the schedule (tile size, pipeline stages, threads, block order) decides the speed, in a small table;
-- what TileLang makes of it: cp.async + ldmatrix + mma.sync on Ampere/Ada, TMA + mbarriers + wgmma with a
-  producer warpgroup on Hopper (sm_90a). On Hopper the hand-written kernel of the appendix
-  (sections/hopper/gemm_ws.py) is timed beside it, so the table shows what the compiler's pipeline gives
-  and what writing the warp specialization by hand adds.
+- what TileLang makes of it: cp.async + ldmatrix + mma.sync on Ampere/Ada; TMA + mbarriers + wgmma with a
+  producer warpgroup on Hopper (sm_90a), where the appendix's hand-written kernel (sections/hopper/gemm_ws.py)
+  is timed beside it: what the compiler's pipeline gives, and what warp specialization by hand adds.
 
 The algorithm, one thread block per C tile:
 
@@ -38,17 +37,14 @@ import tourkit
 from sections.gemm_epilogue import ACTIVATIONS, activation_macro, epilogue_pass_configs
 from tourkit import KernelDecl, Section, SectionSkip
 
-# ---------------------------------------------------------------------------------------------------------
-# The schedule
-# ---------------------------------------------------------------------------------------------------------
+# ---- The schedule --------------------------------------------------------------------------------------
 
 WARP_POLICIES = ("Square", "FullRow", "FullCol")
 
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """One schedule of the tiled GEMM. `panel` is the swizzle panel (tile rows); `policy` names the
-    T.GemmWarpPolicy that splits the tile over the warps; `staged_store` writes C through shared memory."""
+    """One schedule: tile, stages, threads, swizzle (panel: tile rows), T.GemmWarpPolicy, C through shared."""
 
     block_M: int
     block_N: int
@@ -61,9 +57,8 @@ class GemmConfig:
     staged_store: bool = True
 
     def smem_bytes(self, dtype_bytes: int = 2) -> int:
-        """An upper bound of the shared memory the kernel allocates: `num_stages` copies of the A and B tiles,
-        or the C tile that stages the store if larger (TileLang lets it reuse the A/B buffers, whose lifetimes
-        end with the K loop), plus a bias tile and alignment. The tests check it against the lowered kernel."""
+        """An upper bound of the kernel's shared memory: `num_stages` copies of the A and B tiles, or the C tile
+        staging the store if larger (it reuses the A/B buffers once the K loop ends), a bias tile, alignment."""
         pipeline = max(1, self.num_stages) * (self.block_M * self.block_K + self.block_K * self.block_N) * dtype_bytes
         c_tile = self.block_M * self.block_N * dtype_bytes if self.staged_store else 0
         return max(pipeline, c_tile) + self.block_N * dtype_bytes + 1024
@@ -116,8 +111,7 @@ PRODUCER_REGISTERS = 24  # a thread of the TMA producer warpgroup (Hopper warp s
 
 
 def consumer_registers(threads: int) -> int:
-    """Registers a consumer thread may raise itself to (setmaxnreg) when `threads` consumer threads share an
-    SM's 65536 with one 128-thread producer warpgroup: a multiple of 8, at most 240."""
+    """Registers a consumer thread may take (setmaxnreg) beside one producer warpgroup: 65536 shared out."""
     return min(240, (65536 - 128 * PRODUCER_REGISTERS) // threads // 8 * 8)
 
 
@@ -133,13 +127,11 @@ def wave_traffic(M: int, N: int, K: int, config, wave: int = 132, dtype_bytes: i
     return traffic(-(-wave // n_tiles), min(wave, n_tiles)), traffic(rows, min(n_tiles, -(-wave // rows)))
 
 
-# ---------------------------------------------------------------------------------------------------------
-# The kernel
-# ---------------------------------------------------------------------------------------------------------
+# ---- The kernel ----------------------------------------------------------------------------------------
 
 
 def check_problem(M: int, N: int, K: int, activation, dtype: str) -> None:
-    """Sizes any of the GEMM kernels can take; tails in M, N and K are fine."""
+    """Sizes any of the GEMM kernels can take (tails in M, N and K are fine)."""
     for name, value in (("M", M), ("N", N), ("K", K)):
         if not isinstance(value, int) or value <= 0:
             raise ValueError(f"GEMM size {name}={value!r} must be a positive integer")
@@ -227,14 +219,10 @@ def compile_gemm(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
     return tilelang.compile(func, out_idx=None, target="cuda", pass_configs=configs)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# The PyTorch reference and the check
-# ---------------------------------------------------------------------------------------------------------
+# ---- The PyTorch reference and the check ---------------------------------------------------------------
 
 TOLERANCE = 5e-3  # fp16 output: one rounding (~3e-4 relative) on top of fp32 accumulation in another order
 ODD_SHAPES = [(1000, 1000, 1000), (1001, 1032, 1000)]  # tails in M, N and K
-SHAPE_SET = [(4096, 4096, 4096), (16384, 16384, 16384), (8192, 28672, 4096), (8192, 4096, 14336),
-             (1024, 8192, 8192)]  # --full: LLM-like shapes
 
 
 def gemm_inputs(M: int, N: int, K: int, *, seed: int = 0):
@@ -249,26 +237,16 @@ def reference(a, b, bias=None, activation=None):
     """The same computation in float32 (no TF32) from the same fp16 inputs."""
     import torch
 
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
+    prev, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, False
     try:
-        out = a.float() @ b.float()
+        out = a.float() @ b.float() + (0 if bias is None else bias.float())
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
-    if bias is not None:
-        out += bias.float()
-    if activation is not None:
-        out = torch.nn.functional.gelu(out, approximate="tanh" if activation == "gelu_tanh" else "none")
-    return out
+    approximate = "tanh" if activation == "gelu_tanh" else "none"
+    return out if activation is None else torch.nn.functional.gelu(out, approximate=approximate)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# The kernels this section builds, declared once
-# ---------------------------------------------------------------------------------------------------------
-
-
-def problem_size(ctx) -> int:
-    return 2048 if ctx.quick or ctx.compile_only else 8192
+# ---- The kernels this section builds, declared once ----------------------------------------------------
 
 
 def sm_count(ctx) -> int:
@@ -276,13 +254,24 @@ def sm_count(ctx) -> int:
     return ctx.device.sm_count if ctx.device is not None else 132
 
 
-def appendix_for(ctx):
-    """The Hopper appendix module when the section runs or compiles for sm_90a, else None."""
+def plan(ctx):
+    """(the lesson's schedules that fit, the appendix's kernel on sm_90a or None, the problem size)."""
+    size = 2048 if ctx.quick or ctx.compile_only else 8192
+    rows = [c for c in lesson_schedules(tourkit.ARCH_SPECS[ctx.arch].family) if fits(c, ctx.smem_budget)]
     if ctx.arch != "sm_90a":
-        return None
+        return rows, None, size
     from sections.hopper import gemm_ws
 
-    return gemm_ws
+    return rows, gemm_ws.appendix_schedule(size, size, size, sm_count(ctx)), size
+
+
+def program(config, M: int, N: int, K: int):
+    """The lesson's kernel for a GemmConfig, the appendix's (sections/hopper/gemm_ws.py) for its WsConfig."""
+    if isinstance(config, GemmConfig):
+        return gemm_program(M, N, K, config)
+    from sections.hopper import gemm_ws
+
+    return gemm_ws.appendix_program(M, N, K, config)
 
 
 def kernel_name(config, M: int, N: int, K: int) -> str:
@@ -293,27 +282,17 @@ def kernels(ctx) -> list[KernelDecl]:
     """The lesson's schedules at the section's size and the default at the odd sizes; on sm_90a the
     appendix kernel at the section's size and one odd size. Compile-only runs nvcc on the lesson default,
     one ragged size and the appendix kernel, and only lowers the rest."""
-    family = tourkit.ARCH_SPECS[ctx.arch].family
-    markers = tuple(tourkit.TENSOR_CORE_MARKERS[family])
-    size = problem_size(ctx)
-    rows = [c for c in lesson_schedules(family) if fits(c, ctx.smem_budget)]
-    if not rows:
-        return []
-    jobs = [(c, (size, size, size), i == 0, gemm_program) for i, c in enumerate(rows)]
-    jobs += [(rows[0], shape, i == 0, gemm_program) for i, shape in enumerate(ODD_SHAPES)]
-    appendix = appendix_for(ctx)
-    if appendix is not None:
-        ws = appendix.appendix_schedule(size, size, size, sm_count(ctx))
-        jobs += [(ws, (size, size, size), True, appendix.appendix_program),
-                 (appendix.appendix_schedule(*ODD_SHAPES[-1], sm_count(ctx)), ODD_SHAPES[-1], False,
-                  appendix.appendix_program)]
-    return [KernelDecl(kernel_name(c, *shape), (lambda c=c, s=shape, build=build: build(*s, c)), threads=c.threads,
-                       nvcc=nvcc, markers=markers, smem_limit=c.smem_bytes()) for c, shape, nvcc, build in jobs]
+    markers = tuple(tourkit.TENSOR_CORE_MARKERS[tourkit.ARCH_SPECS[ctx.arch].family])
+    rows, ws, size = plan(ctx)
+    jobs = [(c, (size, size, size), i == 0) for i, c in enumerate(rows)]
+    jobs += [(rows[0], shape, i == 0) for i, shape in enumerate(ODD_SHAPES)] if rows else []
+    jobs += [(ws, (size, size, size), True), (ws, ODD_SHAPES[-1], False)] if ws else []
+    return [KernelDecl(kernel_name(c, *shape), (lambda c=c, s=shape: program(c, *s)), nvcc=nvcc, markers=markers,
+                       threads=getattr(c, "block_threads", c.threads), smem_limit=c.smem_bytes())
+            for c, shape, nvcc in jobs]
 
 
-# ---------------------------------------------------------------------------------------------------------
-# The benchmark and the report
-# ---------------------------------------------------------------------------------------------------------
+# ---- The benchmark and the report ----------------------------------------------------------------------
 
 TABLE = ["kernel", "tile (MxNxK)", "stages", "threads", "swizzle", "policy", "smem", "ms", "TFLOP/s", "vs cuBLAS"]
 ROUNDS = 6  # three forward/backward pairs (tourkit.bench_interleaved)
@@ -370,58 +349,29 @@ def show_generated_code(ctx, source: str, family: str) -> None:
                 "the stage back to the producer warpgroup; the appendix kernel keeps one batch in flight instead.")
 
 
-def run_shape_set(ctx, schedules) -> None:
-    """--full: the lesson default and the appendix kernel (on Hopper) on LLM-like shapes, each against cuBLAS."""
-    rows, ratios = [], {}
-    appendix = appendix_for(ctx)
-    for M, N, K in SHAPE_SET:
-        configs = {schedules[0]: compile_gemm(M, N, K, schedules[0])}
-        if appendix is not None:
-            ws = appendix.appendix_schedule(M, N, K, sm_count(ctx))
-            configs[ws] = appendix.compile_appendix(M, N, K, ws)
-        ms, cublas_ms, _ = time_against_cublas(M, N, K, {c.label(): k for c, k in configs.items()}, ROUNDS)
-        ratios[f"{M}x{N}x{K}"] = {c.columns()["kernel"]: round(tourkit.speedup(cublas_ms, ms[c.label()]), 3)
-                                  for c in configs}
-        rows += [[f"{M}x{N}x{K}"] + table_row(c, ms[c.label()], cublas_ms, gemm_flops(M, N, K)) for c in configs]
-    ctx.log("\nShape set (--full), each shape timed in turns with cuBLAS:")
-    ctx.table(["M x N x K"] + TABLE, rows)
-    ctx.metric(shape_set=ratios)
-
-
-def compile_only(ctx, family: str, decls) -> None:
-    reports = tourkit.inspect_declared(ctx, decls)
-    first = reports[decls[0].name]
-    if family == "hopper":
-        ctx.log(f"threads as launched include TileLang's producer warpgroup (TMA copies): {first.threads} for "
-                f"{decls[0].threads} asked")
-    show_generated_code(ctx, first.source, family)
-    ctx.headline(arch=ctx.arch, kernels=len(decls), markers=",".join(tourkit.TENSOR_CORE_MARKERS[family]))
-
-
 def run(ctx) -> None:
     family = tourkit.ARCH_SPECS[ctx.arch].family
-    decls = kernels(ctx)
-    if not decls:
+    decls, (rows, ws, size) = kernels(ctx), plan(ctx)
+    if not rows:
         raise SectionSkip(f"no schedule fits the {ctx.smem_budget} B of shared memory a block may use here")
-    if ctx.compile_only:
-        compile_only(ctx, family, decls)
+    if ctx.compile_only:  # lower (and nvcc a few), check markers and shared memory, show the K loop
+        first = tourkit.inspect_declared(ctx, decls)[decls[0].name]
+        if family == "hopper":
+            ctx.log(f"threads as launched include TileLang's producer warpgroup (TMA copies): {first.threads} "
+                    f"for {decls[0].threads} asked")
+        show_generated_code(ctx, first.source, family)
+        ctx.headline(arch=ctx.arch, kernels=len(decls), markers=",".join(tourkit.TENSOR_CORE_MARKERS[family]))
         return
     built = tourkit.build_declared(decls, log=ctx.log)
-    size = problem_size(ctx)
-    rows = [c for c in lesson_schedules(family) if fits(c, ctx.smem_budget)]
-    appendix = appendix_for(ctx)
-    ws = appendix.appendix_schedule(size, size, size, sm_count(ctx)) if appendix else None
-    timed = rows + ([ws] if ws else [])
+    timed, rounds = rows + ([ws] if ws else []), 2 if ctx.quick else ROUNDS
     ms, cublas_ms, errors = time_against_cublas(
-        size, size, size, {c.label(): built[kernel_name(c, size, size, size)] for c in timed},
-        2 if ctx.quick else ROUNDS)
+        size, size, size, {c.label(): built[kernel_name(c, size, size, size)] for c in timed}, rounds)
     check_odd_shapes(ctx, built, [(rows[0], shape) for shape in ODD_SHAPES] + ([(ws, ODD_SHAPES[-1])] if ws else []))
 
     flops = gemm_flops(size, size, size)
     best = min(rows, key=lambda c: ms[c.label()])  # the lesson's headline: its fastest schedule in this run
-    ctx.log(f"\nC[{size}x{size}] = A @ B, fp16 in, fp32 accumulation, fp16 out; timed in turns with cuBLAS "
-            f"after {tourkit.SETTLE_MS / 1e3:.1f} s of untimed load ({(2 if ctx.quick else ROUNDS) // 2} "
-            f"forward/backward pairs)")
+    ctx.log(f"\nC[{size}x{size}] = A @ B, fp16 in, fp32 accumulation, fp16 out; timed in turns with cuBLAS after "
+            f"{tourkit.SETTLE_MS / 1e3:.1f} s of untimed load ({rounds // 2} forward/backward pairs)")
     table = [table_row(c, ms[c.label()], cublas_ms, flops) + [tourkit.format_error(errors[c.label()]),
              "<- lesson's fastest" if c == best else ("appendix" if c == ws else "")] for c in timed]
     table.append(["cuBLAS (torch.matmul)", "", "", "", "", "", "", f"{cublas_ms:.3f}",
@@ -433,15 +383,12 @@ def run(ctx) -> None:
             f"{tourkit.format_bytes(swizzled)} swizzled in panels of {rows[0].panel} tile rows")
     show_generated_code(ctx, built[kernel_name(best, size, size, size)].get_kernel_source(), family)
 
-    lesson_ratio = tourkit.speedup(cublas_ms, ms[best.label()])
     ctx.headline(lesson=best.label(), lesson_tflops=round(tourkit.tflops(flops, ms[best.label()])),
-                 lesson_vs_cublas=round(lesson_ratio, 3))
+                 lesson_vs_cublas=round(tourkit.speedup(cublas_ms, ms[best.label()]), 3))
     if ws is not None:
         ctx.headline(appendix_vs_cublas=round(tourkit.speedup(cublas_ms, ms[ws.label()]), 3))
     ctx.metric(size=size, cublas_tflops=round(tourkit.tflops(flops, cublas_ms)),
                schedules={c.label(): round(tourkit.speedup(cublas_ms, ms[c.label()]), 3) for c in timed})
-    if ctx.full:
-        run_shape_set(ctx, rows)
 
 
 SECTION = Section(

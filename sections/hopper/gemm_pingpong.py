@@ -41,6 +41,11 @@ class PingPongConfig:
     panel: int = 8
     policy: str = "FullRow"
 
+    @property
+    def block_threads(self) -> int:
+        """Threads a block launches with: two consumer warpgroups and the producer warpgroup."""
+        return self.threads + 128
+
     def smem_bytes(self, dtype_bytes: int = 2) -> int:
         """An upper bound of the kernel's shared memory: the ring; per consumer warpgroup a C strip and a
         bias tile; mbarriers and alignment."""
@@ -49,10 +54,10 @@ class PingPongConfig:
         return pipeline + 2 * (self.block_M * WS_STORE_BLOCK_N + self.block_N) * dtype_bytes + 2 * stages * 8 + 1056
 
     def columns(self) -> dict:
-        return {"kernel": "hand-written ping-pong", "tile": f"{self.block_M}x{self.block_N}x{self.block_K}",
-                "stages": self.num_stages, "threads": f"{self.threads}+128",
-                "swizzle": f"panel {self.panel}" if self.swizzle else "off",
-                "policy": f"a tile per warpgroup, persistent {self.persistent}"}
+        return {"kernel": f"hand-written ping-pong, persistent on {self.persistent} SMs",
+                "tile": f"{self.block_M}x{self.block_N}x{self.block_K}", "stages": self.num_stages,
+                "threads": f"{self.threads}+128", "swizzle": f"panel {self.panel}" if self.swizzle else "off",
+                "policy": "a tile per warpgroup"}
 
     def label(self) -> str:
         c = self.columns()

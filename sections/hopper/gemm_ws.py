@@ -54,6 +54,11 @@ class WsConfig:
     even_rounds: bool = False
 
     @property
+    def block_threads(self) -> int:
+        """Threads a block launches with: the consumers and the producer warpgroup."""
+        return self.threads + 128
+
+    @property
     def stages_whole_tile(self) -> bool:
         """The whole C tile staged (store_buffers = block_N / 64 strips): one stmatrix copy."""
         return self.store_buffers * WS_STORE_BLOCK_N == self.block_N
@@ -66,12 +71,13 @@ class WsConfig:
         return pipeline + strips + 2 * stages * 8 + 1024 + self.block_N * dtype_bytes
 
     def columns(self) -> dict:
-        grid = f", persistent {self.persistent}" + (" even" if self.even_rounds else "") if self.persistent else ""
-        store = "whole tile" if self.stages_whole_tile else f"{self.store_buffers} strip{'s' * (self.store_buffers > 1)}"
-        return {"kernel": "hand-written ws", "tile": f"{self.block_M}x{self.block_N}x{self.block_K}",
+        grid = (f", persistent on {self.persistent} SMs" + (", even rounds" if self.even_rounds else "")
+                if self.persistent else "")
+        store = "whole-tile" if self.stages_whole_tile else f"{self.store_buffers}-strip"
+        return {"kernel": f"hand-written ws{grid}", "tile": f"{self.block_M}x{self.block_N}x{self.block_K}",
                 "stages": self.num_stages, "threads": f"{self.threads}+128",
                 "swizzle": f"panel {self.panel}" if self.swizzle else "off",
-                "policy": f"{self.policy}, store {store}{grid}"}
+                "policy": f"{self.policy}, {store} store"}
 
     def label(self) -> str:
         c = self.columns()
