@@ -210,15 +210,18 @@ def kernel_names(variants: list[str]) -> list[str]:
     return list(TOUR_CONFIGS) + variants
 
 
-def program_for(name: str, M: int, N: int, K: int):
-    """The lesson's builder for a lesson schedule, the appendix's for its variants."""
+def program_of(config, M: int, N: int, K: int, **epilogue):
+    """The prim_func of any schedule: the lesson's builder for a GemmConfig, the appendix's for its configs."""
     from sections.hopper import gemm_pingpong, gemm_ws
 
-    config = TOUR_CONFIGS.get(name) or VARIANTS[name]
     if isinstance(config, GemmConfig):
-        return gemm_program(M, N, K, config)
+        return gemm_program(M, N, K, config, **epilogue)
     builder = gemm_pingpong if isinstance(config, PingPongConfig) else gemm_ws
-    return builder.appendix_program(M, N, K, config)
+    return builder.appendix_program(M, N, K, config, **epilogue)
+
+
+def program_for(name: str, M: int, N: int, K: int):
+    return program_of(TOUR_CONFIGS.get(name) or VARIANTS[name], M, N, K)
 
 
 def describe(name: str) -> str:

@@ -61,8 +61,8 @@ class PingPongConfig:
 
     def label(self) -> str:
         c = self.columns()
-        return (f"{c['kernel']} {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}, "
-                f"{c['policy']}")
+        return (f"hand-written ping-pong {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle "
+                f"{c['swizzle']}, {c['policy']}, persistent on {self.persistent} SMs")
 
 
 def appendix_schedule(M: int, N: int, K: int, sm_count: int) -> PingPongConfig:

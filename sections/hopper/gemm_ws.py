@@ -80,9 +80,11 @@ class WsConfig:
                 "policy": f"{self.policy}, {store} store"}
 
     def label(self) -> str:
+        grid = (f", persistent on {self.persistent} SMs" + (", even rounds" if self.even_rounds else "")
+                if self.persistent else "")
         c = self.columns()
-        return (f"{c['kernel']} {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}, "
-                f"{c['policy']}")
+        return (f"hand-written ws {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}, "
+                f"{c['policy']}{grid}")
 
 
 def appendix_schedule(M: int, N: int, K: int, sm_count: int) -> WsConfig:
