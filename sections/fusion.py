@@ -184,7 +184,8 @@ def benchmark(ctx, built: dict) -> None:
     compiled_name = f"torch.compile ({mode})"
     if compiled is not None:
         contenders[compiled_name] = lambda: compiled(a, b, bias)
-    ms = tourkit.bench_interleaved(contenders)  # taking turns: the GPU clock drifts under load
+    rounds = 2 if ctx.quick else 4
+    ms = tourkit.bench_interleaved(contenders, rounds=rounds)  # taking turns: the GPU clock drifts under load
 
     flops, eager_ms, compile_ms = gemm_flops(M, N, K), ms["eager PyTorch (3 kernels)"], ms.get(compiled_name)
     rows = []
@@ -194,7 +195,7 @@ def benchmark(ctx, built: dict) -> None:
         rows.append([what, f"{t:.3f}", f"{tourkit.tflops(flops, t):.0f}", f"{tourkit.speedup(eager_ms, t):.3f}x",
                      f"{tourkit.speedup(compile_ms, t):.3f}x" if compile_ms else "-"])
     ctx.log(f"\ngelu(A @ B + bias), {M}x{N}x{K} fp16 (timed in turns after {tourkit.SETTLE_MS / 1e3:.1f} s of "
-            f"untimed load: 4 rounds, forward and backward)")
+            f"untimed load: {rounds} rounds, forward and backward)")
     ctx.table(["implementation", "ms", "TFLOP/s", "vs eager", f"vs torch.compile ({mode})"], rows)
     saved = saved_traffic_bytes(M, N)
     ctx.log(f"intermediate global-memory traffic saved by fusing: {tourkit.format_bytes(saved)} (two {M}x{N} fp16 "

@@ -8,8 +8,8 @@ import pytest
 
 import tourkit
 from sections.gemm_epilogue import epilogue_pass_configs
-from sections.gemm_schedules import reference
 from sections.hopper import gemm_pingpong
+from test_hopper_gemm_ws import check_on_odd_size
 
 FUSED = gemm_pingpong.appendix_schedule(8192, 8192, 8192, 132)
 SQUARE = gemm_pingpong.PingPongConfig(128, 128, 64, 6, persistent=132)
@@ -88,8 +88,6 @@ GPU_KERNELS = [FUSED, SQUARE, dataclasses.replace(SQUARE, persistent=5), datacla
 @pytest.mark.parametrize("M,N,K", ODD_SIZES)
 @pytest.mark.parametrize("epilogue", [False, True])
 def test_validates_on_odd_sizes(config, M, N, K, epilogue):
-    import torch
-
     device = tourkit.detect_device()
     if device.arch != "sm_90a":
         pytest.skip("the ping-pong kernel is Hopper-only")
@@ -97,13 +95,4 @@ def test_validates_on_odd_sizes(config, M, N, K, epilogue):
         config = dataclasses.replace(config, persistent=device.sm_count)
     activation = "gelu" if epilogue else None
     kernel = gemm_pingpong.compile_appendix(M, N, K, config, bias=epilogue, activation=activation)
-    a = tourkit.random_tensor((M, K), torch.float16, seed=1)
-    b = tourkit.random_tensor((K, N), torch.float16, seed=2, scale=K ** -0.5)
-    c = tourkit.poison_(torch.empty((M, N), dtype=torch.float16, device="cuda"))
-    if epilogue:
-        bias = tourkit.random_tensor((N,), torch.float16, seed=3)
-        launch, ref = (lambda: kernel(a, b, bias, c)), reference(a, b, bias, activation)
-    else:
-        launch, ref = (lambda: kernel(a, b, c)), reference(a, b)
-    check = tourkit.validate(f"{config.label()} {M}x{N}x{K}", launch, c, ref, 5e-3)
-    assert check.passed, check.line()
+    check_on_odd_size(kernel, M, N, K, activation, config.label())

@@ -148,21 +148,26 @@ def compiled_all():
 @pytest.mark.parametrize("M,N,K", ODD_SIZES)
 @pytest.mark.parametrize("epilogue", [False, True])
 def test_validates_on_odd_sizes(config, M, N, K, epilogue, compiled_all):
-    import torch
-
     device = tourkit.detect_device()
     if device.arch != "sm_90a":
         pytest.skip("the hand-written warp-specialized kernel is Hopper-only")
     config = on_this_gpu(config, device.sm_count)
     activation = "gelu" if epilogue else None
     kernel = gemm_ws.compile_appendix(M, N, K, config, bias=epilogue, activation=activation)
+    check_on_odd_size(kernel, M, N, K, activation, config.label())
+
+
+def check_on_odd_size(kernel, M: int, N: int, K: int, activation, name: str) -> None:
+    """The kernel against the float32 reference, into a poisoned C; with bias + activation when one is given."""
+    import torch
+
     a = tourkit.random_tensor((M, K), torch.float16, seed=1)
     b = tourkit.random_tensor((K, N), torch.float16, seed=2, scale=K ** -0.5)
     c = tourkit.poison_(torch.empty((M, N), dtype=torch.float16, device="cuda"))
-    if epilogue:
+    if activation:
         bias = tourkit.random_tensor((N,), torch.float16, seed=3)
         launch, ref = (lambda: kernel(a, b, bias, c)), reference(a, b, bias, activation)
     else:
         launch, ref = (lambda: kernel(a, b, c)), reference(a, b)
-    check = tourkit.validate(f"{config.label()} {M}x{N}x{K}", launch, c, ref, 5e-3)
+    check = tourkit.validate(f"{name} {M}x{N}x{K}", launch, c, ref, 5e-3)
     assert check.passed, check.line()
