@@ -1,7 +1,7 @@
 """Which kernel does cuBLAS launch for each GEMM shape? (what the tour's GEMMs race against)
 
-torch.matmul hands fp16 GEMMs to cuBLAS, which picks a kernel per shape. Its name says the schedule: on the
-H200 (2026-12-03) `nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_NNT` is a 256x128 tile, K steps of 64, a
+torch.matmul hands fp16 GEMMs to cuBLAS, which picks a kernel per shape. Its name says the schedule: on an
+H200 `nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_NNT` is a 256x128 tile, K steps of 64, a
 4-stage ring, clusters of 1x2 blocks, cooperative warpgroups. This probe runs each shape a few times under
 torch.profiler and prints the kernels' names with their median time on the device (no L2 flush: back to back).
 
@@ -15,7 +15,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# The tour's 8192^3 and the five shapes of the --full shape set (sections/gemm_schedules.py).
+# The tour's 8192^3 and the five LLM-like shapes the GEMM probes time (bench/gemm_probe.py --shapes).
 DEFAULT_SHAPES = "8192x8192x8192,4096x4096x4096,16384x16384x16384,8192x28672x4096,8192x4096x14336,1024x8192x8192"
 
 

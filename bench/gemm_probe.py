@@ -6,9 +6,8 @@ Compiles every kernel first, in parallel worker processes that fill TileLang's o
 main process then loads them from there), while torch.compile's autotuning runs in the main process. Then it
 validates every kernel (odd sizes, both GELU forms) and times: vector_add schedules vs torch and a device copy;
 GEMM schedules at 8192^3 vs cuBLAS; the fused GEMM+bias+GELU vs eager and torch.compile; the GEMM shape set.
-Phases run in order of importance and stop when the time budget runs out. The first H200 run of this
-script (2026-12-02) is logged in the lead's notes (probe_gemm_1.log); its re-timing then was sequential,
-now it takes turns (tourkit.bench_interleaved).
+Phases run in order of importance and stop when the time budget runs out. The shape set times the lesson's
+schedules and the appendix kernel in turns with cuBLAS (tourkit.bench_interleaved), shape by shape.
 """
 
 import argparse
@@ -64,22 +63,10 @@ FUSED_CONFIGS = [BASE, FULLROW, TALL]
 SHAPE_CONFIGS = [BASE, FULLROW, TALL, GemmConfig(128, 256, 64, 3, 256, True)]
 SHAPE_SET = [(4096, 4096, 4096), (16384, 16384, 16384), (8192, 28672, 4096), (8192, 4096, 14336), (1024, 8192, 8192)]
 ODD_SHAPES = [(1000, 1000, 1000), (1001, 1032, 1000), (1000, 1000, 1000 + 8 * 9)]
-# --preset persistent: one block per SM walking the tiles (the producer warps load the next tile while the
-# consumers store this one) against the non-persistent defaults; bigger K steps.
-PERSISTENT = [
-    GemmConfig(128, 256, 64, 3, 256, True, panel=8, persistent=132),
-    GemmConfig(128, 256, 64, 4, 256, True, panel=8, staged_store=False, persistent=132),
-    GemmConfig(256, 128, 64, 3, 256, True, panel=8, persistent=132),
-    GemmConfig(128, 256, 64, 3, 256, True, panel=16, persistent=132),
-    GemmConfig(128, 256, 64, 3, 256, True, panel=8, policy="FullRow", persistent=132),
-    GemmConfig(128, 256, 64, 3, 256, True, panel=4, persistent=132),
-]
 # --preset wg3: three consumer warp groups on a 256x192 tile (each 256x64 with FullCol, 160 registers a thread:
 # TileLang's setmaxnreg split for 512 threads), against the two-warp-group defaults.
 WG3 = [GemmConfig(256, 192, 64, 3, 384, True, policy="FullCol"), GemmConfig(256, 192, 64, 4, 384, True, policy="FullCol"),
        GemmConfig(256, 192, 64, 3, 384, True), GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol")]
-PERSISTENT_GEMM_8192 = [BASE, FULLROW, GemmConfig(128, 256, 64, 3, 256, True), GemmConfig(128, 256, 128, 2, 256, True),
-                        GemmConfig(128, 256, 64, 4, 256, True, panel=8)] + PERSISTENT
 ADD_CONFIGS = [(128, 4), (128, 8), (128, 16), (256, 4), (256, 8), (256, 16), (512, 4), (512, 8), (1024, 4), (1024, 8)]
 ADD_N = 2**28
 EPILOGUE_PRESET = False
@@ -109,8 +96,8 @@ def compile_jobs(args) -> list[tuple]:
         return jobs + [("gemm", M, N, K, c, False, None) for M, N, K in SHAPE_SET for c in SHAPE_CONFIGS
                        if not args.no_shapes]
     # What the sections (--quick) and the GPU tests compile, so that phase "tour" finds them in the cache.
-    from sections.gemm_schedules import default_schedules, fits
-    for c in default_schedules("hopper"):
+    from sections.gemm_schedules import fits, lesson_schedules
+    for c in lesson_schedules("hopper"):
         if fits(c, 227 * 1024):
             jobs.append(("gemm", 2048, 2048, 2048, c, False, None))
     for act in ("gelu", "gelu_tanh"):
@@ -349,30 +336,30 @@ def fusion_phase(compiled):
 
 
 def shape_phase(failed):
-    import torch
-
+    """The LLM-like shape set: the lesson's schedules and (on Hopper) the appendix kernel, each shape timed in
+    turns with cuBLAS (three forward/backward pairs), after a check against a float32 reference."""
     import tourkit
-    from sections.gemm_schedules import compile_gemm, gemm_flops, gemm_inputs
+    from sections.gemm_schedules import compile_gemm, gemm_flops, time_against_cublas
 
     say("== shape set")
+    device = tourkit.detect_device()
     rows = []
     for M, N, K in SHAPE_SET:
-        a, b, c = gemm_inputs(M, N, K)
-        cc = torch.empty_like(c)
-        cub = tourkit.bench_ms(lambda: torch.matmul(a, b, out=cc))
-        ref = cc.float()
+        kernels = {cfg.label(): compile_gemm(M, N, K, cfg) for cfg in SHAPE_CONFIGS}
+        if device.arch == "sm_90a":
+            from sections.hopper import gemm_ws
+
+            ws = gemm_ws.appendix_schedule(M, N, K, device.sm_count)
+            kernels[ws.label()] = gemm_ws.compile_appendix(M, N, K, ws)
+        try:
+            ms, cublas_ms, errors = time_against_cublas(M, N, K, kernels, 6)
+        except Exception as exc:  # a failed check: reported, the probe goes on
+            rows.append([f"{M}x{N}x{K}", "", "", "", "error " + " ".join(str(exc).split())[:100]])
+            continue
         flops = gemm_flops(M, N, K)
-        rows.append([f"{M}x{N}x{K} cuBLAS", f"{cub:.4f}", f"{tourkit.tflops(flops, cub):.0f}", "1.000", ""])
-        for cfg in SHAPE_CONFIGS:
-            try:
-                k = compile_gemm(M, N, K, cfg)
-                chk = tourkit.validate("s", lambda: k(a, b, c), c, ref, 5e-3)
-                ms = tourkit.bench_ms(lambda: k(a, b, c))
-                rows.append([f"{M}x{N}x{K} {cfg.label()}", f"{ms:.4f}", f"{tourkit.tflops(flops, ms):.0f}",
-                             f"{cub / ms:.3f}", tourkit.format_error(chk.rel_error) + ("" if chk.passed else " FAIL")])
-            except Exception as exc:
-                rows.append([f"{M}x{N}x{K} {cfg.label()}", "", "", "", "error " + " ".join(str(exc).split())[:100]])
-            say(" | ".join(rows[-1]))
+        rows.append([f"{M}x{N}x{K} cuBLAS", f"{cublas_ms:.4f}", f"{tourkit.tflops(flops, cublas_ms):.0f}", "1.000", ""])
+        rows += [[f"{M}x{N}x{K} {label}", f"{t:.4f}", f"{tourkit.tflops(flops, t):.0f}", f"{cublas_ms / t:.3f}",
+                  tourkit.format_error(errors[label])] for label, t in ms.items()]
     say("\n" + tourkit.format_table(["shape / schedule", "ms", "TFLOP/s", "vs cuBLAS", "rel err"], rows))
     RESULTS["shapes"] = rows
 
@@ -409,9 +396,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--no-shapes", action="store_true")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
-    parser.add_argument("--preset", choices=["persistent", "epilogue", "wg3"],
-                        help="persistent: persistent-kernel GEMMs against the defaults (8192^3, fused, odd sizes, "
-                        "shape set); epilogue: the fused GELU epilogue (cheap erf, erff, none) against eager and "
+    parser.add_argument("--preset", choices=["epilogue", "wg3"],
+                        help="epilogue: the fused GELU epilogue (cheap erf, erff, none) against eager and "
                         "torch.compile; wg3: 256x192 tiles on three consumer warp groups; none runs vector_add or the tour "
                         "phase")
     args = parser.parse_args()
@@ -425,10 +411,6 @@ def main() -> int:
         GEMM_8192 = [BASE, FULLROW] + WG3
         FUSED_CONFIGS = [BASE, WG3[0], WG3[1]]
         SHAPE_CONFIGS = [BASE, FULLROW, WG3[0], WG3[1]]
-    if args.preset == "persistent":
-        GEMM_8192 = PERSISTENT_GEMM_8192
-        FUSED_CONFIGS = [BASE, PERSISTENT[0], PERSISTENT[1], PERSISTENT[2]]
-        SHAPE_CONFIGS = [BASE, TALL, PERSISTENT[0], PERSISTENT[2]]
         ADD_CONFIGS = []
     left = lambda: args.budget_s - (time.time() - START)  # noqa: E731
 

@@ -1,12 +1,13 @@
-"""Does a persistent GEMM need a block on every SM? (H200, session 11, 2026-12-03)
+"""Does a persistent GEMM need a block on every SM?
 
-The H200's GEMMs run at its power cap, so an SM that sits out does not slow the others: the power it does
-not draw goes to their clocks. A persistent grid that divides the tile count exactly gives every block the
-same number of tiles, so no SM idles through a last partial wave while the rest finish. At 4096^3 (512 tiles
-of 128x256), 8192^3 (2048) and 8192x4096x14336 (1024) that grid is 128 blocks, not 132: both take the same
+Hopper GEMMs run at the power cap, so an SM that sits out does not slow the others: the power it does not
+draw goes to their clocks. A persistent grid that divides the tile count exactly gives every block the same
+number of tiles, so no SM idles through a last partial wave while the rest finish. At 4096^3 (512 tiles of
+128x256), 8192^3 (2048) and 8192x4096x14336 (1024) that grid is 128 blocks, not 132: both take the same
 number of tile rounds, but with 132 blocks 4-64 SMs idle through the last one. This probe times the
-section's persistent ws kernels on both grids against cuBLAS, in turns (tourkit.bench_interleaved), shape by
-shape; 16384^3 (8192 tiles: 62.06 rounds on 132 SMs, 64 on 128) is the control where 128 blocks should lose.
+appendix's persistent ws kernels (sections/hopper/gemm_ws.py) on each grid against cuBLAS, in turns
+(tourkit.bench_interleaved), shape by shape; 16384^3 (8192 tiles: 62.06 rounds on 132 SMs, 64 on 128) is the
+control where 128 blocks should lose.
 
     python bench/grid_probe.py [--rounds 6] [--shapes 4096x4096x4096,...] [--grids 132,128]
 """
@@ -26,26 +27,25 @@ def log(*args) -> None:
 
 
 def kernels_to_time(grids: list[int]):
-    """The section's two persistent ws leaders (s4, and s3 with the whole tile staged), once per grid size:
-    each grid as given (even_rounds off, which would pick 128 blocks for both at the first four shapes)."""
-    from sections.gemm_schedules import default_schedules
+    """The appendix's two persistent ws kernels (4 stages and one store strip; 3 stages and the whole tile
+    staged), once per grid size: each grid as given (even_rounds off)."""
+    from sections.hopper.gemm_ws import WsConfig, appendix_schedule
 
-    leaders = [c for c in default_schedules("hopper") if c.kernel == "ws" and c.persistent][:3]
-    leaders = [c for c in leaders if c.store_buffers in (1, 4)]
+    leaders = [WsConfig(128, 256, 64, 4, 256, True, persistent=132), appendix_schedule(8192, 8192, 8192, 132)]
     return [dataclasses.replace(c, persistent=g, even_rounds=False) for c in leaders for g in grids]
 
 
 def time_shape(M: int, N: int, K: int, configs, rounds: int) -> None:
     import tourkit
     from sections.gemm_schedules import gemm_flops, time_against_cublas
+    from sections.hopper.gemm_ws import compile_appendix
 
-    ms, cublas_ms, pairs = time_against_cublas(M, N, K, configs, rounds)
+    kernels = {c.label(): compile_appendix(M, N, K, c) for c in configs}
+    ms, cublas_ms, _ = time_against_cublas(M, N, K, kernels, rounds)
     flops = gemm_flops(M, N, K)
     log(f"\n{M}x{N}x{K}: cuBLAS {tourkit.tflops(flops, cublas_ms):.0f} TFLOP/s")
     for label, t in ms.items():
-        low, high = tourkit.pair_ratio_range(pairs["cuBLAS"], pairs[label])
-        log(f"  {label:58s} {tourkit.tflops(flops, t):5.0f} TFLOP/s  "
-            f"{tourkit.speedup(cublas_ms, t):.3f}x  (pairs {low:.3f}-{high:.3f}x)")
+        log(f"  {label:100s} {tourkit.tflops(flops, t):5.0f} TFLOP/s  {tourkit.speedup(cublas_ms, t):.3f}x")
 
 
 def main() -> None:
@@ -56,11 +56,11 @@ def main() -> None:
     args = parser.parse_args()
 
     import tourkit
-    from sections.gemm_schedules import gemm_program
+    from sections.hopper.gemm_ws import appendix_program
 
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     configs = kernels_to_time([int(g) for g in args.grids.split(",")])
-    tourkit.compile_many([gemm_program(M, N, K, c) for M, N, K in shapes for c in configs], log=log)
+    tourkit.compile_many([appendix_program(M, N, K, c) for M, N, K in shapes for c in configs], log=log)
     for M, N, K in shapes:
         time_shape(M, N, K, configs, args.rounds)
 

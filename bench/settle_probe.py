@@ -29,13 +29,13 @@ def fusion_contenders():
     import torch
 
     import tourkit
-    from sections.fusion import COMPILE_MODE, compiled_eager, eager, fused_config, fused_inputs
-    from sections.gemm_schedules import compile_gemm
+    from sections.fusion import COMPILE_MODE, compiled_eager, eager, fused_inputs
+    from sections.hopper import gemm_pingpong
 
     device = tourkit.detect_device()
-    config = fused_config("hopper", device.smem_per_block_optin, device.sm_count)
     size = 8192
-    kernel = compile_gemm(size, size, size, config, bias=True, activation="gelu")
+    config = gemm_pingpong.appendix_schedule(size, size, size, device.sm_count)
+    kernel = gemm_pingpong.compile_appendix(size, size, size, config, bias=True, activation="gelu")
     a, b, bias, c = fused_inputs(size, size, size)
     contenders = {"fused " + config.label(): lambda: kernel(a, b, bias, c), "eager": lambda: eager(a, b, bias)}
     compiled, reason = compiled_eager(COMPILE_MODE)
@@ -53,16 +53,19 @@ def gemm_contenders():
     import torch
 
     import tourkit
-    from sections.gemm_schedules import compile_gemm, default_schedules, gemm_inputs, shape_set_schedules
+    from sections.gemm_schedules import compile_gemm, gemm_inputs, lesson_schedules
+    from sections.hopper import gemm_ws
 
     device = tourkit.detect_device()
     M, N, K = 8192, 4096, 14336
     a, b, c = gemm_inputs(M, N, K)
     c_cublas = torch.empty_like(c)
     contenders = {"cuBLAS": lambda: torch.matmul(a, b, out=c_cublas)}
-    for config in shape_set_schedules(default_schedules("hopper", device.sm_count), device.smem_per_block_optin)[:3]:
-        kernel = compile_gemm(M, N, K, config)
-        contenders[config.label()] = (lambda k: lambda: k(a, b, c))(kernel)
+    ws = gemm_ws.appendix_schedule(M, N, K, device.sm_count)
+    kernels = {c.label(): compile_gemm(M, N, K, c) for c in lesson_schedules("hopper")[:2]}
+    kernels[ws.label()] = gemm_ws.compile_appendix(M, N, K, ws)
+    for label, kernel in kernels.items():
+        contenders[label] = (lambda k: lambda: k(a, b, c))(kernel)
     torch.cuda.synchronize()
     return contenders, "cuBLAS"
 

@@ -1,56 +1,54 @@
-"""fusion: a GEMM with its epilogue fused, gelu(A @ B + bias) in one kernel.
+"""fusion: gelu(A @ B + bias) as one kernel, the epilogue applied where the accumulator already is.
 
-What you learn: why fusing pays. Eager PyTorch runs `gelu(a @ b + bias)` as three kernels: the GEMM writes
-its M x N result to global memory, the add reads it back and writes another M x N tensor, GELU reads that
-and writes the output. In TileLang the accumulator of each output tile is still in registers when the K
-loop ends, so the bias add and GELU are a few `T.Parallel` lines applied there, before the one store: the
-intermediates never touch global memory. The kernel is the `gemm_schedules` builder with `bias=True` and
-`activation=...`, not a copy of it. GELU is exact (erf) by default, as torch's `approximate="none"`; the
-tanh approximation matches `approximate="tanh"`. The exact form is written as max(x, 0) - |x|·erfc(|x|/√2)/2
-with a rational erfc (Abramowitz & Stegun 7.1.26, error 1.5e-7): 18 PTX instructions per element with the bias
-add, against 32 with CUDA's erff, which matters because the epilogue runs while the tensor cores wait (measured
-on the H200, default schedule, one run: 2.6% over the bare GEMM, against 4.6% with erff). Second lesson: the
-schedule that wins bare is not the one that wins fused. On Hopper the fused kernel runs the GEMM table's
-ping-pong schedule, where each consumer warpgroup owns its own tile and the two take turns on the tensor cores,
-so one's epilogue hides under the other's K loop (see fused_config). We compare with eager PyTorch and with
-torch.compile, which fuses the epilogue too (into a Triton or cuBLAS-epilogue kernel).
+You will learn:
+- why fusing pays: eager PyTorch runs `gelu(a @ b + bias)` as three kernels, and the two intermediates make
+  four M x N trips through global memory; fused, they never leave the registers;
+- how little code it takes: the kernel is the `gemm_schedules` builder with `bias=True, activation="gelu"`,
+  a few `T.Parallel` lines on the register accumulator before the one store (sections/gemm_epilogue.py);
+- how to make GELU cheap: exact GELU (torch's default, erf) as max(x, 0) - |x| * erfc(|x| / sqrt 2) / 2 with
+  a rational erfc (Abramowitz & Stegun 7.1.26, error 1.5e-7): about 15 PTX instructions, two of them
+  special-function ones, against about 30 with CUDA's erff; it matters because the epilogue runs while the
+  tensor cores wait. The tanh form matches torch's `approximate="tanh"`;
+- that the schedule that wins bare is not the one that wins fused: on Hopper the appendix's ping-pong kernel
+  (sections/hopper/gemm_pingpong.py), where each consumer warpgroup owns its own tile and one's epilogue runs
+  under the other's K loop, is timed beside the lesson's kernel.
+
+The algorithm (the GEMM lesson's, with two lines more):
+
+    for each block_M x block_N tile of C:
+        acc = sum over k of A_tile[k] @ B_tile[k]     # registers, as in gemm_schedules
+        acc = gelu(acc + bias[tile columns])          # still in registers: T.Parallel over the tile
+        C[tile] = fp16(acc)                           # the only store
+
+We compare with eager PyTorch and with torch.compile, which fuses the bias and GELU into one Triton kernel
+after cuBLAS's GEMM (its default mode; --full also tries "max-autotune-no-cudagraphs", which searches GEMM
+configurations for tens of seconds).
 """
 
 import time
 
 import tourkit
-from sections.gemm_schedules import (GemmConfig, compile_gemm, default_schedules, epilogue_pass_configs, fits,
-                                     gemm_flops, gemm_program)
-from tourkit import Section, SectionSkip
+from sections.gemm_epilogue import epilogue_pass_configs, gelu_exact  # noqa: F401  (gelu_exact: the formula taught)
+from sections.gemm_schedules import fits, gemm_flops, gemm_program, lesson_schedules, reference, sm_count  # noqa: F401
+from tourkit import KernelDecl, Section, SectionSkip
 
 TOLERANCE = 5e-3
 APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}  # our activation name -> torch's `approximate=`
 TORCH_GELU = dict(APPROXIMATE, gelu_erff="none")
-COMPILE_MODE = "max-autotune-no-cudagraphs"
+COMPILE_MODE = "default"
+FULL_COMPILE_MODE = "max-autotune-no-cudagraphs"
+ODD = (1000, 1000, 1000)
 
 
-def fused_config(family: str, smem_budget: int, sm_count: int = 132) -> GemmConfig:
-    """The GEMM schedule the fused kernel uses. On Hopper: the ping-pong kernel of the GEMM table (two consumer
-    warpgroups, each on its own 128x192 tile, taking turns on the tensor cores), because a fused epilogue is
-    work the tensor cores would otherwise wait for: while one warpgroup adds the bias, applies GELU and stores,
-    the other's wgmma run. On the H200 (2026-12-02, bench/fused_epilogue_probe.py, in turns at 8192^3) it led
-    every other schedule fused: exact GELU 1.153x eager and 1.066x torch.compile, tanh 1.156x and 1.055x,
-    against 1.117x / 1.033x for the hand-written cooperative kernel (both warpgroups on one 128x256 tile),
-    which leads bare, and 1.123x / 1.038x for the best TileLang-pipelined schedule. Elsewhere: the first
-    default schedule that fits. `sm_count` sizes the persistent grid."""
-    schedules = [c for c in default_schedules(family, sm_count) if fits(c, smem_budget)]
-    for config in schedules:
-        if config.kernel == "pingpong":
-            return config
-    for config in schedules:
-        if not config.hand_ws:
+def lesson_config(family: str, smem_budget: int):
+    """The GEMM lesson's default schedule (the first that fits), now with the epilogue."""
+    for config in lesson_schedules(family):
+        if fits(config, smem_budget):
             return config
     raise SectionSkip(f"no GEMM schedule fits the {smem_budget} B of shared memory a block may use here")
 
 
-def sm_count(ctx) -> int:
-    """The GPU's SM count (the persistent grid); 132 (H100 SXM / H200) when compiling without one."""
-    return ctx.device.sm_count if ctx.device is not None else 132
+fused_config = lesson_config  # the older name
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -62,18 +60,6 @@ def eager(a, b, bias, activation: str = "gelu"):
     import torch
 
     return torch.nn.functional.gelu(a @ b + bias, approximate=TORCH_GELU[activation])
-
-
-def reference(a, b, bias, activation: str):
-    """The same expression in float32 (no TF32) from the same fp16 inputs."""
-    import torch
-
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        return torch.nn.functional.gelu(a.float() @ b.float() + bias.float(), approximate=TORCH_GELU[activation])
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev
 
 
 def compiled_eager(mode: str, activation: str = "gelu"):
@@ -105,70 +91,121 @@ def fused_inputs(M: int, N: int, K: int, seed: int = 0):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# The kernels, declared once
+# ---------------------------------------------------------------------------------------------------------
+
+
+def problem_size(ctx) -> int:
+    return 2048 if ctx.quick or ctx.compile_only else 8192
+
+
+def appendix_for(ctx):
+    """The ping-pong appendix module when the section runs or compiles for sm_90a, else None."""
+    if ctx.arch != "sm_90a":
+        return None
+    from sections.hopper import gemm_pingpong
+
+    return gemm_pingpong
+
+
+def kernel_name(config, activation: str, M: int) -> str:
+    return f"{config.columns()['kernel']} + bias + {activation} @{M}"
+
+
+def planned(ctx):
+    """(config, builder, activation, M, nvcc) of every fused kernel the section runs: the lesson's with both
+    GELU forms at the section's size and a ragged one; on sm_90a the appendix's with exact GELU at both."""
+    family = tourkit.ARCH_SPECS[ctx.arch].family
+    size = problem_size(ctx)
+    config = lesson_config(family, ctx.smem_budget)
+    jobs = [(config, gemm_program, activation, M, (activation, M) in (("gelu", size), ("gelu_tanh", ODD[0])))
+            for M in (size, ODD[0]) for activation in APPROXIMATE]
+    appendix = appendix_for(ctx)
+    if appendix is not None:
+        jobs += [(appendix.appendix_schedule(M, M, M, sm_count(ctx)), appendix.appendix_program, "gelu", M, M == size)
+                 for M in (size, ODD[0])]
+    return jobs
+
+
+def kernels(ctx) -> list[KernelDecl]:
+    markers = tuple(tourkit.TENSOR_CORE_MARKERS[tourkit.ARCH_SPECS[ctx.arch].family])
+    return [KernelDecl(kernel_name(c, act, M), (lambda c=c, b=build, a=act, m=M: b(m, m, m, c, bias=True, activation=a)),
+                       pass_configs=epilogue_pass_configs(act), threads=c.threads, nvcc=nvcc, markers=markers,
+                       smem_limit=c.smem_bytes()) for c, build, act, M, nvcc in planned(ctx)]
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Check and benchmark
 # ---------------------------------------------------------------------------------------------------------
 
 
-def check(ctx, config: GemmConfig, size: int):
-    """Both GELU forms at the benchmark size and at a ragged size. Returns the checks and the kernels."""
-    checks, kernels = [], {}
-    for (M, N, K) in [(size, size, size), (1000, 1000, 1000)]:
-        for activation in APPROXIMATE:
-            kernel = kernels[(M, activation)] = compile_gemm(M, N, K, config, bias=True, activation=activation)
-            a, b, bias, c = fused_inputs(M, N, K, seed=3)
-            ref = reference(a, b, bias, activation)
-            result = tourkit.validate(f"fused {activation} {M}x{N}x{K}", lambda: kernel(a, b, bias, c), c, ref,
-                                      TOLERANCE)
-            eager_err = tourkit.relative_error(eager(a, b, bias, activation), ref)
-            ctx.log(f"{result.line()}   (eager fp16: {tourkit.format_error(eager_err)})")
-            checks.append(result)
-    return checks, kernels
+def check(ctx, built: dict) -> None:
+    """Every fused kernel against the float32 reference on fresh random inputs, eager's fp16 error beside."""
+    checks = []
+    for config, _, activation, M, _ in planned(ctx):
+        kernel = built[kernel_name(config, activation, M)]
+        a, b, bias, c = fused_inputs(M, M, M, seed=3)
+        ref = reference(a, b, bias, activation)
+        result = tourkit.validate(kernel_name(config, activation, M), lambda: kernel(a, b, bias, c), c, ref, TOLERANCE)
+        eager_err = tourkit.relative_error(eager(a, b, bias, activation), ref)
+        ctx.log(f"{result.line()}   (eager fp16: {tourkit.format_error(eager_err)})")
+        checks.append(result)
+    tourkit.require(checks)
 
 
-def benchmark(ctx, config: GemmConfig, size: int, kernel) -> None:
-    """Time the fused kernel (exact GELU), eager PyTorch and torch.compile, taking turns."""
-    M = N = K = size
-    a, b, bias, c = fused_inputs(M, N, K)
-    contenders = {"TileLang fused (one kernel)": lambda: kernel(a, b, bias, c),
-                  "eager PyTorch (3 kernels)": lambda: eager(a, b, bias)}
-
-    # max-autotune searches GEMM configs (about 10 s on an H200); --quick uses the default mode.
-    mode = "default" if ctx.quick else COMPILE_MODE
+def torch_compiled(ctx, a, b, bias):
+    """torch.compile of the eager expression, compiled (its first call) outside the timing, or None."""
+    mode = FULL_COMPILE_MODE if ctx.full else COMPILE_MODE
     compiled, reason = compiled_eager(mode)
-    compiled_name = f"torch.compile ({mode})"
     if compiled is not None:
         try:
             started = time.perf_counter()
-            # The first call compiles; max-autotune logs every candidate it tries (and the ones that do not
-            # fit shared memory, as error tracebacks) to stdout/stderr: keep that out of the lesson.
-            with tourkit.capture_fd_output(2) as err_log, tourkit.capture_fd_output(1) as out_log:
+            # max-autotune logs every candidate it tries to stdout/stderr: keep that out of the lesson
+            with tourkit.capture_fd_output(2), tourkit.capture_fd_output(1):
                 compiled(a, b, bias)
             ctx.metric(compile_mode=mode, compile_seconds=round(time.perf_counter() - started, 1))
-            hidden = len((err_log.text + out_log.text).splitlines())
-            if hidden:
-                ctx.log(f"(torch.compile's own autotuning log, {hidden} lines, not shown)")
-            contenders[compiled_name] = lambda: compiled(a, b, bias)
+            return mode, compiled
         except Exception as exc:
             reason = tourkit.one_line(exc)
-    if reason:
-        ctx.log(f"torch.compile skipped: {reason}")
-        ctx.metric(compile_skipped=reason)
+    ctx.log(f"torch.compile skipped: {reason}")
+    ctx.metric(compile_skipped=reason)
+    return mode, None
 
-    ms = tourkit.bench_interleaved(contenders)  # taking turns: the GPU clock drifts under load
-    fused_ms = ms["TileLang fused (one kernel)"]
-    flops = gemm_flops(M, N, K)
-    rows = [[name, f"{t:.3f}", f"{tourkit.tflops(flops, t):.0f}", f"{tourkit.speedup(t, fused_ms):.3f}x"]
-            for name, t in ms.items()]
-    ctx.log(f"\ngelu(A @ B + bias), {M}x{N}x{K} fp16, schedule {config.label()} "
-            f"(timed in turns after {tourkit.SETTLE_MS / 1e3:.1f} s of untimed load: 4 rounds, forward and backward)")
-    ctx.table(["implementation", "ms", "TFLOP/s", "fused is faster by"], rows)
+
+def benchmark(ctx, built: dict) -> None:
+    """The fused kernels (exact GELU), eager PyTorch and torch.compile, timed in turns in one call."""
+    M = N = K = problem_size(ctx)
+    a, b, bias, c = fused_inputs(M, N, K)
+    fused = [(config, built[kernel_name(config, "gelu", m)]) for config, _, act, m, _ in planned(ctx)
+             if act == "gelu" and m == M]
+    contenders = {config.label(): (lambda k: lambda: k(a, b, bias, c))(kernel) for config, kernel in fused}
+    contenders["eager PyTorch (3 kernels)"] = lambda: eager(a, b, bias)
+    mode, compiled = torch_compiled(ctx, a, b, bias)
+    compiled_name = f"torch.compile ({mode})"
+    if compiled is not None:
+        contenders[compiled_name] = lambda: compiled(a, b, bias)
+    rounds = 2 if ctx.quick else 4
+    ms = tourkit.bench_interleaved(contenders, rounds=rounds)  # taking turns: the GPU clock drifts under load
+
+    flops, eager_ms, compile_ms = gemm_flops(M, N, K), ms["eager PyTorch (3 kernels)"], ms.get(compiled_name)
+    rows = []
+    for name, t in ms.items():
+        config = next((cfg for cfg, _ in fused if cfg.label() == name), None)
+        what = f"{config.columns()['kernel']} {config.columns()['tile']}" if config else name
+        rows.append([what, f"{t:.3f}", f"{tourkit.tflops(flops, t):.0f}", f"{tourkit.speedup(eager_ms, t):.3f}x",
+                     f"{tourkit.speedup(compile_ms, t):.3f}x" if compile_ms else "-"])
+    ctx.log(f"\ngelu(A @ B + bias), {M}x{N}x{K} fp16 (timed in turns after {tourkit.SETTLE_MS / 1e3:.1f} s of "
+            f"untimed load: {rounds} rounds, forward and backward)")
+    ctx.table(["implementation", "ms", "TFLOP/s", "vs eager", f"vs torch.compile ({mode})"], rows)
     saved = saved_traffic_bytes(M, N)
-    ctx.log(f"intermediate global-memory traffic saved by fusing: {saved} B ({tourkit.format_bytes(saved)}: "
-            f"two {M}x{N} fp16 tensors, each written once and read once)")
-    ctx.headline(vs_eager=round(tourkit.speedup(ms["eager PyTorch (3 kernels)"], fused_ms), 3))
-    if compiled_name in ms:
-        ctx.headline(vs_compile=round(tourkit.speedup(ms[compiled_name], fused_ms), 3))
-    ctx.metric(size=size, schedule=config.label(), saved_bytes=saved, ms={n: round(t, 4) for n, t in ms.items()})
+    ctx.log(f"intermediate global-memory traffic saved by fusing: {tourkit.format_bytes(saved)} (two {M}x{N} fp16 "
+            f"tensors, each written once and read once)")
+    for who, (config, _) in zip(("lesson", "appendix"), fused):
+        ctx.headline(**{f"{who}_vs_eager": round(tourkit.speedup(eager_ms, ms[config.label()]), 3)})
+        if compile_ms:
+            ctx.headline(**{f"{who}_vs_compile": round(tourkit.speedup(compile_ms, ms[config.label()]), 3)})
+    ctx.metric(size=M, lesson=fused[0][0].label(), appendix=fused[1][0].label() if len(fused) > 1 else None,
+               saved_bytes=saved, ms={n: round(t, 4) for n, t in ms.items()})
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -176,46 +213,29 @@ def benchmark(ctx, config: GemmConfig, size: int, kernel) -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def compile_only(ctx, config: GemmConfig) -> None:
-    family = tourkit.ARCH_SPECS[ctx.arch].family
-    expected = tourkit.TENSOR_CORE_MARKERS[family]
-    reports = tourkit.inspect_kernels(
-        [(f"gemm+bias+{activation} @{M}^3", gemm_program(M, M, M, config, bias=True, activation=activation), ctx.arch,
-          epilogue_pass_configs(activation))
-         for activation, M in (("gelu", 2048), ("gelu_tanh", 1000))])
-    tourkit.report_kernels(ctx, reports, {r.name: config.threads for r in reports})
-    for report, math_fn in zip(reports, ("exp2f(", "tanh")):  # exact GELU: the rational erfc's exponential
-        tourkit.require_markers(report, expected)
+def compile_only(ctx, decls) -> None:
+    reports = tourkit.inspect_declared(ctx, decls)
+    for config, _, activation, M, _ in planned(ctx):
+        report = reports[kernel_name(config, activation, M)]
+        math_fn = "exp2f(" if activation == "gelu" else "tanh"  # exact GELU: the rational erfc's exponential
         if math_fn not in report.source:
             raise tourkit.ValidationError(f"{report.name}: expected {math_fn} in the epilogue of the generated CUDA")
-    excerpt = tourkit.source_excerpt(reports[0].source, r"exp2f\(", context=2, limit=6)
+    excerpt = tourkit.source_excerpt(reports[decls[0].name].source, r"exp2f\(", context=2, limit=6)
     ctx.log("\nThe fused epilogue in the generated CUDA (on the accumulator registers, before the store):")
     ctx.log(tourkit.indent(excerpt, "  | "))
     saved = saved_traffic_bytes(8192, 8192)
     ctx.log(f"at 8192^3 fusing saves {tourkit.format_bytes(saved)} of intermediate global-memory traffic")
-    ctx.headline(arch=ctx.arch, schedule=config.label(), saved_bytes_8192=saved)
-
-
-def prepare(ctx, log=None) -> None:
-    """The four fused kernels run() launches, compiled at once (its own compiles then come from the cache)."""
-    config = fused_config(tourkit.ARCH_SPECS[ctx.arch].family, ctx.smem_budget, sm_count(ctx))
-    size = 2048 if ctx.quick else 8192
-    tourkit.compile_many([(gemm_program(m, m, m, config, bias=True, activation=activation),
-                           epilogue_pass_configs(activation))
-                          for m in (size, 1000) for activation in APPROXIMATE], log=log)
+    ctx.headline(arch=ctx.arch, kernels=len(decls), saved_bytes_8192=saved)
 
 
 def run(ctx) -> None:
-    family = tourkit.ARCH_SPECS[ctx.arch].family
-    config = fused_config(family, ctx.smem_budget, sm_count(ctx))
+    decls = kernels(ctx)
     if ctx.compile_only:
-        compile_only(ctx, config)
+        compile_only(ctx, decls)
         return
-    size = 2048 if ctx.quick else 8192
-    prepare(ctx, log=ctx.log)
-    checks, kernels = check(ctx, config, size)
-    tourkit.require(checks)
-    benchmark(ctx, config, size, kernels[(size, "gelu")])
+    built = tourkit.build_declared(decls, log=ctx.log)
+    check(ctx, built)
+    benchmark(ctx, built)
 
 
 SECTION = Section(
@@ -223,5 +243,5 @@ SECTION = Section(
     title="Fusion: bias + GELU in the GEMM epilogue",
     summary="gelu(A @ B + bias) in one TileLang kernel vs eager PyTorch and torch.compile; traffic saved.",
     run=run,
-    prepare=prepare,
+    kernels=kernels,
 )

@@ -1,14 +1,16 @@
-"""fusion: the fused epilogue's codegen for both GELU forms (CPU); numerics vs float32 torch (GPU)."""
+"""fusion: the fused epilogue's codegen for every GELU form, the GELU formula, the declared kernels and the
+benchmark's headlines (CPU); numerics of the lesson's and the appendix's fused kernels vs float32 torch (GPU)."""
 
 import pytest
 
 import tilelang_tour
 import tourkit
 from sections import fusion
-from sections.gemm_schedules import compile_gemm, default_schedules, epilogue_pass_configs, fits, gelu_exact, gemm_program
+from sections.gemm_epilogue import epilogue_pass_configs, gelu_exact
+from sections.gemm_schedules import compile_gemm, fits, gemm_program, lesson_schedules
 
-CONFIG_FOR = {"sm_80": fusion.fused_config("ampere", tourkit.ARCH_SPECS["sm_80"].smem_per_block_optin),
-              "sm_90a": fusion.fused_config("hopper", tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin)}
+CONFIG_FOR = {arch: fusion.lesson_config(tourkit.ARCH_SPECS[arch].family, tourkit.ARCH_SPECS[arch].smem_per_block_optin)
+              for arch in ("sm_80", "sm_90a")}
 EXPECTED = {"sm_80": ["cp_async", "ldmatrix", "mma_sync"], "sm_90a": ["wgmma", "tma_load", "mbarrier"]}
 
 
@@ -17,13 +19,13 @@ EXPECTED = {"sm_80": ["cp_async", "ldmatrix", "mma_sync"], "sm_90a": ["wgmma", "
 def fused_report(request):
     arch, activation = request.param
     func = gemm_program(1000, 1000, 1000, CONFIG_FOR[arch], bias=True, activation=activation)
-    report = tourkit.inspect_kernel(f"fused {activation}", func, arch, pass_configs=epilogue_pass_configs(activation))
+    report = tourkit.inspect_kernel(f"fused {activation}", func, arch, nvcc=False,
+                                    pass_configs=epilogue_pass_configs(activation))
     return arch, activation, report
 
 
-def test_fused_kernel_compiles_with_epilogue_on_the_accumulator(fused_report):
+def test_fused_kernel_lowers_with_epilogue_on_the_accumulator(fused_report):
     arch, activation, report = fused_report
-    assert report.nvcc == "compiled"
     tourkit.require_markers(report, EXPECTED[arch])
     source = report.source
     assert "Bias" in source
@@ -51,24 +53,46 @@ def test_gelu_formula_matches_the_erf_definition():
     assert edges.tolist() == [0.0, 40.0, 0.0, 1e4, 0.0]
 
 
-def test_plain_gemm_has_no_epilogue():
-    report = tourkit.inspect_kernel("plain", gemm_program(512, 512, 512, CONFIG_FOR["sm_90a"]), "sm_90a", nvcc=False)
-    assert "erff(" not in report.source and "Bias" not in report.source
-
-
 def test_saved_traffic_is_two_intermediates_written_and_read():
     assert fusion.saved_traffic_bytes(8192, 8192) == 4 * 8192 * 8192 * 2 == 512 * 2**20
     assert fusion.saved_traffic_bytes(10, 20, elem_bytes=4) == 3200
 
 
-def test_fused_config_is_a_fitting_default_schedule():
+def test_lesson_config_is_the_gemm_lessons_fitting_default():
     for family, arch in (("hopper", "sm_90a"), ("ampere", "sm_86"), ("turing", "sm_75")):
         budget = tourkit.ARCH_SPECS[arch].smem_per_block_optin
-        config = fusion.fused_config(family, budget)
-        assert config in default_schedules(family) and fits(config, budget)
-        assert config.kernel == ("pingpong" if family == "hopper" else "tilelang")
-    # the persistent grid follows the GPU
-    assert fusion.fused_config("hopper", tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin, 114).persistent == 114
+        config = fusion.lesson_config(family, budget)
+        assert config == next(c for c in lesson_schedules(family) if fits(c, budget))
+
+
+def test_declared_kernels_add_the_appendix_on_hopper_only():
+    hopper = fusion.kernels(tourkit.TourContext(compile_only=True, arch="sm_90a", echo=False))
+    ampere = fusion.kernels(tourkit.TourContext(compile_only=True, arch="sm_80", echo=False))
+    assert len(hopper) == 6 and len(ampere) == 4 and len({d.name for d in hopper}) == 6
+    assert [d.name for d in hopper[-2:]] == ["hand-written ping-pong, persistent on 132 SMs + bias + gelu @2048",
+                                             "hand-written ping-pong, persistent on 132 SMs + bias + gelu @1000"]
+    assert all(d.pass_configs == epilogue_pass_configs("gelu") for d in hopper[-2:])
+    assert [d.nvcc for d in hopper].count(True) == 3
+
+
+def test_benchmark_times_everything_in_one_call_and_says_which_kernel_each_number_is(monkeypatch):
+    calls = []
+
+    def fake_bench(fns, **kw):
+        calls.append(list(fns))
+        return {name: {"eager PyTorch (3 kernels)": 1.2, "torch.compile (default)": 1.1}.get(name, 1.0 if
+                "ping-pong" in name else 1.08) for name in fns}
+
+    monkeypatch.setattr(fusion, "fused_inputs", lambda M, N, K, seed=0: (None,) * 4)
+    monkeypatch.setattr(fusion, "compiled_eager", lambda mode, activation="gelu": (lambda a, b, bias: None, None))
+    monkeypatch.setattr(tourkit, "bench_interleaved", fake_bench)
+    ctx = tourkit.TourContext(arch="sm_90a", echo=False)
+    built = {d.name: (lambda *args: None) for d in fusion.kernels(ctx)}
+    fusion.benchmark(ctx, built)
+    assert len(calls) == 1 and len(calls[0]) == 4
+    assert ctx.headlines["lesson_vs_eager"] == round(1.2 / 1.08, 3)
+    assert ctx.headlines["appendix_vs_eager"] == 1.2 and ctx.headlines["appendix_vs_compile"] == 1.1
+    assert ctx.metrics["compile_mode"] == "default"
 
 
 def test_section_compile_only_through_the_runner():
@@ -80,10 +104,19 @@ def test_section_compile_only_through_the_runner():
 @pytest.mark.gpu
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
 @pytest.mark.parametrize("M,N,K", [(1000, 1000, 1000), (256, 512, 136)])
-def test_fused_matches_float32_torch_on_the_gpu(M, N, K, activation):
+@pytest.mark.parametrize("kernel_kind", ["lesson", "appendix"])
+def test_fused_matches_float32_torch_on_the_gpu(M, N, K, activation, kernel_kind):
     device = tourkit.detect_device()
-    config = fusion.fused_config(device.family, device.smem_per_block_optin, device.sm_count)
-    kernel = compile_gemm(M, N, K, config, bias=True, activation=activation)
+    if kernel_kind == "lesson":
+        kernel = compile_gemm(M, N, K, fusion.lesson_config(device.family, device.smem_per_block_optin),
+                              bias=True, activation=activation)
+    elif device.arch != "sm_90a":
+        pytest.skip("the ping-pong kernel is Hopper-only")
+    else:
+        from sections.hopper import gemm_pingpong
+
+        config = gemm_pingpong.appendix_schedule(M, N, K, device.sm_count)
+        kernel = gemm_pingpong.compile_appendix(M, N, K, config, bias=True, activation=activation)
     a, b, bias, c = fusion.fused_inputs(M, N, K, seed=9)
     ref = fusion.reference(a, b, bias, activation)
     check = tourkit.validate(activation, lambda: kernel(a, b, bias, c), c, ref, fusion.TOLERANCE)
