@@ -1,31 +1,26 @@
 """flash_attention: attention that never writes the S×S score matrix, as fast as PyTorch's SDPA.
 
 You will learn:
-* the FlashAttention forward pass: a block owns `block_M` query rows of one (batch, head), keeps their Q tile
-  in shared memory and streams K and V tiles of `block_N` keys through a `T.Pipelined` loop;
-* the online softmax: a running row maximum m and row sum l, the output rescaled whenever m grows, so that
-  memory is O(S·d) instead of O(S²);
-* two `T.gemm`s per key tile (S = Q·Kᵀ into a float32 fragment, O += P·V), and the softmax scale folded into
-  `exp2` so each score costs one FMA;
-* causal attention at half the work: key tiles past the diagonal are never loaded, only the diagonal tile is
-  masked; odd lengths: loads past the end read zeros, the last key tile masks its columns;
+* the FlashAttention forward pass: a block keeps `block_M` query rows of one (batch, head) in shared memory
+  and streams K and V tiles of `block_N` keys through a `T.Pipelined` loop, two `T.gemm`s per tile;
+* the online softmax: a running row max m and row sum l, O rescaled whenever m grows: O(S·d) memory, not O(S²);
+* the softmax scale folded into `exp2`, so each score costs one FMA;
+* causal attention at half the work (tiles past the diagonal never loaded, only the diagonal tile masked),
+  and odd lengths (loads past the end read zeros, the last key tile masks its columns);
 * on Hopper, the FA3 schedule: S(k) = Q·K(k)ᵀ and P(k-1)·V(k-1) in flight together, the softmax in between.
 
-The algorithm (scale = log2(e)/√d; m = -inf, l = 0, O = 0 per query block):
+The algorithm (scale = log2(e)/√d; per query block m = -inf, l = 0, O = 0):
 
-    for each query block Q (block_M rows):
-        for each key block K, V (block_N rows; causal: up to the diagonal only):
-            S = Q Kᵀ · scale                       (causal: mask the diagonal block)
-            m_new = max(m, rowmax S)
-            P = exp2(S - m_new)
+    for each query block Q:
+        for each key block K, V (causal: up to the diagonal; mask the diagonal block):
+            S = Q Kᵀ · scale
+            m_new = max(m, rowmax S);  P = exp2(S - m_new)
             l = l · exp2(m - m_new) + rowsum P
-            O = O · exp2(m - m_new) + P V
-            m = m_new
+            O = O · exp2(m - m_new) + P V;  m = m_new
         O /= l
 
-Layout is (batch, seq, heads, dim) — BSHD, what most model code holds — in fp16 with float32 accumulation.
-On Hopper the section also times the appendix kernel (`sections/hopper/attention_ws.py`), which writes the
-warp specialization out by hand, side by side with this lesson's kernel and SDPA.
+Layout is (batch, seq, heads, dim), BSHD, in fp16 with float32 accumulation. On Hopper the section times the
+appendix kernel (`sections/hopper/attention_ws.py`, warp specialization by hand) beside this lesson's and SDPA.
 """
 
 import math
@@ -34,6 +29,7 @@ import tilelang
 import tilelang.language as T
 
 import tourkit
+from sections.hopper import attention_ws  # the appendix: its kernel is built and timed beside this lesson's
 from tourkit import Section
 
 LOG2E = 1.4426950408889634
@@ -41,16 +37,8 @@ HEAD_DIMS = (64, 128)
 ACCUM = "float32"
 
 
-def check_shape(seq_len: int, dim: int) -> None:
-    if dim not in HEAD_DIMS:
-        raise ValueError(f"flash_attention: head dim {dim} is not supported (use one of {HEAD_DIMS})")
-    if seq_len < 1:
-        raise ValueError(f"flash_attention: seq_len must be positive, got {seq_len}")
-
-
 def alloc_buffers(block_M: int, block_N: int, dim: int, dtype: str):
-    """What one block holds: Q, K, V and O tiles in shared memory; scores, probabilities, the output
-    accumulator and the per-row softmax state in registers (fragments)."""
+    """What one block holds: Q, K, V, O tiles in shared memory; scores, output and row state in registers."""
     Q_s = T.alloc_shared((block_M, dim), dtype)
     K_s = T.alloc_shared((block_N, dim), dtype)
     V_s = T.alloc_shared((block_N, dim), dtype)
@@ -63,23 +51,35 @@ def alloc_buffers(block_M: int, block_N: int, dim: int, dtype: str):
     return Q_s, K_s, V_s, O_s, scores, probs, acc_o, m, m_prev, rescale, row_sum, l
 
 
-def online_softmax_macro(block_M: int, block_N: int, seq_len: int, scale: float, causal: bool, mask_tail: bool,
-                         accum: str = ACCUM):
-    """The step every kernel runs on each tile of scores: mask only where needed, m = max(m_prev, row max),
-    rescale = 2^((m_prev - m)·scale), scores <- 2^(scores·scale - m·scale), l = l·rescale + row sum."""
+def kernel_steps(seq_len: int, dim: int, block_M: int, block_N: int, causal: bool, mask_tail: bool):
+    """What every kernel derives from the problem: the key and query tile counts, and its three steps (start:
+    load Q and reset the state; the online softmax of one tile of scores; finish: divide O by l, store it)."""
+    if dim not in HEAD_DIMS or seq_len < 1:
+        raise ValueError(f"flash_attention: head dim {dim} is not supported (use one of {HEAD_DIMS}) or seq_len "
+                         f"{seq_len} is not positive")
+    scale = LOG2E / math.sqrt(dim)  # softmax(x/√d) via exp2: one FMA per score
+
+    @T.macro
+    def start(Q, Q_s, acc_o, l, m, bx, by, bz):
+        T.copy(Q[bz, bx * block_M:(bx + 1) * block_M, by, :], Q_s)
+        T.fill(acc_o, 0)
+        T.fill(l, 0)
+        T.fill(m, -T.infinity(ACCUM))
 
     @T.macro
     def online_softmax(scores, k, bx, m, m_prev, rescale, row_sum, l):
+        # mask only where needed; m = max(m_prev, row max), rescale = 2^((m_prev - m)·scale),
+        # scores <- 2^(scores·scale - m·scale), l = l·rescale + row sum
         if causal:
             # Only a tile whose last key lies beyond this block's first query straddles the diagonal.
             if (k + 1) * block_N > bx * block_M + 1:
                 for i, j in T.Parallel(block_M, block_N):
                     scores[i, j] = T.if_then_else(bx * block_M + i >= k * block_N + j, scores[i, j],
-                                                  -T.infinity(accum))
+                                                  -T.infinity(ACCUM))
         elif mask_tail:
             if (k + 1) * block_N > seq_len:  # the last tile: keys past the end read as zeros
                 for i, j in T.Parallel(block_M, block_N):
-                    scores[i, j] = T.if_then_else(k * block_N + j < seq_len, scores[i, j], -T.infinity(accum))
+                    scores[i, j] = T.if_then_else(k * block_N + j < seq_len, scores[i, j], -T.infinity(ACCUM))
         T.copy(m, m_prev)
         T.reduce_max(scores, m, dim=1, clear=False)  # m = max(m_prev, this tile's row max)
         for i in T.Parallel(block_M):
@@ -90,19 +90,6 @@ def online_softmax_macro(block_M: int, block_N: int, seq_len: int, scale: float,
         for i in T.Parallel(block_M):
             l[i] = l[i] * rescale[i] + row_sum[i]
 
-    return online_softmax
-
-
-def start_and_finish(block_M: int, dim: int):
-    """The two steps around the key loop: load the Q tile and reset the state; divide O by l and store it."""
-
-    @T.macro
-    def start(Q, Q_s, acc_o, l, m, bx, by, bz):
-        T.copy(Q[bz, bx * block_M:(bx + 1) * block_M, by, :], Q_s)
-        T.fill(acc_o, 0)
-        T.fill(l, 0)
-        T.fill(m, -T.infinity(ACCUM))
-
     @T.macro
     def finish(O, O_s, acc_o, l, bx, by, bz):
         for i, j in T.Parallel(block_M, dim):
@@ -110,23 +97,18 @@ def start_and_finish(block_M: int, dim: int):
         T.copy(acc_o, O_s)
         T.copy(O_s, O[bz, bx * block_M:(bx + 1) * block_M, by, :])
 
-    return start, finish
+    return -(-seq_len // block_N), -(-seq_len // block_M), start, online_softmax, finish
 
 
 def flash_attention_forward(batch: int, heads: int, seq_len: int, dim: int, causal: bool, *, block_M: int = 128,
                             block_N: int = 128, num_stages: int = 2, threads: int = 256, heavy_first: bool = False,
                             dtype: str = "float16"):
-    """The forward kernel for one problem shape and one tile configuration: T.Pipelined infers the software
-    pipeline from `num_stages` (the K/V loads of later tiles run ahead of this tile's math).
-    heavy_first=True (causal): launch the last query blocks, which have the most key tiles, first, so that the
-    short ones fill the tail of the grid."""
-    check_shape(seq_len, dim)
+    """The forward kernel for one problem and one tile configuration: T.Pipelined infers the software pipeline
+    from `num_stages` (later K/V loads run ahead of this tile's math). heavy_first=True (causal): the last query
+    blocks, which have the most key tiles, launch first, so that the short ones fill the tail of the grid."""
     shape = (batch, seq_len, heads, dim)
-    scale = LOG2E / math.sqrt(dim)  # softmax(x/√d) via exp2: one FMA per score
-    n_tiles = -(-seq_len // block_N)
-    n_query_blocks = -(-seq_len // block_M)
-    online_softmax = online_softmax_macro(block_M, block_N, seq_len, scale, causal, seq_len % block_N != 0)
-    start, finish = start_and_finish(block_M, dim)
+    n_tiles, n_query_blocks, start, online_softmax, finish = kernel_steps(seq_len, dim, block_M, block_N, causal,
+                                                                          seq_len % block_N != 0)
 
     @T.prim_func
     def flash_attention_fwd(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype), V: T.Tensor(shape, dtype),
@@ -156,19 +138,14 @@ def flash_attention_forward(batch: int, heads: int, seq_len: int, dim: int, caus
 def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int, causal: bool, *,
                                   block_M: int = 128, block_N: int = 128, num_stages: int = 2, threads: int = 256,
                                   heavy_first: bool = False, dtype: str = "float16"):
-    """Hopper: the FlashAttention-3 schedule in the same T.Pipelined loop, tensor cores and CUDA cores busy at
-    once. `T.wgmma_gemm` issues a warpgroup MMA and does not wait; `T.wait_wgmma(n)` waits until at most n
-    are in flight. Iteration k issues S(k) = Q·K(k)ᵀ, then O += P(k-1)·V(k-1), waits for the first only,
-    runs the softmax of S(k) while P(k-1)·V(k-1) still runs, then waits for it, rescales O and turns S(k) into
-    the next P. TileLang splits the block into a TMA producer and the MMA consumers."""
-    check_shape(seq_len, dim)
+    """Hopper: the FlashAttention-3 schedule in the same T.Pipelined loop. `T.wgmma_gemm` issues a warpgroup MMA
+    and does not wait; `T.wait_wgmma(n)` waits until at most n are in flight. Iteration k issues S(k) = Q·K(k)ᵀ
+    and O += P(k-1)·V(k-1), waits for the first only, runs the softmax of S(k) while P·V still runs, then waits,
+    rescales O and turns S(k) into the next P. TileLang splits the block into a TMA producer and consumers."""
     shape = (batch, seq_len, heads, dim)
-    scale = LOG2E / math.sqrt(dim)
-    n_tiles = -(-seq_len // block_N)
-    n_query_blocks = -(-seq_len // block_M)
     # mask_tail always: the ragged last tile, and the extra all-masked iteration k = n_tiles below
-    online_softmax = online_softmax_macro(block_M, block_N, seq_len, scale, causal, True)
-    start, finish = start_and_finish(block_M, dim)
+    n_tiles, n_query_blocks, start, online_softmax, finish = kernel_steps(seq_len, dim, block_M, block_N, causal,
+                                                                          True)
 
     @T.prim_func
     def flash_attention_fwd_async(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype), V: T.Tensor(shape, dtype),
@@ -204,14 +181,11 @@ def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int
     return flash_attention_fwd_async
 
 
-# ---------------------------------------------------------------------------------------------------------
 # Choosing a configuration: a table on Hopper, shared memory elsewhere
-# ---------------------------------------------------------------------------------------------------------
 
-# Hopper, keyed by (causal, head dim): the fastest configuration of the kernels above in timed turns with
-# SDPA. Full attention: 176-wide key tiles (the async kernel's output reuses the K/V buffers, so two stages
-# fit); causal: 128-wide tiles (a finer diagonal) with the heaviest query blocks first. Fast math makes
-# exp2f a bare ex2.approx (no denormal fix-up).
+# Hopper, keyed by (causal, head dim): the fastest of the kernels above in turns with SDPA. Full: 176-wide key
+# tiles (the async kernel's O reuses the K/V buffers, so two stages fit); causal: 128-wide tiles (a finer
+# diagonal), heaviest blocks first. Fast math: exp2f becomes a bare ex2.approx (no denormal fix-up).
 HOPPER_CONFIGS = {
     (False, 128): dict(kind="async", block_M=128, block_N=176, num_stages=2, threads=256, fast_math=True),
     (True, 128): dict(kind="async", block_M=128, block_N=128, num_stages=2, threads=256, fast_math=True,
@@ -220,28 +194,23 @@ HOPPER_CONFIGS = {
     (True, 64): dict(kind="async", block_M=128, block_N=128, num_stages=2, threads=256, fast_math=True,
                      heavy_first=True),
 }
-# Ampere/Ada/Turing (and a Hopper budget too small for the table): no wgmma; the largest tiles that fit.
+# Ampere/Ada/Turing (or a Hopper budget too small for the table): no wgmma; the largest tiles that fit.
 OTHER_CANDIDATES = [(128, 128, 2), (128, 128, 1), (128, 64, 2), (128, 64, 1), (64, 64, 2), (64, 64, 1)]
 
 
 def smem_estimate(dim: int, block_M: int, block_N: int, num_stages: int, output_reuses_kv: bool = False) -> int:
-    """Bytes of shared memory (fp16): the Q tile, `num_stages` K and V tiles and the O tile. With
-    `output_reuses_kv`, O takes the K/V buffers once the loop is done, as TileLang's planner does in its
-    warp-specialized Hopper kernels; otherwise the sum, an upper bound, which is what a filter wants."""
-    q_tile, kv_tiles = block_M, 2 * num_stages * block_N
-    o_tile = max(0, block_M - kv_tiles) if output_reuses_kv else block_M
-    return 2 * dim * (q_tile + kv_tiles + o_tile)
-
-
-def config_smem(dim: int, cfg: dict) -> int:
-    return smem_estimate(dim, cfg["block_M"], cfg["block_N"], cfg["num_stages"],
-                         output_reuses_kv=cfg["kind"] == "async")
+    """Bytes of shared memory (fp16): Q, `num_stages` K and V tiles, O. With `output_reuses_kv` O takes the
+    K/V buffers after the loop (TileLang's planner in its Hopper kernels); otherwise an upper bound."""
+    kv_tiles = 2 * num_stages * block_N
+    return 2 * dim * (block_M + kv_tiles + (max(0, block_M - kv_tiles) if output_reuses_kv else block_M))
 
 
 def choose_config(dim: int, causal: bool, family: str, smem_budget: int) -> dict:
     """The lesson's kernel for a GPU: Hopper's table entry when it fits, else the first candidate that fits."""
-    if family == "hopper" and config_smem(dim, HOPPER_CONFIGS[(causal, dim)]) <= smem_budget:
-        return dict(HOPPER_CONFIGS[(causal, dim)])
+    cfg = HOPPER_CONFIGS.get((causal, dim)) if family == "hopper" else None
+    if cfg and smem_estimate(dim, cfg["block_M"], cfg["block_N"], cfg["num_stages"],
+                             cfg["kind"] == "async") <= smem_budget:
+        return dict(cfg)
     for block_M, block_N, stages in OTHER_CANDIDATES:
         if causal and stages > 1:
             continue  # tilelang 0.1.15: a cp.async pipeline over the clamped (data-dependent) bound fails codegen
@@ -255,32 +224,28 @@ def choose_config(dim: int, causal: bool, family: str, smem_budget: int) -> dict
 def build(batch, heads, seq_len, dim, causal, cfg: dict):
     """The prim_func of a configuration: this lesson's kernels, or the appendix's hand-written one ("ws")."""
     if cfg["kind"] == "ws":
-        from sections.hopper import attention_ws
-
         return attention_ws.build(batch, heads, seq_len, dim, causal, cfg)
     builder = {"pipelined": flash_attention_forward, "async": flash_attention_forward_async}[cfg["kind"]]
-    return builder(batch, heads, seq_len, dim, causal, **{k: v for k, v in cfg.items() if k not in ("kind", "fast_math")})
+    kwargs = {k: v for k, v in cfg.items() if k not in ("kind", "fast_math")}
+    return builder(batch, heads, seq_len, dim, causal, **kwargs)
 
 
 def pass_configs(cfg: dict) -> dict:
-    """fast_math: nvcc --use_fast_math, so exp2f becomes a bare ex2.approx.ftz (no denormal fix-up code)."""
     return {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True} if cfg.get("fast_math") else {}
+
+
+WORDS = {"pipelined": "compiler pipeline", "async": "FA3 async wgmma", "ws": "hand-written warp specialization",
+         "persistent": "persistent", "split_tail": "last wave split along the keys", "heavy_first": "heaviest first",
+         "stage_output": "O stored by TMA", "fast_math": "fast math"}
 
 
 def describe(cfg: dict) -> list:
     """Table cells: tiles, stages, threads, schedule."""
-    schedule = {"ws": "hand-written warp specialization", "async": "FA3 async wgmma",
-                "pipelined": "compiler pipeline"}[cfg["kind"]]
-    notes = [schedule] + [text for key, text in (
-        ("persistent", f"persistent ({cfg.get('sms')} blocks)"), ("split_tail", "last wave split along the keys"),
-        ("heavy_first", "heaviest blocks first"), ("stage_output", "O stored by TMA"), ("fast_math", "fast math"))
-        if cfg.get(key)]
+    notes = [WORDS[cfg["kind"]]] + [word for key, word in WORDS.items() if cfg.get(key) is True]
     return [f"{cfg['block_M']}x{cfg['block_N']}", cfg["num_stages"], cfg["threads"], ", ".join(notes)]
 
 
-# ---------------------------------------------------------------------------------------------------------
 # The reference, the check, the benchmark
-# ---------------------------------------------------------------------------------------------------------
 
 
 def sdpa_bshd(q, k, v, causal: bool):
@@ -291,41 +256,14 @@ def sdpa_bshd(q, k, v, causal: bool):
                                           is_causal=causal).transpose(1, 2)
 
 
-def launcher(kernel):
-    """attention(q, k, v, o=None) -> o for a compiled kernel (the appendix's split_tail kernel also gets its
-    workspace and flags)."""
-    import torch
-
-    if len(kernel.prim_func.params) > 4:
-        from sections.hopper import attention_ws
-
-        kernel = attention_ws.SplitTailMemory(kernel)
-
-    def attention(q, k, v, o=None):
-        o = torch.empty_like(q) if o is None else o
-        kernel(q, k, v, o)
-        return o
-
-    attention.kernel = kernel
-    return attention
-
-
-def compile_attention(batch, heads, seq_len, dim, causal, cfg: dict):
-    """A callable attention(q, k, v, o=None) -> o for fp16 BSHD tensors of exactly this shape."""
-    func = build(batch, heads, seq_len, dim, causal, cfg)
-    return launcher(tilelang.compile(func, out_idx=None, target="cuda", pass_configs=pass_configs(cfg)))
-
-
 def check_attention(batch, heads, seq_len, dim, causal, kernels: dict) -> list:
-    """Each kernel's error against a float32 reference, on fresh random inputs, must be within 2x of PyTorch's
-    own fp16 error against it."""
+    """Each kernel's error against a float32 reference on fresh random inputs, within 2x of PyTorch's fp16."""
     import torch
 
     q, k, v = (tourkit.random_tensor((batch, seq_len, heads, dim), torch.float16) for _ in range(3))
     ref = sdpa_bshd(q.float(), k.float(), v.float(), causal)
     torch_error = tourkit.relative_error(sdpa_bshd(q, k, v, causal), ref)
-    o = torch.empty_like(q)
-    mode = "causal" if causal else "full"
+    o, mode = torch.empty_like(q), "causal" if causal else "full"
     return [tourkit.validate(f"{name} B{batch} H{heads} S{seq_len} D{dim} {mode} (torch fp16: {torch_error:.2e})",
                              lambda: attention(q, k, v, o), o, ref, 2.0 * torch_error)
             for name, attention in kernels.items()]
@@ -357,62 +295,49 @@ def peak_memory(batch, heads, seq_len, dim, attention) -> tuple[int, int]:
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    try:
-        probs = torch.softmax(torch.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(dim)), dim=-1)
-        del probs
+    try:  # the scores and the probabilities, B·H·S² each (P·V adds only the output)
+        torch.softmax(torch.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(dim)), dim=-1)
         torch.cuda.synchronize()
         naive = torch.cuda.max_memory_allocated() - base
     except torch.cuda.OutOfMemoryError:  # the argument, made by the GPU itself
         naive = -1
         torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    attention(q, k, v)
+    attention(q, k, v, torch.empty_like(q))
     torch.cuda.synchronize()
     return naive, torch.cuda.max_memory_allocated() - base
 
 
-# ---------------------------------------------------------------------------------------------------------
 # The section
-# ---------------------------------------------------------------------------------------------------------
 
-BENCH_SHAPES = [(4, 32, 4096, 128)]
-FULL_SHAPES = [(4, 32, 4096, 128), (1, 32, 16384, 128)]
-QUICK_SHAPES = [(2, 16, 2048, 128)]
+BENCH_SHAPES, QUICK_SHAPES = [(4, 32, 4096, 128)], [(2, 16, 2048, 128)]
+FULL_SHAPES = BENCH_SHAPES + [(1, 32, 16384, 128)]
 # Odd lengths (a ragged last key tile and query tile), both head dims: correctness only, small and quick.
 ODD_PROBLEMS = [(2, 4, 1000, 64, True), (2, 4, 1000, 64, False), (1, 3, 777, 128, True), (1, 3, 777, 128, False)]
 
 
 def plan(ctx) -> list:
-    """(kernel label, problem, configuration, benchmarked) of every kernel this run builds: the lesson's, and
-    on Hopper the appendix's where it has a configuration (head dim 128)."""
-    from sections.hopper import attention_ws
-
+    """(name, kernel, problem, configuration, timed) of each kernel built: the lesson's, on Hopper the appendix's."""
     family = tourkit.ARCH_SPECS[ctx.arch].family
     sms = ctx.device.sm_count if ctx.device is not None and not ctx.compile_only else None
     shapes = QUICK_SHAPES if ctx.quick else (FULL_SHAPES if ctx.full else BENCH_SHAPES)
-    odd = ODD_PROBLEMS[::3] if ctx.quick else ODD_PROBLEMS
     problems = [((*shape, causal), True) for shape in shapes for causal in (False, True)]
     items = []
-    for (*shape, causal), timed in problems + [(p, False) for p in odd]:
-        items.append(("lesson", (*shape, causal), choose_config(shape[3], causal, family, ctx.smem_budget), timed))
-        appendix = attention_ws.choose_config(shape[3], causal, family, ctx.smem_budget, sms)
-        if appendix is not None:
-            items.append(("appendix", (*shape, causal), appendix, timed))
+    for problem, timed in problems + [(p, False) for p in (ODD_PROBLEMS[::3] if ctx.quick else ODD_PROBLEMS)]:
+        (batch, heads, seq_len, dim, causal), mode = problem, "causal" if problem[4] else "full"
+        for which, cfg in (("lesson", choose_config(dim, causal, family, ctx.smem_budget)),
+                           ("appendix", attention_ws.choose_config(dim, causal, family, ctx.smem_budget, sms))):
+            if cfg is not None:
+                items.append((f"{which} B{batch} H{heads} S{seq_len} D{dim} {mode}", which, problem, cfg, timed))
     return items
 
 
-def decl_name(which: str, problem) -> str:
-    batch, heads, seq_len, dim, causal = problem
-    return f"{which} B{batch} H{heads} S{seq_len} D{dim} {'causal' if causal else 'full'}"
-
-
 def kernels(ctx) -> list:
-    """The kernels run() launches (compile-only: the same list, nvcc on the benchmarked ones)."""
-    family = tourkit.ARCH_SPECS[ctx.arch].family
-    return [tourkit.KernelDecl(decl_name(which, problem), (lambda p=problem, c=cfg: build(*p, c)),
-                               pass_configs=pass_configs(cfg), threads=cfg["threads"], nvcc=timed,
-                               markers=tuple(tourkit.TENSOR_CORE_MARKERS[family]), smem_limit=ctx.smem_budget)
-            for which, problem, cfg, timed in plan(ctx)]
+    """The kernels run() launches (compile-only: the same list, nvcc on the timed ones)."""
+    markers = tuple(tourkit.TENSOR_CORE_MARKERS[tourkit.ARCH_SPECS[ctx.arch].family])
+    return [tourkit.KernelDecl(name, (lambda p=problem, c=cfg: build(*p, c)), pass_configs=pass_configs(cfg),
+                               threads=cfg["threads"], nvcc=timed, markers=markers, smem_limit=ctx.smem_budget)
+            for name, _, problem, cfg, timed in plan(ctx)]
 
 
 def show_generated(ctx, source: str) -> None:
@@ -421,8 +346,7 @@ def show_generated(ctx, source: str) -> None:
                           (r"mma_sync|mma\.sync", "warp-level tensor-core MMA")):
         excerpt = tourkit.source_excerpt(source, pattern, context=4, limit=10)
         if excerpt:
-            ctx.log(f"\ngenerated CUDA of the lesson's kernel, {what}:")
-            ctx.log(tourkit.indent(excerpt, "  "))
+            ctx.log(f"\ngenerated CUDA of the lesson's kernel, {what}:\n" + tourkit.indent(excerpt, "  "))
             return
 
 
@@ -434,43 +358,35 @@ def run(ctx) -> None:
         ctx.headline(kernels=len(reports), arch=ctx.arch)
         return
     built = tourkit.build_declared(decls, log=ctx.log)
-    fns = {decl.name: launcher(built[decl.name]) for decl in decls}
-    checks = []
-    for problem in dict.fromkeys(problem for _, problem, _, _ in items):
-        ours = {which: fns[decl_name(which, problem)] for which, p, _, _ in items if p == problem}
-        checks += check_attention(*problem, ours)
-    for check in checks:
-        ctx.log(check.line())
+    fns = {name: attention_ws.launcher(built[name]) for name in built}  # split_tail: with its workspace
+    problems = list(dict.fromkeys(problem for _, _, problem, _, _ in items))
+    checks = [c for p in problems for c in check_attention(*p, {w: fns[n] for n, w, q, _, _ in items if q == p})]
+    ctx.log("\n".join(check.line() for check in checks))
     tourkit.require(checks)
 
     rows = []
-    for problem in dict.fromkeys(problem for _, problem, _, timed in items if timed):
+    for problem in [p for p in problems if any(q == p and timed for _, _, q, _, timed in items)]:
         batch, heads, seq_len, dim, causal = problem
         mode, flops = "causal" if causal else "full", attention_flops(*problem)
-        ours = [(which, cfg) for which, p, cfg, _ in items if p == problem]
-        times = bench_attention(*problem, {which: fns[decl_name(which, problem)] for which, _ in ours})
-        suffix = "" if seq_len == 4096 or ctx.quick else f"_S{seq_len}"
-        shape = f"B{batch} H{heads} S{seq_len} D{dim}"
-        for which, cfg in ours:
-            ratio = tourkit.speedup(times["sdpa"], times[which])
-            ctx.headline(**{f"{which}_vs_sdpa_{mode}{suffix}": round(ratio, 3)})
-            ctx.metric(**{f"{which}_{mode}{suffix}_tflops": tourkit.tflops(flops, times[which])})
-            rows.append([shape, mode, which, *describe(cfg), times[which], tourkit.tflops(flops, times[which]),
-                         f"{ratio:.2f}x"])
-        rows.append([shape, mode, "SDPA", "-", "-", "-", "PyTorch", times["sdpa"], tourkit.tflops(flops, times["sdpa"]),
-                     "1.00x"])
-        ctx.metric(**{f"sdpa_{mode}{suffix}_tflops": tourkit.tflops(flops, times["sdpa"])})
-    ctx.log("")
+        suffix = "" if seq_len == BENCH_SHAPES[0][2] or ctx.quick else f"_S{seq_len}"
+        ours = [(which, cfg, fns[name]) for name, which, q, cfg, _ in items if q == problem]
+        times = bench_attention(*problem, {which: fn for which, _, fn in ours})
+        for which, cfg, _ in ours + [("sdpa", None, None)]:
+            ratio, rate = tourkit.speedup(times["sdpa"], times[which]), tourkit.tflops(flops, times[which])
+            ctx.metric(**{f"{which}_{mode}{suffix}_tflops": rate})
+            if cfg is not None:
+                ctx.headline(**{f"{which}_vs_sdpa_{mode}{suffix}": round(ratio, 3)})
+            cells = describe(cfg) if cfg else ["-", "-", "-", "PyTorch SDPA"]
+            rows.append([f"B{batch} H{heads} S{seq_len} D{dim}", mode, which, *cells, times[which], rate, f"{ratio:.2f}x"])
     ctx.table(["shape", "mode", "kernel", "tiles", "stages", "threads", "schedule", "ms", "TFLOP/s", "vs SDPA"], rows)
     show_generated(ctx, built[decls[0].name].get_kernel_source())
 
     if ctx.full:  # the memory argument: the S×S scores cost O(S²) bytes; the kernel nothing beyond its output
         batch, heads, seq_len, dim = FULL_SHAPES[-1]
-        naive, flash = peak_memory(batch, heads, seq_len, dim, fns[decl_name("lesson", (*FULL_SHAPES[-1], False))])
-        naive_text = "ran out of memory" if naive < 0 else tourkit.format_bytes(naive)
+        naive, flash = peak_memory(batch, heads, seq_len, dim, fns[f"lesson B{batch} H{heads} S{seq_len} D{dim} full"])
         ctx.log(f"\npeak memory beyond the inputs at B{batch} H{heads} S{seq_len} D{dim}: naive attention "
-                f"{naive_text} (the scores, B·H·S² of them), the lesson's kernel {tourkit.format_bytes(flash)} "
-                f"(the output). Doubling S quadruples the first and doubles the second.")
+                f"{'ran out of memory' if naive < 0 else tourkit.format_bytes(naive)}, the lesson's kernel "
+                f"{tourkit.format_bytes(flash)} (the output). Doubling S quadruples the first, doubles the second.")
         ctx.metric(naive_peak_bytes=naive, flash_peak_bytes=flash)
 
 

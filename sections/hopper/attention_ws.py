@@ -146,12 +146,12 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
     semantics; the finisher spins on each contributor's flag (acquire), resets it, meets the consumers,
     fences and merges. Contributors never wait, and all blocks are resident at once (grid <= SMs): no cycle.
     """
-    lesson.check_shape(seq_len, dim)
     shape = (batch, seq_len, heads, dim)
     scale = lesson.LOG2E / math.sqrt(dim)
     accum = "float32"
-    n_tiles = -(-seq_len // block_N)
-    n_query_blocks = -(-seq_len // block_M)
+    # the lesson's online softmax, unchanged (its start and finish steps are replaced here)
+    n_tiles, n_query_blocks, _, online_softmax, _ = lesson.kernel_steps(seq_len, dim, block_M, block_N, causal,
+                                                                        seq_len % block_N != 0)
     # Causal work per query block grows with its index. A persistent block walks the tiles with a fixed
     # stride, so causal tiles go in pairs of equal total work: query blocks p and n-1-p of one head.
     paired = persistent and causal and n_query_blocks % 2 == 0
@@ -163,8 +163,6 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
         raise ValueError("flash_attention: split_tail needs persistent=True and full (non-causal) attention")
     plan = tail_split_plan(n_work, grid, n_tiles) if split_tail else None
     split = plan is not None and plan.split
-    online_softmax = lesson.online_softmax_macro(block_M, block_N, seq_len, scale, causal, seq_len % block_N != 0,
-                                                 accum)
 
     def tile_coordinates(block_id, step):
         """The step-th tile of this block. Query-block index fastest, so that the blocks running together share
@@ -425,3 +423,8 @@ class SplitTailMemory:
     def flags_left(self) -> int:
         """Flags not at zero (after the launches so far have finished)."""
         return 0 if self.tensors is None else int(self.tensors[-1].count_nonzero().item())
+
+
+def launcher(kernel):
+    """kernel(q, k, v, o) for any compiled attention kernel: a split_tail kernel comes with its memory."""
+    return SplitTailMemory(kernel) if len(kernel.prim_func.params) > 4 else kernel
