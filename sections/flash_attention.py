@@ -68,8 +68,7 @@ def kernel_steps(seq_len: int, dim: int, block_M: int, block_N: int, causal: boo
 
     @T.macro
     def online_softmax(scores, k, bx, m, m_prev, rescale, row_sum, l):
-        # mask only where needed; m = max(m_prev, row max), rescale = 2^((m_prev - m)·scale),
-        # scores <- 2^(scores·scale - m·scale), l = l·rescale + row sum
+        # mask only where needed; m = max(m_prev, row max); P = 2^(S·scale - m·scale); l = l·rescale + row sum
         if causal:
             # Only a tile whose last key lies beyond this block's first query straddles the diagonal.
             if (k + 1) * block_N > bx * block_M + 1:
@@ -292,7 +291,6 @@ def peak_memory(batch, heads, seq_len, dim, attention) -> tuple[int, int]:
     import torch
 
     q, k, v = (tourkit.random_tensor((batch, seq_len, heads, dim), torch.float16) for _ in range(3))
-    torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     try:  # the scores and the probabilities, B·H·S² each (P·V adds only the output)
@@ -344,8 +342,7 @@ def show_generated(ctx, source: str) -> None:
     """Where the two GEMMs meet: on Hopper the asynchronous wgmma waits, elsewhere the mma.sync loop."""
     for pattern, what in ((r"wait_wgmma<1>", "the FA3 schedule: wait for Q·Kᵀ only, P·V still in flight"),
                           (r"mma_sync|mma\.sync", "warp-level tensor-core MMA")):
-        excerpt = tourkit.source_excerpt(source, pattern, context=4, limit=10)
-        if excerpt:
+        if excerpt := tourkit.source_excerpt(source, pattern, context=4, limit=10):
             ctx.log(f"\ngenerated CUDA of the lesson's kernel, {what}:\n" + tourkit.indent(excerpt, "  "))
             return
 
@@ -354,6 +351,9 @@ def run(ctx) -> None:
     items, decls = plan(ctx), kernels(ctx)
     if ctx.compile_only:
         reports = tourkit.inspect_declared(ctx, decls)
+        if tourkit.ARCH_SPECS[ctx.arch].family == "hopper":
+            ctx.log("TileLang adds a TMA producer warp group to the lesson's kernels (384 threads where 256 were "
+                    "asked for);\nthe appendix writes that split, its barriers and its register split by hand.")
         show_generated(ctx, reports[decls[0].name].source)
         ctx.headline(kernels=len(reports), arch=ctx.arch)
         return
