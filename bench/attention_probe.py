@@ -2,7 +2,7 @@
 PyTorch path (torch.softmax, SDPA) and a device copy measured in the same run, on the H200 target shapes.
 
     python bench/attention_probe.py [--out DIR] [--quick] [--compile-only ARCH] [--preset next] [--filter TEXT]
-    (on the device: bash .device/run python bench/attention_probe.py --out $OUT --workers 15)
+    (on a GPU machine with many cores: python bench/attention_probe.py --out DIR --workers 15)
 
 All kernels are compiled first in parallel worker processes (which fill TileLang's on-disk kernel cache),
 then the main process loads them from the cache, validates and times them. A failing variant is reported
@@ -56,7 +56,7 @@ def softmax_jobs(quick=False):
                   ("online", 2048, 256), ("online", 4096, 256), ("online", 8192, 512),
                   ("thread", 0, 256), ("thread", 0, 512), ("thread", 0, 1024)]
         else:
-            # (a persistent pipelined variant failed validation on the H200, 2026-12-02, and was removed)
+            # (a persistent pipelined variant failed validation and was removed)
             v += [("staged", 8, 256), ("staged", 16, 512), ("staged", 8, 128), ("reg", 2, 256)]
         for kind, p, t in v:
             builder = {"reg": "rows_in_registers", "staged": "rows_staged_in_shared", "online": "long_rows_online",
@@ -96,9 +96,6 @@ FA_CONFIGS = [
                                                            fast_math=True)),
     ("async 128x128 s2 fm", "flash_attention_forward_async", dict(block_M=128, block_N=128, num_stages=2,
                                                                   threads=256, fast_math=True)),
-    # manual T.Pipelined order/stage schedule (QK(k) before PV(k-1)); lowers to cp.async without warp specialization
-    ("128x128 ovl fm", "flash_attention_forward", dict(block_M=128, block_N=128, num_stages=2, threads=256,
-                                                       overlap=True, fast_math=True)),
     # heaviest (last) query blocks launched first: matters for causal only
     ("128x128 s2 t256 fm hf", "flash_attention_forward", dict(block_M=128, block_N=128, num_stages=2, threads=256,
                                                               fast_math=True, heavy_first=True)),
@@ -121,23 +118,8 @@ FA_CONFIGS = [
                                                                      threads=256, fast_math=True, heavy_first=True)),
     ("128x176 s2 t256 fm hf", "flash_attention_forward", dict(block_M=128, block_N=176, num_stages=2, threads=256,
                                                               fast_math=True, heavy_first=True)),
-    # FA3's inter-warpgroup ping-pong (named barriers) on top of the async schedule
-    ("async 128x176 s2 fm pp", "flash_attention_forward_async", dict(block_M=128, block_N=176, num_stages=2,
-                                                                     threads=256, fast_math=True, pingpong=True)),
-    ("async 128x128 s2 fm pp", "flash_attention_forward_async", dict(block_M=128, block_N=128, num_stages=2,
-                                                                     threads=256, fast_math=True, pingpong=True)),
-    ("async 128x192 s2 fm pp", "flash_attention_forward_async", dict(block_M=128, block_N=192, num_stages=2,
-                                                                     threads=256, fast_math=True, pingpong=True)),
-    ("async 128x160 s2 fm pp", "flash_attention_forward_async", dict(block_M=128, block_N=160, num_stages=2,
-                                                                     threads=256, fast_math=True, pingpong=True)),
     ("async 128x192 s2 fm", "flash_attention_forward_async", dict(block_M=128, block_N=192, num_stages=2,
                                                                   threads=256, fast_math=True)),
-    ("async 128x128 s2 fm hf pp", "flash_attention_forward_async", dict(block_M=128, block_N=128, num_stages=2,
-                                                                        threads=256, fast_math=True, heavy_first=True,
-                                                                        pingpong=True)),
-    ("async 128x176 s2 fm hf pp", "flash_attention_forward_async", dict(block_M=128, block_N=176, num_stages=2,
-                                                                        threads=256, fast_math=True, heavy_first=True,
-                                                                        pingpong=True)),
     # warp specialization by hand (flash_attention_forward_ws): no extra iteration; persistent: one block per SM
     ("ws 128x176 s2 fm", "flash_attention_forward_ws", dict(block_M=128, block_N=176, num_stages=2, fast_math=True)),
     ("ws 128x176 s2 fm persistent", "flash_attention_forward_ws", dict(block_M=128, block_N=176, num_stages=2,
@@ -189,6 +171,11 @@ FA_CONFIGS = [
 ]
 
 
+def fa_module(builder):
+    """The lesson builds the pipelined and async kernels, the Hopper appendix the hand-written one."""
+    return "sections.hopper.attention_ws" if builder == "flash_attention_forward_ws" else "sections.flash_attention"
+
+
 def fa_jobs(quick=False):
     shapes = [(1, 8, 1024, 128)] if quick else FA_SHAPES
     for (B, H, S, D) in shapes:
@@ -197,7 +184,7 @@ def fa_jobs(quick=False):
                 if (kw.get("heavy_first") and not causal) or (kw.get("split_tail") and causal):
                     continue
                 yield dict(key=f"fa B{B} S{S} D{D} {'causal' if causal else 'full'} {name}",
-                           module="sections.flash_attention", builder=builder, args=(B, H, S, D, causal), kwargs=kw,
+                           module=fa_module(builder), builder=builder, args=(B, H, S, D, causal), kwargs=kw,
                            family="fa", shape=(B, H, S, D), causal=causal, config=name)
     # odd lengths and head dim 64: correctness only (two configurations)
     for (B, H, S, D) in [(2, 4, 1000, 64), (1, 3, 777, 128), (2, 4, 1024, 64)]:
@@ -209,7 +196,7 @@ def fa_jobs(quick=False):
 
 def odd_job(B, H, S, D, causal, name, builder, kw):
     return dict(key=f"fa-odd B{B} H{H} S{S} D{D} {'causal' if causal else 'full'} {name}",
-                module="sections.flash_attention", builder=builder, args=(B, H, S, D, causal),
+                module=fa_module(builder), builder=builder, args=(B, H, S, D, causal),
                 kwargs=kw, family="fa-odd", shape=(B, H, S, D), causal=causal, config=name)
 
 
@@ -256,41 +243,9 @@ def compile_job(job, target="cuda"):
         kernel = tilelang.compile(func, out_idx=None, target=target, pass_configs=job_pass_configs(job))
     if len(func.params) == 4:
         return kernel
-    return SplitTailMemory(kernel, [tuple(int(d) for d in func.buffer_map[param].shape) for param in func.params[4:]])
+    from sections.hopper.attention_ws import SplitTailMemory
 
-
-class SplitTailMemory:
-    """kern(q, k, v, o) for flash_attention_forward_ws(split_tail=True), which also takes Workspace_O (grid,
-    block_M, dim) fp32, Workspace_ML (grid, 2, block_M) fp32 and Flags (grid,) int32: allocated zeroed at the
-    first call, then passed to every launch. The kernel must leave the flags at zero (flags_left). A grid larger
-    than the GPU's SM count is refused: the finishers wait for the contributors, so all blocks must be resident
-    at once, one per SM."""
-
-    def __init__(self, kernel, shapes):
-        self.kernel, self.shapes = kernel, shapes
-        self.blocks = shapes[-1][0]
-        self.tensors = None
-
-    def __call__(self, q, k, v, o):
-        if self.tensors is None:
-            self._allocate(q.device)
-        return self.kernel(q, k, v, o, *self.tensors)
-
-    def _allocate(self, device):
-        import torch
-
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        if sms < self.blocks:
-            raise RuntimeError(f"{self.blocks} blocks that wait for one another need as many SMs; this GPU has "
-                               f"{sms}: the kernel would deadlock")
-        workspace_o, workspace_ml, flags = self.shapes
-        self.tensors = (torch.zeros(workspace_o, dtype=torch.float32, device=device),
-                        torch.zeros(workspace_ml, dtype=torch.float32, device=device),
-                        torch.zeros(flags, dtype=torch.int32, device=device))
-
-    def flags_left(self) -> int:
-        """Flags not at zero (after the launches so far have finished)."""
-        return 0 if self.tensors is None else int(self.tensors[2].count_nonzero().item())
+    return SplitTailMemory(kernel)
 
 
 def _worker(job, target):
@@ -435,7 +390,7 @@ def run_fa(jobs, errors, results):
                 rec["repeatable"] = bool(torch.equal(o, o2))
                 del o2
                 flags_note = ""
-                if isinstance(kernel, SplitTailMemory):  # every flag reset by the finisher that consumed it
+                if hasattr(kernel, "flags_left"):  # SplitTailMemory  # every flag reset by the finisher that consumed it
                     rec["flags_left"] = kernel.flags_left()
                     flags_note = f" flags left {rec['flags_left']}" + (" FAILED" if rec["flags_left"] else "")
                     rec["ok"] = rec["ok"] and rec["flags_left"] == 0
@@ -484,7 +439,6 @@ def run_fa(jobs, errors, results):
 def run_memory(results, jobs_by_config):
     """Peak memory: naive attention (scores materialized) vs the kernel, B=1 H=32 S=16384 D=128, measured by
     the section's own peak_memory."""
-    import torch
     import tourkit
     from sections.flash_attention import peak_memory
 
@@ -493,7 +447,7 @@ def run_memory(results, jobs_by_config):
     if job is None:
         return
     kernel = compile_job(job)
-    naive_peak, fa_peak = peak_memory(B, H, S, D, lambda q, k, v: kernel(q, k, v, torch.empty_like(q)))
+    naive_peak, fa_peak = peak_memory(B, H, S, D, kernel)
     results["memory"] = dict(shape=[B, H, S, D], naive_peak_bytes=naive_peak, kernel_peak_bytes=fa_peak)
     log(f"memory B{B} H{H} S{S} D{D}: naive attention peak {tourkit.format_bytes(naive_peak)} above inputs, "
         f"flash kernel peak {tourkit.format_bytes(fa_peak)}")
@@ -508,10 +462,10 @@ def main(argv=None):
     ap.add_argument("--only", choices=["softmax", "fa"], default=None)
     ap.add_argument("--precompile-only", metavar="TARGET", help="test the parallel compile path (no GPU), "
                     "e.g. sm_90a")
-    ap.add_argument("--preset", choices=["next", "wide", "pingpong", "tiles", "ws", "ws2", "ws3", "split"],
+    ap.add_argument("--preset", choices=["next", "wide", "ws", "ws2", "ws3", "split"],
                     default=None,
                     help="next: the follow-up set; wide: 176/160/192-wide key tiles against the defaults; "
-                         "pingpong: FA3's warp-group ping-pong against the defaults; tiles: 176 vs 192; ws, ws2, ws3: hand-written "
+                         "ws, ws2, ws3: hand-written "
                          "warp specialization (see code); split: the full-attention default with and without split_tail")
     ap.add_argument("--filter", default="", help="only jobs whose key contains this")
     ap.add_argument("--list", action="store_true", help="print the jobs' keys and stop")
@@ -520,8 +474,8 @@ def main(argv=None):
     sm_jobs = list(softmax_jobs(args.quick)) if args.only in (None, "softmax") else []
     fa_j = list(fa_jobs(args.quick)) if args.only in (None, "fa") else []
     if args.preset == "next":
-        # What the first H200 run (notes/probe_attn_1.log) left open: fast math for FlashAttention against the two
-        # defaults, and the long-row softmax variants. About 30 kernels; fits a 150 s call.
+        # Fast math for FlashAttention against the pipelined and async kernels, and the long-row softmax
+        # variants. About 30 kernels.
         keep_fa = ("128x128 s2 t256", "async 128x128 s2", "fm", "hf")
         fa_j = [j for j in fa_j if (j["family"] == "fa" and any(k in j["config"] for k in keep_fa))
                 or (j["family"] == "fa-odd" and "hf" in j["config"])]
@@ -538,30 +492,6 @@ def main(argv=None):
                       family="fa-odd", args=(2, 4, 1000, 128, j["causal"]), shape=(2, 4, 1000, 128))
                  for j in fa_j if j["shape"][2] == 4096 and "x128 " not in j["config"]]
         sm_jobs = [j for j in sm_jobs if j["shape"][1] == 1823]
-    if args.preset == "pingpong":
-        # FA3's ping-pong between the two consumer warp groups, against this session's defaults, at both target
-        # shapes; the odd lengths (ragged last tile, head dim 64) validate each ping-pong kernel.
-        full = ("async 128x176 s2 fm", "async 128x176 s2 fm pp", "async 128x128 s2 fm", "async 128x128 s2 fm pp",
-                "async 128x192 s2 fm pp", "async 128x160 s2 fm pp")
-        causal = ("async 128x128 s2 fm hf", "async 128x128 s2 fm hf pp", "async 128x176 s2 fm hf pp")
-        fa_j = [j for j in fa_j if j["family"] == "fa" and j["config"] in (causal if j["causal"] else full)]
-        odd = [dict(j, key=f"fa-odd B{b} H{h} S{n} D{d} {'causal' if j['causal'] else 'full'} {j['config']}",
-                    family="fa-odd", args=(b, h, n, d, j["causal"]), shape=(b, h, n, d))
-               for j in fa_j if j["shape"][2] == 4096 and "pp" in j["config"]
-               for (b, h, n, d) in ((2, 4, 1000, 128), (1, 3, 777, 64))]
-        fa_j += odd
-        sm_jobs = []
-    if args.preset == "tiles":
-        # The first ping-pong run's leaders again, with and without ping-pong, five turns each (its spread
-        # between neighbours was 1-2%, the size of the differences).
-        full = ("async 128x176 s2 fm", "async 128x176 s2 fm pp", "async 128x192 s2 fm", "async 128x192 s2 fm pp")
-        causal = ("async 128x128 s2 fm hf", "async 128x128 s2 fm hf pp")
-        fa_j = [j for j in fa_j if j["family"] == "fa" and j["config"] in (causal if j["causal"] else full)]
-        fa_j += [dict(j, key=f"fa-odd B2 H4 S1000 D128 full {j['config']}", family="fa-odd",
-                      args=(2, 4, 1000, 128, False), shape=(2, 4, 1000, 128))
-                 for j in fa_j if j["shape"][2] == 4096 and j["config"] == "async 128x192 s2 fm"]
-        sm_jobs = []
-        ROUNDS[0] = 5
     if args.preset == "ws":
         # Hand-written warp specialization (no extra iteration; persistent variants) against the section's
         # FA3-style kernels; odd lengths and head dim 64 validate every new kernel. Four turns each.
@@ -577,7 +507,7 @@ def main(argv=None):
         sm_jobs = []
         ROUNDS[0] = 4
     if args.preset == "ws2":
-        # After --preset ws (hand-written warp specialization ahead by 1-4% for full attention): the output
+        # After --preset ws: the output
         # staged through the Q buffer and stored by TMA, persistent grids with two Q buffers, against the
         # first probe's leaders. Odd lengths validate the new kernels.
         full = ("async 128x176 s2 fm", "ws 128x192 s2 fm", "ws 128x176 s2 fm persistent", "ws 128x192 s2 fm st",

@@ -86,8 +86,9 @@ def test_flash_attention_compiles_once_with_its_pass_configs(cuda_means_sm_90a):
     budget = tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin
     cfg = FA.choose_config(64, True, "hopper", budget)
     assert FA.pass_configs(cfg), "causal attention on Hopper compiles with fast math: the case under test"
-    FA.precompile([(1, 2, 256, 64, True)], "hopper", budget)
-    _, seconds = timed(lambda: FA.compile_attention(1, 2, 256, 64, True, cfg))
+    decls = [tourkit.KernelDecl("fa", lambda: FA.build(1, 2, 256, 64, True, cfg), pass_configs=FA.pass_configs(cfg))]
+    tourkit.build_declared(decls)  # the background compile; the section's run builds the same list again
+    _, seconds = timed(lambda: tourkit.build_declared(decls))
     assert seconds < CACHE_HIT_S
 
 
