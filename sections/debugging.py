@@ -30,8 +30,12 @@ from sections.flash_attention import flash_attention_forward
 from sections.gemm_schedules import GemmConfig, fits, gemm_flops, gemm_program, lesson_schedules
 from tourkit import ARCH_SPECS
 
-# --- Part 1: printing from the device -------------------------------------------------------------------
 
+def clip(line: str, width: int = 110) -> str:
+    return line if len(line) <= width else line[:width - 1] + "…"
+
+
+# --- Part 1: printing from the device -------------------------------------------------------------------
 PRINT_ROWS, PRINT_COLS = 4, 8
 SCALAR_AT = ((1, 2), (2, 1))  # the scalar printed is tile[1, 2] + tile[2, 1]
 
@@ -70,18 +74,10 @@ _DEVICE_PRINT = re.compile(
 
 def parse_device_prints(text: str) -> list[dict]:
     """The lines T.print wrote, as dicts: msg, block, thread (tuples), buffer, index, dtype, value."""
-    found = []
-    for match in _DEVICE_PRINT.finditer(text):
-        found.append({
-            "msg": match["msg"],
-            "block": tuple(int(v) for v in match["block"].split(",")),
-            "thread": tuple(int(v) for v in match["thread"].split(",")),
-            "buffer": match["buffer"],
-            "index": None if match["index"] is None else int(match["index"]),
-            "dtype": match["dtype"],
-            "value": float(match["value"]),
-        })
-    return found
+    return [{"msg": m["msg"], "block": tuple(int(v) for v in m["block"].split(",")),
+             "thread": tuple(int(v) for v in m["thread"].split(",")), "buffer": m["buffer"],
+             "index": None if m["index"] is None else int(m["index"]), "dtype": m["dtype"], "value": float(m["value"])}
+            for m in _DEVICE_PRINT.finditer(text)]
 
 
 def check_device_prints(prints: list[dict], x_flat: list[float]) -> list[str]:
@@ -119,8 +115,7 @@ def run_device_print(ctx, kernel) -> None:
     prints = parse_device_prints(printed.text)
     ctx.log(f"captured {len(prints)} device-printed lines from file descriptor 1, for example:")
     for msg in ("shared tile", "fragment x2", "scalar"):
-        sample = next((ln for ln in printed.text.splitlines() if f"msg='{msg}'" in ln), f"(no line for {msg!r})")
-        ctx.log("  " + sample)
+        ctx.log("  " + next((ln for ln in printed.text.splitlines() if f"msg='{msg}'" in ln), f"(no line for {msg!r})"))
     problems = check_device_prints(prints, x.flatten().tolist())
     ctx.log(check.line())
     ctx.metric(device_print_lines=len(prints))
@@ -130,11 +125,9 @@ def run_device_print(ctx, kernel) -> None:
     tourkit.require([check])
 
 
-
 # --- Part 2: what TileLang generated, per architecture --------------------------------------------------
 # The markers the table shows, in order, and the arches always compared side by side.
-TABLE_MARKERS = ["mma_sync", "wgmma", "cp_async", "tma_load", "ldmatrix", "__syncthreads", "mbarrier",
-                 "rasterization"]
+TABLE_MARKERS = ["mma_sync", "wgmma", "cp_async", "tma_load", "ldmatrix", "__syncthreads", "mbarrier", "rasterization"]
 COMPARED_ARCHES = ["sm_80", "sm_90a"]
 FLASH_SHAPE = dict(batch=1, heads=8, seq_len=1024, dim=128, causal=False)
 FLASH_THREADS = 256
@@ -144,10 +137,7 @@ def lesson_gemm(arch: str, smem_budget: int | None = None) -> GemmConfig:
     """The GEMM lesson's default TileLang schedule for the arch (the first that fits its shared memory)."""
     spec = ARCH_SPECS[arch]
     budget = spec.smem_per_block_optin if smem_budget is None else smem_budget
-    fitting = [c for c in lesson_schedules(spec.family) if fits(c, budget)]
-    if not fitting:
-        raise ValueError(f"no GEMM lesson schedule for {arch} fits {budget} B of shared memory")
-    return fitting[0]
+    return next(c for c in lesson_schedules(spec.family) if fits(c, budget))
 
 
 def gemm_size(ctx) -> int:
@@ -175,9 +165,11 @@ def kernels(ctx) -> list[tourkit.KernelDecl]:
 
 def lower_markers(ctx, have: dict[str, tourkit.KernelReport]) -> dict[str, list]:
     """{arch: [(decl, report)]} for ctx.arch first, then sm_80 and sm_90a: every marker kernel lowered
-    (tourkit.inspect_kernels, in threads) except those in `have` (already inspected by name for ctx.arch)."""
+    (tourkit.inspect_kernels, in threads) except those in `have` (already inspected by name for ctx.arch).
+    A --quick run compares the GEMM alone (FlashAttention's lowering for sm_80 takes seconds)."""
     arches = [ctx.arch] + [a for a in COMPARED_ARCHES if a != ctx.arch]
-    decls = {arch: marker_kernels(arch, gemm_size(ctx), ctx.smem_budget if arch == ctx.arch else None)
+    count = 1 if ctx.quick and not ctx.compile_only else 2
+    decls = {arch: marker_kernels(arch, gemm_size(ctx), ctx.smem_budget if arch == ctx.arch else None)[:count]
              for arch in arches}
     jobs = [(d.name, d.program(), arch) for arch in arches for d in decls[arch]
             if not (arch == ctx.arch and d.name in have)]
@@ -205,13 +197,11 @@ def show_markers(ctx, reports: dict[str, list]) -> None:
     where = "the --arch of this compile-only run" if ctx.compile_only else "this GPU"
     ctx.log(f"Instruction markers counted in the generated CUDA source (* = {where}):")
     ctx.table(headers, rows)
-    for arch, pairs in reports.items():
-        for decl, rep in pairs:
-            if rep.threads != decl.threads:
-                extra = rep.threads - decl.threads
-                ctx.log(f"note: {rep.name} on {arch} launches {rep.threads} threads, the program asked for "
-                        f"{decl.threads}: warp specialization added {extra} producer threads ({extra // 32} "
-                        f"warps) that issue the TMA copies.")
+    for arch, (decl, rep) in ((arch, pair) for arch, pairs in reports.items() for pair in pairs):
+        if rep.threads != decl.threads:
+            extra = rep.threads - decl.threads
+            ctx.log(f"note: {rep.name} on {arch} launches {rep.threads} threads, the program asked for {decl.threads}: "
+                    f"warp specialization added {extra} producer threads ({extra // 32} warps) that issue the TMA copies.")
     gemm_here = reports[ctx.arch][0][1]
     excerpt = tourkit.source_excerpt(gemm_here.source, r"tl::(wgmma_\w+|mma_sync)<", context=0, limit=1)
     if excerpt:
@@ -219,13 +209,8 @@ def show_markers(ctx, reports: dict[str, list]) -> None:
                 f"its template arguments):")
         ctx.log("  " + clip(excerpt.strip()))
     ctx.metric(markers={f"{rep.name} {arch}": rep.summary() for arch, pairs in reports.items() for _, rep in pairs})
-    for pairs in reports.values():
-        for decl, rep in pairs:
-            tourkit.require_markers(rep, decl.markers)
-
-
-def clip(line: str, width: int = 110) -> str:
-    return line if len(line) <= width else line[:width - 1] + "…"
+    for decl, rep in (pair for pairs in reports.values() for pair in pairs):
+        tourkit.require_markers(rep, decl.markers)
 
 
 # --- Part 3: TileLang's own profiler --------------------------------------------------------------------
@@ -254,8 +239,8 @@ def run_profiler(ctx, kernel, config: GemmConfig) -> None:
         ["profiler.do_bench(torch.matmul)", "cuBLAS", torch_ms, tourkit.tflops(flops, torch_ms)],
         ["tourkit.bench_ms (median)", "TileLang gemm", kit_ms, tourkit.tflops(flops, kit_ms)],
     ])
-    ratio = tourkit.speedup(torch_ms, tl_ms)
-    ctx.log(f"TileLang / cuBLAS through the same profiler, one after the other (not in turns): {ratio:.2f}x")
+    ratio = torch_ms / tl_ms
+    ctx.log(f"TileLang / cuBLAS through the same profiler, one after the other: {ratio:.2f}x")
     ctx.metric(profiler_gemm_size=size, profiler_tilelang_ms=tl_ms, profiler_torch_ms=torch_ms,
                profiler_kit_ms=kit_ms, profiler_vs_torch=ratio, profiler_rel_error=check.rel_error)
     ctx.headline(profiler_vs_cublas=round(ratio, 2))
@@ -290,11 +275,8 @@ def known_env_vars() -> list[list[str]]:
 
     environment = importlib.import_module("tilelang.env").Environment  # `tilelang.env` is also an object
     known_keys = {getattr(v, "key", None) for v in vars(environment).values()}
-    rows = []
-    for name, how, what in DEBUG_ENV_VARS:
-        value = os.environ.get(name, "(unset)") if name in known_keys else "(not in this version)"
-        rows.append([f"{name}={how}", value, what])
-    return rows
+    return [[f"{name}={how}", os.environ.get(name, "(unset)") if name in known_keys else "(not in this version)", what]
+            for name, how, what in DEBUG_ENV_VARS]
 
 
 def known_pass_configs() -> list[list[str]]:
@@ -302,6 +284,7 @@ def known_pass_configs() -> list[list[str]]:
     values = {getattr(v, "value", v) for v in values}
     return [[f"{key}: {how}", "yes" if key in values else "not in this version", what]
             for key, how, what in DEBUG_PASS_CONFIGS]
+
 
 BIG_STEPS_SHOWN = 8  # the passes that grew or shrank the IR most, in the order they ran
 
@@ -325,7 +308,6 @@ def trace_lowering(func, arch: str, dump_dir: str) -> list[dict]:
     return steps
 
 
-
 def big_steps(func, steps: list[dict]) -> list[str]:
     """'pass before->after' (IR lines) of the BIG_STEPS_SHOWN passes that changed the IR's length most."""
     before, moves = len(func.script().splitlines()), []
@@ -336,7 +318,7 @@ def big_steps(func, steps: list[dict]) -> list[str]:
 
 
 def trace_gemm(ctx) -> tuple:
-    """The lowering trace of a small GEMM lesson kernel for ctx.arch (its own temporary dump directory)."""
+    """The lowering trace of a small GEMM lesson kernel for ctx.arch, in a temporary dump directory."""
     config = lesson_gemm(ctx.arch, ctx.smem_budget)
     func = gemm_program(1024, 1024, 1024, config)
     dump_dir = tempfile.mkdtemp(prefix="tilelang_dump_ir_")
@@ -375,11 +357,8 @@ def show_lowering(ctx, config: GemmConfig, func, steps: list[dict]) -> None:
 def run(ctx) -> None:
     decls = kernels(ctx)
     gpu = not ctx.compile_only
-    if gpu:
-        built = tourkit.build_declared(decls, log=ctx.log)
-        have = {}
-    else:
-        have = tourkit.inspect_declared(ctx, decls)  # the table of what ctx.arch's kernels became
+    built = tourkit.build_declared(decls, log=ctx.log) if gpu else {}
+    have = {} if gpu else tourkit.inspect_declared(ctx, decls)  # compile-only: what ctx.arch's kernels became
     # Lowering runs in C++ threads: the marker kernels and the trace lower while the GPU parts run.
     with ThreadPoolExecutor(max_workers=2) as pool:
         markers = pool.submit(lower_markers, ctx, have)

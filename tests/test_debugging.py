@@ -102,6 +102,8 @@ def test_reports_given_are_reused_not_lowered_again(marker_reports):
     assert reused["sm_90a"][0][1] is given["gemm 4096^3"]
     assert [d.name for d, _ in reused["sm_80"]] == ["gemm 4096^3", "flash_attention d128"]
     assert all(rep.nvcc == "lowered only" for _, rep in reused["sm_80"])
+    quick = tourkit.TourContext(arch="sm_90a", quick=True, echo=False)  # a --quick run: the GEMM alone
+    assert [[d.name for d, _ in pairs] for pairs in debugging.lower_markers(quick, {}).values()] == [["gemm 1024^3"]] * 2
 
 
 def test_warp_specialization_launches_more_threads_than_asked(marker_reports):
