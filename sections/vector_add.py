@@ -142,23 +142,26 @@ def benchmark(ctx, kernels: dict, n: int) -> None:
         contenders[config.label()] = functools.partial(kernel, a, b, c)
     ms = tourkit.bench_interleaved(contenders, rounds=ROUNDS, warmup_ms=10.0, rep_ms=50.0)
     nbytes = 3 * n * a.element_size()  # two vectors read, one written
-    torch_ms, copy_gbps = ms["torch.add(a, b)"], tourkit.gbps(2 * n * a.element_size(), ms["copy_(a)"])
+    copy_bytes = 2 * n * a.element_size()  # one read, one written
+    gbps = {name: tourkit.gbps(copy_bytes if name == "copy_(a)" else nbytes, t) for name, t in ms.items()}
+    torch_ms, copy_gbps = ms["torch.add(a, b)"], gbps["copy_(a)"]
     rows = []
     for name, t in ms.items():
         config = next((c for c in SCHEDULES if c.label() == name), None)
-        bw = tourkit.gbps(nbytes if name != "copy_(a)" else 2 * n * a.element_size(), t)
-        grid = [config.threads, config.elems_per_thread, config.block_size, -(-n // config.block_size)] if config else ["-"] * 4
-        rows.append([name, *grid, f"{t:.3f}", f"{bw:.0f}", f"{tourkit.speedup(torch_ms, t):.3f}x", f"{bw / copy_gbps:.1%}"])
+        grid = [config.threads, config.elems_per_thread, config.block_size, -(-n // config.block_size)] if config else \
+            ["-"] * 4
+        rows.append([name, *grid, f"{t:.3f}", f"{gbps[name]:.0f}", f"{torch_ms / t:.3f}x",
+                     f"{gbps[name] / copy_gbps:.1%}"])
     ctx.log(f"\nN = {n} float32 ({tourkit.format_bytes(nbytes)} moved per call); timed in turns after "
             f"{tourkit.SETTLE_MS / 1e3:.1f} s of untimed load, {ROUNDS} rounds (forward and backward)")
     ctx.table(["kernel", "threads", "elems/thread", "block", "blocks", "ms", "GB/s", "vs torch.add", "of copy"], rows)
     best = min(SCHEDULES, key=lambda cfg: ms[cfg.label()])
-    best_gbps = tourkit.gbps(nbytes, ms[best.label()])
+    best_gbps = gbps[best.label()]
     ctx.log(f"fastest schedule: {best.label()}")
     ctx.headline(gbps=round(best_gbps), vs_torch=round(tourkit.speedup(torch_ms, ms[best.label()]), 3),
                  of_copy=round(best_gbps / copy_gbps, 3))
-    ctx.metric(n=n, torch_gbps=round(tourkit.gbps(nbytes, torch_ms)), copy_gbps=round(copy_gbps),
-               best_schedule=best.label(), gbps={name: round(tourkit.gbps(nbytes, t)) for name, t in ms.items()})
+    ctx.metric(n=n, torch_gbps=round(gbps["torch.add(a, b)"]), copy_gbps=round(copy_gbps), best_schedule=best.label(),
+               gbps={name: round(value) for name, value in gbps.items()})
 
 
 def show_generated_code(ctx, source: str) -> None:
