@@ -177,7 +177,7 @@ def test_each_kernel_variant_matches_torch(kind, args):
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 @pytest.mark.parametrize("N, threads", [(3000, 256), (4000, 256), (2816, 512)])
 def test_register_kernel_masks_aligned_rows_that_do_not_split_over_the_threads(arch, N, threads):
-    # Regression (2026-12-03): T.copy of 3000 columns over 256 threads failed layout inference (999x3000 on
+    # Regression: T.copy of 3000 columns over 256 threads failed layout inference (999x3000 on
     # sm_80). Such rows now take the padded, masked path, still in 16-byte vectors (rows are 16-byte aligned).
     source = tourkit.lower_for_arch(S.rows_in_registers(999, N, 1, threads), arch).kernel_source
     assert re.search(r"if \(.*\) \{\s*condval = \*\(uint4\*\)\(X \+", source)  # a guarded 16-byte read
@@ -191,7 +191,7 @@ def _unmasked_vector_reads_of_shared_rows(source: str) -> int:
 
 @pytest.mark.parametrize("M, N, exact", [(999, 3000, False), (64, 4096, True)])
 def test_staged_kernel_reads_no_vector_past_a_padded_row(M, N, exact):
-    # Regression (H200, 2026-12-02): 999x3000 padded its row to 4096 and read it back with unmasked 16-byte
+    # Regression (a fault on Hopper): 999x3000 padded its row to 4096 and read it back with unmasked 16-byte
     # vectors, past the 6000-byte shared buffer: an illegal address. Vectors only when they tile the row.
     assert S.staged_vector_width(N, 256) == (8 if exact else 1)
     rep = tourkit.inspect_kernel("staged", S.rows_staged_in_shared(M, N, 1, 256), "sm_90a", nvcc=False)
