@@ -1,12 +1,12 @@
-"""Does the GPU's state when timing starts change the verdict? (H200, 2026-12-03)
+"""Does the GPU's state when timing starts change the verdict?
 
-The fusion section timed its three contenders (fused kernel, eager, torch.compile) right after a few seconds
-of CPU work (torch.compile's autotuning) with the GPU idle, and read the fused kernel 4-5% slower than the
-probe did timing the same three in the same way right after validating at full load. This probe times the
-same contenders several times, each after `--idle` seconds of an idle GPU, alternately without and with
-`settle_ms` (tourkit.bench_interleaved runs them untimed first until the power controller has settled), so
-the two methods meet on one machine. It does the same for the GEMM shape whose ratio to cuBLAS differed
-between the section and the probe (8192x4096x14336).
+A section that times its contenders right after seconds of CPU work (torch.compile's autotuning, say) finds
+the GPU idle, at its boost clock; under load its power controller pulls the clock down over the next second
+or so, a drift the forward and backward rounds of tourkit.bench_interleaved do not cancel. This probe times
+the same contenders several times, each after `--idle` seconds of an idle GPU, alternately without and with
+`settle_ms` (bench_interleaved runs them untimed first until the clock has settled; tourkit.SETTLE_MS is the
+default), so the two methods meet on one machine: the fused GEMM of the fusion section against eager and
+torch.compile, and a GEMM shape against cuBLAS (8192x4096x14336).
 
     python bench/settle_probe.py [--trials 3] [--idle 4] [--settle 1500] [--only fusion|gemm]
 

@@ -6,10 +6,9 @@ time the valid ones in turns with torch.softmax and a device copy of the same by
     python bench/softmax_probe.py --compile-only sm_90a     # no GPU: lower + nvcc every plan, smem / registers / waves
     (on the device: bash .device/run python bench/softmax_probe.py --out $OUT)
 
-Why: on 4096x1823 fp16 (30 MB moved) the section's plan (rows staged in shared memory by TMA, 8 rows/block, 256
-threads: 512 blocks) reaches 84% of a same-size copy, while large shapes reach 96%. A 15 µs problem is
-latency-bound: every block loads, then reduces, then stores, and a grid that does not fit in one wave leaves a
-tail. The sweep (candidate_plans) holds, for the shape:
+Why: a 15 µs problem such as 4096x1823 fp16 (30 MB moved) is latency-bound: every block loads, then reduces,
+then stores, and a grid that does not fit in one wave leaves a tail; the section's plans for such shapes
+(choose_plan) come from this sweep. The sweep (candidate_plans) holds, for the shape:
 
 * staged (the section's kernel): rows_per_block r0·{1,2,3,4} (r0 = 8 for odd widths: a 16-byte aligned group)
   x 128/256/512/1024 threads, where the rows divide M and a thread holds 8..128 floats; the same with plain
@@ -17,16 +16,13 @@ tail. The sweep (candidate_plans) holds, for the shape:
   (registers capped at 64K / (blocks·threads)) where that cap still holds a thread's floats;
 * registers: rows read straight from global memory (masked single halves for odd widths), 1/2/4/8 rows,
   128..1024 threads (8..64 floats a thread), and their one-wave min-blocks variants;
-* pipelined (Hopper): rows_staged_pipelined (below), blocks that walk several groups of rows through a
-  ring of 2-4 TMA buffers, so the loads of the next groups overlap this group's reduction and store: grids of
-  groups/2, groups/4, groups/8 blocks and persistent grids of 1 or 2 blocks per SM;
-* online / online-per-thread for rows longer than 8192 (two-pass over a row in shared memory);
+* online / online-per-thread for rows longer than 8192 (two-pass over a row in shared memory; the per-thread
+  variant, long_rows_thread_online below, merges per-thread (max, sum) pairs once per row);
 * the section's choose_plan() pick, marked "<- section".
 
 Plans whose shared memory exceeds 227 KiB (or the arch's opt-in maximum) are not built. All plans compile at once
-(tourkit.compile_many), then a child process validates each against torch.softmax in float32 on fresh random
-inputs (tolerance 5e-3, as the section) and checks that a second launch gives the same bits: a kernel that faults
-or hangs takes only the child down, it is reported in one line and the probe goes on with a fresh child. The valid
+(tourkit.compile_many), then each is validated against torch.softmax in float32 on fresh random inputs (tolerance
+5e-3, as the section) and a second launch must give the same bits. The valid
 plans, torch.softmax and y.copy_(x) (the same bytes read and written) are then timed with
 tourkit.bench_interleaved (L2 flushed before each call). Prints a table sorted by time, writes softmax_probe.json to
 --out. Each kernel also shows its registers per thread, blocks per SM (registers, shared memory, threads) and
@@ -37,8 +33,6 @@ import argparse
 import json
 import math
 import os
-import queue
-import subprocess
 import sys
 import threading
 import time
@@ -52,12 +46,10 @@ if ROOT not in sys.path:
 DEFAULT_SHAPE = (4096, 1823)
 TOLERANCE = 5e-3  # as sections/softmax.check_shape
 SMEM_LIMIT = 227 * 1024  # bytes of shared memory one block may use (H200 opt-in maximum)
-STAGED_PER_THREAD = (8, 128)  # floats a thread holds in the staged / pipelined kernels (min, max)
+STAGED_PER_THREAD = (8, 128)  # floats a thread holds in the staged kernel (min, max)
 REGISTER_PER_THREAD = (8, 64)  # ... and in the register kernel
 MIN_BLOCKS_SPARE = 4  # a min-blocks variant needs a register cap of at least floats per thread + this
-WATCHDOG_S = 60  # one plan's validation in the child: seconds before it counts as hung
-CHILD_START_S = 600  # the child's imports and compile_many (cache hits, or a compile when the cache is cold)
-MARK = "@@softmax_probe "  # the child's result lines on stdout start with this
+WATCHDOG_S = 60  # one plan's validation: seconds before it counts as hung
 
 # Per architecture: SMs of the reference GPU (for waves when no GPU is present), resident threads and blocks per SM.
 REFERENCE_SMS = {"sm_90a": 132, "sm_80": 108, "sm_86": 84, "sm_89": 128, "sm_75": 40}
@@ -65,13 +57,6 @@ THREADS_PER_SM = {"sm_90a": 2048, "sm_80": 2048, "sm_86": 1536, "sm_89": 1536, "
 BLOCKS_PER_SM = {"sm_90a": 32, "sm_80": 32, "sm_86": 16, "sm_89": 24, "sm_75": 16}
 REGISTERS_PER_SM = 65536
 
-# Pipelined plans: (threads, stages, store_lag, groups per block or None, blocks per SM of a persistent grid or None)
-PIPELINED = [
-    (256, 2, 0, 2, None), (256, 2, 0, 4, None), (256, 3, 1, 4, None), (256, 3, 0, 8, None), (256, 4, 1, 8, None),
-    (256, 2, 0, None, 1), (256, 3, 1, None, 1), (256, 2, 0, None, 2),
-    (512, 2, 0, 2, None), (512, 2, 0, 4, None), (512, 2, 0, None, 1),
-    (128, 2, 0, 2, None), (128, 2, 0, 4, None), (128, 2, 0, None, 2),
-]
 THREADS = (128, 256, 512, 1024)
 
 
@@ -86,27 +71,22 @@ def log(*a):
 
 @dataclass(frozen=True)
 class Plan:
-    kind: str  # "staged" | "registers" | "pipelined" | "online" | "online-per-thread"
+    kind: str  # "staged" | "registers" | "online" | "online-per-thread"
     rows: int  # rows per block (R); the chunk length for "online"; 1 for "online-per-thread"
     threads: int
     bulk: bool = True  # staged / online: TMA bulk copies (Hopper) or plain copies
-    blocks: int = 0  # pipelined: the grid
-    stages: int = 0  # pipelined: shared buffers in the ring
-    lag: int = 0  # pipelined: store_lag
     min_blocks: int = 0  # __launch_bounds__' min blocks per SM (0: not set)
     chosen: bool = field(default=False, compare=False)  # the section's choose_plan() pick
 
     @property
     def flat(self) -> bool:
-        return self.kind in ("staged", "pipelined")
+        return self.kind == "staged"
 
     def label(self) -> str:
         if self.kind == "online":
             text = f"online chunk{self.rows} T{self.threads}"
         elif self.kind == "online-per-thread":
             text = f"online-per-thread T{self.threads}"
-        elif self.kind == "pipelined":
-            text = f"pipelined R{self.rows} T{self.threads} B{self.blocks} S{self.stages}" + (" lag1" if self.lag else "")
         else:
             text = f"{self.kind} R{self.rows} T{self.threads}"
         if self.kind in ("staged", "online", "online-per-thread") and not self.bulk:
@@ -116,11 +96,9 @@ class Plan:
         return text
 
     def describe(self, M: int, N: int) -> str:
-        if self.kind == "pipelined":
-            groups = M // self.rows
-            text = (f"pipelined: {self.blocks} blocks x {groups / self.blocks:.3g} groups of {self.rows} rows, "
-                    f"{self.stages} TMA buffers{', store lag 1' if self.lag else ''}, {self.threads} threads")
-        elif self.kind in ("online", "online-per-thread"):
+        if self.kind == "online-per-thread":
+            text = f"online two-pass over a row in shared memory, per-thread (max, sum) merged once, {self.threads} threads"
+        elif self.kind == "online":
             from sections.softmax import SoftmaxPlan
 
             text = SoftmaxPlan(self.kind, self.rows, self.threads).describe()
@@ -132,8 +110,6 @@ class Plan:
         return text + ("  <- section" if self.chosen else "")
 
     def grid(self, M: int) -> int:
-        if self.kind == "pipelined":
-            return self.blocks
         if self.kind in ("online", "online-per-thread"):
             return M
         return -(-M // self.rows)
@@ -142,8 +118,6 @@ class Plan:
         """Bytes of the shared buffers (without the barriers and reduction scratch: SMEM_MARGIN)."""
         if self.kind == "staged":
             return self.rows * N * 2
-        if self.kind == "pipelined":
-            return self.stages * self.rows * N * 2
         if self.kind in ("online", "online-per-thread"):
             return N * 2
         return 0
@@ -165,88 +139,63 @@ def per_thread(plan: Plan, N: int) -> int:
     return -(-N // (per_row * vec)) * vec
 
 
-def rows_staged_pipelined(M: int, N: int, rows_per_block: int, threads: int, blocks: int, num_stages: int = 2,
-                          store_lag: int = 0, dtype: str = "float16", min_blocks_per_sm: int = 0):
-    """Hopper only (TMA bulk copies and mbarriers): the section's rows_staged_in_shared for problems too small
-    to keep the memory busy with one group of rows per block. `blocks` blocks walk the M/R groups of R rows with a stride
-    of `blocks` (the grid sweeps memory in order), through a ring of `num_stages` shared buffers: the first
-    num_stages groups are requested at once, and each buffer is refilled with the group num_stages steps
-    ahead as soon as the bulk store of its normalized rows has read it, so the loads of the next groups run
-    while this group is reduced and stored. store_lag=1 refills the previous step's buffer instead (its store
-    has had a whole step to drain, so no thread waits on the store just issued; the look-ahead is one group
-    shorter). Each buffer has one mbarrier: the thread that issues the bulk load adds its bytes and all
-    threads arrive; a buffer's n-th fill completes phase n, waited with parity n & 1. Bulk stores are
-    tracked per thread: the store and the refill are both issued by warp 0's elect.sync leader (the same lane
-    every time), so its cp.async.bulk.wait_group.read covers the store it issued.
-
-    The pipeline is written by hand: TileLang's T.Pipelined splits a TMA loop into a producer warp group
-    (threads 0-127) and consumers (128-383) but keeps the annotated fragment layout's thread index unshifted:
-    only threads 128-255 compute, as rows 4-7, and rows 0-3 of every group are never written. The generated
-    CUDA of the persistent variant of commit 104f943 shows it; that is why it failed validation on the H200."""
+def long_rows_thread_online(M: int, N: int, threads: int, dtype: str = "float16", bulk_copy: bool = True):
+    """The section's long_rows_online, but each thread runs its own online softmax over its slices of the row
+    (a (threads, 8) fragment whose row i belongs to thread i, so the per-chunk reductions stay inside a thread),
+    and the block combines the per-thread (max, sum) pairs once at the end: two block-wide reductions per row
+    instead of two per chunk. It never beat chunks of 8192 with 512 threads, so the section does not use it."""
     import tilelang.language as T
 
-    from sections import softmax as section
+    from sections.softmax import LOG2E, row_split_layout
 
-    R, S = rows_per_block, num_stages
-    if threads % R or (R * N) % 8 or M % R:
-        raise ValueError(f"pipelined softmax: {R} rows per block must divide {threads} threads and M={M}, and "
-                         f"R·N must be a multiple of 8 (16-byte aligned groups); got N={N}")
-    if store_lag not in (0, 1) or S < 2 + store_lag:
-        raise ValueError(f"pipelined softmax: store_lag is 0 or 1 and needs num_stages >= {2 + store_lag}")
-    groups = M // R
-    if not 1 <= blocks <= groups:
-        raise ValueError(f"pipelined softmax: {blocks} blocks for {groups} groups of rows")
-    per_row = threads // R
-    vec = section.staged_vector_width(N, per_row)
-    padded = -(-N // (per_row * vec)) * (per_row * vec)
-    flat = M * N
-    span = R * N  # one group: R consecutive rows, one flat 16-byte aligned range
+    vec = 8
+    chunk = threads * vec
+    if N % chunk:
+        raise ValueError(f"long-row softmax: width {N} is not a multiple of {chunk} (threads x 8)")
+    steps = N // chunk
 
     @T.prim_func
-    def softmax_rows_staged_pipelined(X: T.Tensor((flat,), dtype), Y: T.Tensor((flat,), dtype)):
-        with T.Kernel(blocks, threads=threads) as bx:
-            if min_blocks_per_sm:
-                T.annotate_min_blocks_per_sm(min_blocks_per_sm)
-            rows = T.alloc_shared((S, span), dtype)
-            x = T.alloc_fragment((R, padded), "float32")
-            row_max = T.alloc_fragment((R,), "float32")
-            row_sum = T.alloc_fragment((R,), "float32")
-            full = T.alloc_barrier([threads] * S)
-            T.annotate_layout({x: section.row_split_layout(R, padded, per_row, vec)})
-            steps = T.ceildiv(groups - bx, blocks)  # this block's groups: bx, bx + blocks, ...
-            for s in T.unroll(S):
-                if s < steps:
-                    T.tma_copy(X[(bx + s * blocks) * span:(bx + s * blocks + 1) * span], rows[s, :],
-                               barrier=full[s])
-                    T.mbarrier_arrive(full[s])
-            for it in T.serial(steps):
-                g = bx + it * blocks
-                T.mbarrier_wait_parity(full[it % S], (it // S) & 1)
-                for i, j in T.Parallel(R, padded):
-                    x[i, j] = T.if_then_else(j < N, T.cast(rows[it % S, i * N + j], "float32"),
-                                             -T.infinity("float32"))
-                section.exponentials_and_reciprocal_sums(x, row_max, row_sum, R, padded)
-                for i, j in T.Parallel(R, padded):
-                    if j < N:
-                        rows[it % S, i * N + j] = T.cast(x[i, j] * row_sum[i], dtype)
-                T.fence_proxy_async()  # the threads' writes, visible to the bulk store (async proxy)
-                T.sync_threads()
-                T.tma_copy(rows[it % S, :], Y[g * span:(g + 1) * span])  # bulk store, not waited here
-                if store_lag == 0:
-                    if it + S < steps:
-                        T.tma_store_wait(0)  # this store has read the buffer: refill it
-                        T.tma_copy(X[(g + S * blocks) * span:(g + S * blocks + 1) * span], rows[it % S, :],
-                                   barrier=full[it % S])
-                        T.mbarrier_arrive(full[it % S])
-                else:
-                    if it >= 1 and it - 1 + S < steps:
-                        T.tma_store_wait(1)  # the previous step's store has read its buffer
-                        T.tma_copy(X[(g + (S - 1) * blocks) * span:(g + (S - 1) * blocks + 1) * span],
-                                   rows[(it - 1) % S, :], barrier=full[(it - 1) % S])
-                        T.mbarrier_arrive(full[(it - 1) % S])
-            T.tma_store_wait(0)
+    def softmax_long_rows_thread_online(X: T.Tensor((M, N), dtype), Y: T.Tensor((M, N), dtype)):
+        with T.Kernel(M, threads=threads) as bx:
+            row = T.alloc_shared((N,), dtype)
+            x = T.alloc_fragment((threads, vec), "float32")
+            part_max = T.alloc_fragment((threads,), "float32")  # thread i's running max (of x·log2e)
+            part_sum = T.alloc_fragment((threads,), "float32")  # thread i's running sum of 2^(x·log2e - max)
+            slice_max = T.alloc_fragment((threads,), "float32")
+            slice_sum = T.alloc_fragment((threads,), "float32")
+            row_max = T.alloc_fragment((1,), "float32")
+            row_sum = T.alloc_fragment((1,), "float32")
+            T.annotate_layout({x: row_split_layout(threads, vec, 1, vec)})
+            if bulk_copy:
+                T.copy(X[bx, 0:N], row, prefer_instruction="tma")
+            else:
+                T.copy(X[bx, 0:N], row)
+            T.fill(part_max, -T.infinity("float32"))
+            T.fill(part_sum, 0.0)
+            for c in T.serial(steps):
+                for i, j in T.Parallel(threads, vec):
+                    x[i, j] = T.cast(row[c * chunk + i * vec + j], "float32") * LOG2E
+                T.reduce_max(x, slice_max, dim=1)  # within one thread: no communication
+                for i in T.Parallel(threads):
+                    slice_max[i] = T.max(slice_max[i], part_max[i])
+                for i, j in T.Parallel(threads, vec):
+                    x[i, j] = T.exp2(x[i, j] - slice_max[i])
+                T.reduce_sum(x, slice_sum, dim=1)
+                for i in T.Parallel(threads):
+                    part_sum[i] = part_sum[i] * T.exp2(part_max[i] - slice_max[i]) + slice_sum[i]
+                    part_max[i] = slice_max[i]
+            T.reduce_max(part_max, row_max, dim=0)  # the block's one exchange for the max ...
+            for i in T.Parallel(threads):
+                part_sum[i] = part_sum[i] * T.exp2(part_max[i] - row_max[0])
+            T.reduce_sum(part_sum, row_sum, dim=0)  # ... and one for the sum
+            for i in T.Parallel(1):
+                row_sum[i] = 1.0 / row_sum[i]
+            for c in T.serial(steps):
+                for i, j in T.Parallel(threads, vec):
+                    Y[bx, c * chunk + i * vec + j] = T.cast(
+                        T.exp2(T.cast(row[c * chunk + i * vec + j], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
 
-    return softmax_rows_staged_pipelined
+    return softmax_long_rows_thread_online
 
 
 def build(plan: Plan, M: int, N: int):
@@ -258,13 +207,10 @@ def build(plan: Plan, M: int, N: int):
     if plan.kind == "staged":
         return S.rows_staged_in_shared(M, N, plan.rows, plan.threads, bulk_copy=plan.bulk,
                                        min_blocks_per_sm=plan.min_blocks)
-    if plan.kind == "pipelined":
-        return rows_staged_pipelined(M, N, plan.rows, plan.threads, plan.blocks, plan.stages, store_lag=plan.lag,
-                                     min_blocks_per_sm=plan.min_blocks)
     if plan.kind == "online":
         return S.long_rows_online(M, N, plan.rows, plan.threads, bulk_copy=plan.bulk)
     if plan.kind == "online-per-thread":
-        return S.long_rows_thread_online(M, N, plan.threads, bulk_copy=plan.bulk)
+        return long_rows_thread_online(M, N, plan.threads, bulk_copy=plan.bulk)
     raise ValueError(f"unknown plan kind {plan.kind!r}")
 
 
@@ -307,8 +253,6 @@ def valid(plan: Plan, M: int, N: int, smem_limit: int) -> bool:
         return False  # a group of rows must start on a 16-byte boundary
     if not STAGED_PER_THREAD[0] <= floats <= STAGED_PER_THREAD[1]:
         return False
-    if plan.kind == "pipelined":
-        return 1 <= plan.blocks < M // R and plan.stages >= 2 + plan.lag
     return True
 
 
@@ -353,12 +297,6 @@ def candidate_plans(M: int, N: int, family: str = "hopper", sms: int = 132, arch
     if hopper:  # the section's staged kernel with plain copies instead of TMA
         base = pick if pick is not None and pick.kind == "staged" else Plan("staged", r0, 256)
         add(dataclasses.replace(base, bulk=False, chosen=False))
-        groups = M // r0 if M % r0 == 0 else 0
-        for T, stages, lag, per_block, per_sm in PIPELINED:
-            if not groups:
-                break
-            blocks = -(-groups // per_block) if per_block else sms * per_sm
-            add(Plan("pipelined", r0, T, blocks=blocks, stages=stages, lag=lag))
     for chunk, T in ((8192, 512), (8192, 1024), (4096, 256), (4096, 512)):
         add(Plan("online", chunk, T, bulk=hopper))
     for T in (256, 512, 1024):
@@ -520,7 +458,7 @@ def launcher(plan: Plan, kernel, x, y):
 
 def validate_plan(plan: Plan, kernel, M: int, N: int) -> dict:
     """Fresh random inputs, the output poisoned, compared with torch.softmax in float32; then a second launch on
-    the same inputs must give the same bits (a race between the ring's loads and stores shows here)."""
+    the same inputs must give the same bits (a race shows here)."""
     import torch
     import tourkit
     from sections import softmax as S
@@ -537,96 +475,9 @@ def validate_plan(plan: Plan, kernel, M: int, N: int) -> dict:
             "line": check.line() + ("" if repeatable else " NOT REPEATABLE")}
 
 
-def _context_alive() -> bool:
-    import torch
-
-    try:
-        torch.cuda.synchronize()
-        torch.zeros(1, device="cuda").add_(1).item()
-        return True
-    except Exception:
-        return False
-
-
-def validate_worker(M: int, N: int, plan_dicts: list) -> None:
-    """The child: compile (TileLang's cache: hits after the parent's compile), validate each plan, one MARK line
-    per event on stdout. Exits with 3 when the CUDA context is broken (the parent restarts a child for the rest)."""
-    import tourkit
-
-    def emit(**rec):
-        sys.stdout.write(MARK + json.dumps(rec) + "\n")
-        sys.stdout.flush()
-
-    plans = [Plan(**d) for d in plan_dicts]
-    kernels = tourkit.compile_many([build(p, M, N) for p in plans])
-    emit(event="ready")
-    for plan, kernel in zip(plans, kernels):
-        emit(event="start", label=plan.label())
-        if kernel is None:
-            emit(event="done", label=plan.label(), ok=False, error="compile failed in the validation child")
-            continue
-        try:
-            emit(event="done", label=plan.label(), **validate_plan(plan, kernel, M, N))
-        except Exception as exc:
-            emit(event="done", label=plan.label(), ok=False, error=tourkit.one_line(exc))
-            if not _context_alive():
-                sys.exit(3)
-
-
-def validate_in_children(M: int, N: int, plans: list) -> dict:
-    """label -> validation record, from child processes; a plan that kills or hangs its child gets an error
-    record and the rest go to a new child."""
-    results, pending = {}, list(plans)
-    while pending:
-        cmd = [sys.executable, os.path.abspath(__file__), "--validate-worker", f"{M}x{N}",
-               "--plans", json.dumps([asdict(p) for p in pending])]
-        err_path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"softmax_probe_child_{os.getpid()}.err")
-        with open(err_path, "w") as err:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT)
-        lines = queue.Queue()
-        threading.Thread(target=lambda: ([lines.put(ln) for ln in proc.stdout], lines.put(None)), daemon=True).start()
-        current, ready, reason = None, False, None
-        while True:
-            try:
-                line = lines.get(timeout=WATCHDOG_S if ready else CHILD_START_S)
-            except queue.Empty:
-                reason = f"hung: no result within {WATCHDOG_S if ready else CHILD_START_S} s"
-                proc.kill()
-                break
-            if line is None:
-                break
-            if MARK not in line:
-                continue
-            rec = json.loads(line.split(MARK, 1)[1])
-            if rec["event"] == "ready":
-                ready = True
-            elif rec["event"] == "start":
-                current = rec["label"]
-            elif rec["event"] == "done":
-                results[rec["label"]] = rec
-                current = None
-        proc.wait()
-        if reason is None and proc.returncode not in (0, 3):
-            tail = [ln for ln in open(err_path).read().splitlines() if ln.strip()][-1:]
-            reason = f"the validation child died (exit {proc.returncode})" + (f": {tail[0][:200]}" if tail else "")
-        try:
-            os.remove(err_path)
-        except OSError:
-            pass
-        done = {p.label() for p in pending if p.label() in results}
-        if current is not None and current not in results:
-            results[current] = {"ok": False, "error": reason or "the CUDA context broke"}
-            done.add(current)
-        if not done:  # no progress (the child died before its first plan): give up on the rest
-            for p in pending:
-                results[p.label()] = {"ok": False, "error": reason or "no result from the validation child"}
-            break
-        pending = [p for p in pending if p.label() not in done]
-    return results
-
-
 def validate_here(M: int, N: int, plans: list, kernels: dict) -> dict:
-    """In this process (--in-process): a hang ends the probe after WATCHDOG_S, a fault spoils the rest."""
+    """Each plan in turn: a hang ends the probe after WATCHDOG_S, a fault spoils the rest (the section's kernels
+    with other parameters: none has faulted since staged_vector_width)."""
     import tourkit
 
     results = {}
@@ -647,7 +498,7 @@ def validate_here(M: int, N: int, plans: list, kernels: dict) -> dict:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def run_shape(M: int, N: int, device, rounds: int, in_process: bool, flush_mode: str = "write") -> dict:
+def run_shape(M: int, N: int, device, rounds: int, flush_mode: str = "write") -> dict:
     import tilelang
     import torch
     import tourkit
@@ -683,9 +534,8 @@ def run_shape(M: int, N: int, device, rounds: int, in_process: bool, flush_mode:
     by_label = {plan.label(): kernel for plan, kernel in compiled}
     t = time.time()
     plans_ok = [plan for plan, _ in compiled]
-    checks = validate_here(M, N, plans_ok, by_label) if in_process else validate_in_children(M, N, plans_ok)
-    log(f"  validated {len(plans_ok)} plans in {time.time() - t:.1f} s "
-        f"({'in this process' if in_process else 'in child processes'})")
+    checks = validate_here(M, N, plans_ok, by_label)
+    log(f"  validated {len(plans_ok)} plans in {time.time() - t:.1f} s")
     resources = [f.result() for f in pending_resources]
     pool.shutdown()
 
@@ -785,14 +635,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sms", type=int, default=None, help="SMs for the plans and waves (default: the GPU's; "
                     "compile-only: the reference GPU's, 132 for sm_90a)")
     ap.add_argument("--list", action="store_true", help="print the plans for the shape(s) and stop")
-    ap.add_argument("--in-process", action="store_true",
-                    help="validate in this process (faster; a faulting kernel then ends the probe)")
-    ap.add_argument("--validate-worker", type=parse_shape, help=argparse.SUPPRESS)
-    ap.add_argument("--plans", default="[]", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.validate_worker:
-        validate_worker(*args.validate_worker, json.loads(args.plans))
-        return 0
     shapes = parse_shapes(args.shapes) if args.shapes else [args.shape or DEFAULT_SHAPE]
 
     import tourkit
@@ -835,7 +678,7 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     for M, N in shapes:
         try:
-            results["shapes"].append(run_shape(M, N, device, args.rounds, args.in_process, args.flush))
+            results["shapes"].append(run_shape(M, N, device, args.rounds, args.flush))
         except Exception as exc:  # one shape's trouble (out of memory, a broken context) is reported, not fatal
             log(f"softmax {M}x{N}: FAILED: {tourkit.one_line(exc)}")
             results["shapes"].append({"shape": [M, N], "error": tourkit.one_line(exc)})

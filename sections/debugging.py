@@ -1,39 +1,41 @@
-"""debugging: look inside a TileLang kernel, from printed values to the generated instructions.
+"""debugging: look inside a TileLang kernel, from the values it prints to the instructions it became.
 
-What you learn, in four parts:
-
-1. `T.print` prints from inside a running kernel: a shared-memory tile, a register fragment, and a
-   scalar guarded to one thread. CUDA's device printf is written by the driver to the process's C-level
-   stdout (file descriptor 1), not to Python's `sys.stdout`: a notebook never shows it. We catch it by
-   redirecting the descriptor itself (`tourkit.capture_fd_output`) and check the printed values.
-2. What TileLang generated for the GEMM and FlashAttention kernels: instruction markers counted in the
-   CUDA source, side by side for sm_80 (Ampere: cp.async, ldmatrix, mma.sync) and sm_90a (Hopper: TMA,
-   mbarrier, wgmma), and for the GPU you run on. On Hopper TileLang splits the block into a producer
-   warpgroup that issues the copies and consumer warpgroups that do the math, so the kernel launches more
-   threads than the program asked for.
-3. TileLang's built-in profiler on one kernel: `kernel.get_profiler()`, `assert_allclose`, `do_bench`.
-4. How to watch the lowering: every pass that ran and what it changed (a TVM `DumpIR` instrument, the
-   same one the `tl.enable_dump_ir` pass config installs), the pass configs and environment variables
-   for tracing, and how to see the generated source.
+You will learn:
+* `T.print` from inside a running kernel (a shared tile, a register fragment, a scalar guarded to one
+  thread), and how to catch it: CUDA's device printf goes to the process's C-level stdout (file
+  descriptor 1), not to Python's `sys.stdout`, so a notebook never shows it; `tourkit.capture_fd_output`
+  redirects the descriptor itself, and the printed values are checked;
+* what the tile language became for the GEMM and FlashAttention lesson kernels: instruction markers in the
+  CUDA source side by side for sm_80 (cp.async, ldmatrix, mma.sync) and sm_90a (TMA, mbarrier, wgmma). On
+  Hopper TileLang adds a producer warpgroup that issues the copies, so the kernel launches more threads
+  than the program asked for;
+* TileLang's own profiler: `kernel.get_profiler()`, `assert_allclose`, `do_bench`;
+* how to watch the lowering: which passes ran and which changed the IR (TVM's `DumpIR` instrument, what
+  the `tl.enable_dump_ir` pass config installs), and the switches for tracing.
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
+import functools
 import os
 import re
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 import tilelang
 import tilelang.language as T
 
 import tourkit
-from sections.gemm_schedules import GemmConfig, default_schedules, fits, gemm_flops, gemm_program
-from tourkit import ARCH_SPECS, Section
+from sections.flash_attention import flash_attention_forward
+from sections.gemm_schedules import GemmConfig, fits, gemm_flops, gemm_program, lesson_schedules
+from tourkit import ARCH_SPECS
 
-# ---------------------------------------------------------------------------------------------------------
-# Part 1: printing from the device
-# ---------------------------------------------------------------------------------------------------------
 
+def clip(line: str, width: int = 110) -> str:
+    return line if len(line) <= width else line[:width - 1] + "…"
+
+
+# --- Part 1: printing from the device -------------------------------------------------------------------
 PRINT_ROWS, PRINT_COLS = 4, 8
 SCALAR_AT = ((1, 2), (2, 1))  # the scalar printed is tile[1, 2] + tile[2, 1]
 
@@ -72,18 +74,10 @@ _DEVICE_PRINT = re.compile(
 
 def parse_device_prints(text: str) -> list[dict]:
     """The lines T.print wrote, as dicts: msg, block, thread (tuples), buffer, index, dtype, value."""
-    found = []
-    for match in _DEVICE_PRINT.finditer(text):
-        found.append({
-            "msg": match["msg"],
-            "block": tuple(int(v) for v in match["block"].split(",")),
-            "thread": tuple(int(v) for v in match["thread"].split(",")),
-            "buffer": match["buffer"],
-            "index": None if match["index"] is None else int(match["index"]),
-            "dtype": match["dtype"],
-            "value": float(match["value"]),
-        })
-    return found
+    return [{"msg": m["msg"], "block": tuple(int(v) for v in m["block"].split(",")),
+             "thread": tuple(int(v) for v in m["thread"].split(",")), "buffer": m["buffer"],
+             "index": None if m["index"] is None else int(m["index"]), "dtype": m["dtype"], "value": float(m["value"])}
+            for m in _DEVICE_PRINT.finditer(text)]
 
 
 def check_device_prints(prints: list[dict], x_flat: list[float]) -> list[str]:
@@ -109,10 +103,9 @@ def check_device_prints(prints: list[dict], x_flat: list[float]) -> list[str]:
     return problems
 
 
-def run_device_print(ctx) -> None:
+def run_device_print(ctx, kernel) -> None:
     import torch
 
-    kernel = tilelang.compile(print_demo_program(), out_idx=None, target="cuda")
     # Quarters are exact in float32 and in printf's %f, so the printed text can be compared exactly.
     x = (torch.arange(PRINT_ROWS * PRINT_COLS, device="cuda", dtype=torch.float32) / 4 - 2).reshape(PRINT_ROWS, PRINT_COLS)
     y = torch.empty_like(x)
@@ -122,8 +115,7 @@ def run_device_print(ctx) -> None:
     prints = parse_device_prints(printed.text)
     ctx.log(f"captured {len(prints)} device-printed lines from file descriptor 1, for example:")
     for msg in ("shared tile", "fragment x2", "scalar"):
-        sample = next((ln for ln in printed.text.splitlines() if f"msg='{msg}'" in ln), f"(no line for {msg!r})")
-        ctx.log("  " + sample)
+        ctx.log("  " + next((ln for ln in printed.text.splitlines() if f"msg='{msg}'" in ln), f"(no line for {msg!r})"))
     problems = check_device_prints(prints, x.flatten().tolist())
     ctx.log(check.line())
     ctx.metric(device_print_lines=len(prints))
@@ -133,198 +125,133 @@ def run_device_print(ctx) -> None:
     tourkit.require([check])
 
 
-def show_print_codegen(ctx, arch: str) -> None:
-    """Compile-only: what T.print became in the CUDA source."""
-    report = tourkit.inspect_kernel("print_demo", print_demo_program(), arch)
-    lines = [ln.strip() for ln in report.source.splitlines() if "debug_print" in ln]
-    ctx.log(f"T.print in the CUDA source for {arch} ({report.nvcc}): calls into TileLang's debug.h printf helpers")
-    for line in lines:
-        ctx.log("  " + line)
-    if len(lines) < 3:
-        raise tourkit.ValidationError(f"expected 3 debug_print calls in print_demo's source, found {len(lines)}")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Part 2: what TileLang generated, per architecture
-# ---------------------------------------------------------------------------------------------------------
-
-MARKER_GEMM_SIZE = 4096
-# The markers the tables show, in order, and the arches always compared side by side.
-TABLE_MARKERS = ["mma_sync", "wgmma", "cp_async", "tma_load", "ldmatrix", "__syncthreads", "mbarrier",
-                 "rasterization"]
+# --- Part 2: what TileLang generated, per architecture --------------------------------------------------
+# The markers the table shows, in order, and the arches always compared side by side.
+TABLE_MARKERS = ["mma_sync", "wgmma", "cp_async", "tma_load", "ldmatrix", "__syncthreads", "mbarrier", "rasterization"]
 COMPARED_ARCHES = ["sm_80", "sm_90a"]
-
-
-def gemm_schedule_for(arch: str, smem_budget: int | None = None) -> GemmConfig:
-    """The first of the tour's hand-picked GEMM schedules for the arch that fits the shared memory and that
-    TileLang pipelines itself (kernel="tilelang"): the lesson shows what TileLang's passes do, and the
-    hand-written warp-specialized kernel (kernel="ws") does their work by hand."""
-    spec = ARCH_SPECS[arch]
-    budget = spec.smem_per_block_optin if smem_budget is None else smem_budget
-    for config in default_schedules(spec.family):
-        if fits(config, budget) and config.kernel == "tilelang":
-            return config
-    raise ValueError(f"no GEMM schedule for {arch} fits {budget} B of shared memory")
-
-
-def marker_kernels(arch: str) -> list[tuple[str, object, int]]:
-    """(name, prim_func, threads the program asked for) of the kernels whose generated code we inspect."""
-    size = MARKER_GEMM_SIZE
-    gemm_config = gemm_schedule_for(arch)
-    kernels = [("gemm " + gemm_config.label(), gemm_program(size, size, size, gemm_config), gemm_config.threads)]
-    kernels += flash_attention_kernels()
-    return kernels
-
-
 FLASH_SHAPE = dict(batch=1, heads=8, seq_len=1024, dim=128, causal=False)
 FLASH_THREADS = 256
 
 
-def flash_attention_kernels() -> list[tuple[str, object, int]]:
-    """The flash_attention section's forward kernel (its builder's default tiles), if that module is there."""
-    try:
-        from sections.flash_attention import flash_attention_forward
-    except ImportError:  # the table then shows the GEMM alone
-        return []
-    func = flash_attention_forward(**FLASH_SHAPE, threads=FLASH_THREADS)
-    return [(f"flash_attention d{FLASH_SHAPE['dim']}", func, FLASH_THREADS)]
+def lesson_gemm(arch: str, smem_budget: int | None = None) -> GemmConfig:
+    """The GEMM lesson's default TileLang schedule for the arch (the first that fits its shared memory)."""
+    spec = ARCH_SPECS[arch]
+    budget = spec.smem_per_block_optin if smem_budget is None else smem_budget
+    return next(c for c in lesson_schedules(spec.family) if fits(c, budget))
 
 
-def inspect_arches(ctx) -> list[str]:
-    """The running GPU's arch (or the --arch of a compile-only run) first, then sm_80 and sm_90a."""
-    arches = [ctx.arch]
-    return arches + [a for a in COMPARED_ARCHES if a not in arches]
+def gemm_size(ctx) -> int:
+    return 1024 if ctx.quick else 4096
 
 
-def inspect_all(arches: list[str], nvcc_arches: list[str] | None = None) -> dict[str, list[tourkit.KernelReport]]:
-    """Lower every (kernel, arch) at once (tourkit.inspect_kernels); nvcc-compile those of `nvcc_arches`
-    (default: all). The markers come from the lowered source; nvcc proves the source builds."""
-    nvcc_arches = arches if nvcc_arches is None else nvcc_arches
-    jobs = [(name, func, arch) for arch in arches for name, func, _ in marker_kernels(arch)]
-    compiled = tourkit.inspect_kernels([job for job in jobs if job[2] in nvcc_arches])
-    lowered = tourkit.inspect_kernels([job for job in jobs if job[2] not in nvcc_arches], nvcc=False)
-    done = [(compiled if job[2] in nvcc_arches else lowered).pop(0) for job in jobs]
-    return {arch: [rep for (_, _, a), rep in zip(jobs, done) if a == arch] for arch in arches}
+def marker_kernels(arch: str, size: int, smem_budget: int | None = None) -> list[tourkit.KernelDecl]:
+    """The GEMM lesson kernel (out_idx=[2]: the profiler's form) and the FlashAttention lesson kernel for
+    `arch`, with the markers a tensor-core kernel must show there."""
+    config = lesson_gemm(arch, smem_budget)
+    markers = tuple(tourkit.TENSOR_CORE_MARKERS[ARCH_SPECS[arch].family])
+    return [tourkit.KernelDecl(f"gemm {size}^3", functools.partial(gemm_program, size, size, size, config),
+                               out_idx=[2], threads=config.threads, markers=markers),
+            tourkit.KernelDecl(f"flash_attention d{FLASH_SHAPE['dim']}",
+                               functools.partial(flash_attention_forward, **FLASH_SHAPE, threads=FLASH_THREADS),
+                               threads=FLASH_THREADS, markers=markers)]
 
 
-def requested_threads(arches: list[str]) -> dict[tuple[str, str], int]:
-    return {(arch, name): threads for arch in arches for name, _, threads in marker_kernels(arch)}
+def kernels(ctx) -> list[tourkit.KernelDecl]:
+    """What the section builds for ctx.arch: the T.print kernel and the GEMM (a run launches both); the
+    compile-only report adds the FlashAttention kernel. The other arches' columns are only lowered."""
+    gemm, flash = marker_kernels(ctx.arch, gemm_size(ctx), ctx.smem_budget)
+    printing = tourkit.KernelDecl("print_demo", print_demo_program, threads=32)
+    return [printing, gemm, flash] if ctx.compile_only else [printing, gemm]
 
 
-def kernel_kind(report: tourkit.KernelReport) -> str:
-    return {"flash_attention": "flash_attn"}.get(report.name.split()[0], report.name.split()[0])
+def lower_markers(ctx, have: dict[str, tourkit.KernelReport]) -> dict[str, list]:
+    """{arch: [(decl, report)]} for ctx.arch first, then sm_80 and sm_90a: every marker kernel lowered
+    (tourkit.inspect_kernels, in threads) except those in `have` (already inspected by name for ctx.arch).
+    A --quick run compares the GEMM alone (FlashAttention's lowering for sm_80 takes seconds)."""
+    arches = [ctx.arch] + [a for a in COMPARED_ARCHES if a != ctx.arch]
+    count = 1 if ctx.quick and not ctx.compile_only else 2
+    decls = {arch: marker_kernels(arch, gemm_size(ctx), ctx.smem_budget if arch == ctx.arch else None)[:count]
+             for arch in arches}
+    jobs = [(d.name, d.program(), arch) for arch in arches for d in decls[arch]
+            if not (arch == ctx.arch and d.name in have)]
+    lowered = iter(tourkit.inspect_kernels(jobs, nvcc=False))
+    return {arch: [(d, have[d.name] if arch == ctx.arch and d.name in have else next(lowered)) for d in decls[arch]]
+            for arch in arches}
 
 
-def marker_table(reports: dict[str, list[tourkit.KernelReport]], running_arch: str, asked: dict) -> tuple[list, list]:
-    """Rows: markers (and the launch shape); columns: kernel x arch; plus what each marker means."""
-    # Column order: each kernel on every arch side by side.
-    count = min(len(reps) for reps in reports.values())
-    columns = [(arch, reps[i]) for i in range(count) for arch, reps in reports.items()]
-    headers = ["marker"] + [f"{kernel_kind(rep)} {arch}{'*' if arch == running_arch else ''}" for arch, rep in columns]
-    headers.append("what it is")
-    rows = []
-    for marker in TABLE_MARKERS:
-        rows.append([marker] + [rep.markers.get(marker, 0) for _, rep in columns] + [tourkit.MARKERS[marker][1]])
-    rows.append(["threads launched"] + [rep.threads for _, rep in columns] + ["threads per block in the launch"])
-    rows.append(["threads asked"] + [asked[(arch, rep.name)] for arch, rep in columns] + ["threads=... in T.Kernel"])
-    rows.append(["shared memory"] + [tourkit.format_bytes(rep.smem_bytes) for _, rep in columns] + ["per block"])
-    rows.append(["nvcc"] + [rep.nvcc.split(":")[0] for _, rep in columns] + ["nvcc -arch=... on the source"])
+def marker_table(reports: dict[str, list], running_arch: str) -> tuple[list, list]:
+    """Rows: markers and the launch shape; columns: each kernel on every arch side by side."""
+    count = min(len(pairs) for pairs in reports.values())
+    columns = [(arch, pairs[i]) for i in range(count) for arch, pairs in reports.items()]
+    headers = ["marker"] + [f"{d.name.split()[0]} {arch}{'*' if arch == running_arch else ''}"
+                            for arch, (d, _) in columns] + ["what it is"]
+    rows = [[m] + [rep.markers.get(m, 0) for _, (_, rep) in columns] + [tourkit.MARKERS[m][1]] for m in TABLE_MARKERS]
+    rows.append(["threads launched"] + [rep.threads for _, (_, rep) in columns] + ["threads per block in the launch"])
+    rows.append(["threads asked"] + [d.threads for _, (d, _) in columns] + ["threads=... in T.Kernel"])
+    rows.append(["shared memory"] + [tourkit.format_bytes(rep.smem_bytes) for _, (_, rep) in columns] + ["per block"])
+    rows.append(["nvcc"] + [rep.nvcc.split(":")[0] for _, (_, rep) in columns] + ["nvcc -arch=... on the source"])
     return headers, rows
 
 
-def expected_markers(arch: str, kind: str) -> list[str]:
-    """What a tensor-core kernel must contain on each architecture family."""
-    if ARCH_SPECS[arch].family == "hopper":
-        return ["wgmma", "tma_load", "mbarrier"]
-    if ARCH_SPECS[arch].family in ("ampere", "ada"):
-        return ["mma_sync", "cp_async", "ldmatrix"]
-    return ["mma_sync"]
-
-
-def show_markers(ctx) -> dict[str, list[tourkit.KernelReport]]:
-    arches = inspect_arches(ctx)
-    # With a GPU, nvcc builds the running arch's kernels (the others are only lowered: seconds saved);
-    # in a compile-only run, every arch's.
-    reports = inspect_all(arches, None if ctx.compile_only else [ctx.arch])
-    asked = requested_threads(arches)
-    headers, rows = marker_table(reports, ctx.arch, asked)
-    where = "this GPU" if ctx.has_gpu and not ctx.compile_only else "the --arch of this compile-only run"
+def show_markers(ctx, reports: dict[str, list]) -> None:
+    headers, rows = marker_table(reports, ctx.arch)
+    where = "the --arch of this compile-only run" if ctx.compile_only else "this GPU"
     ctx.log(f"Instruction markers counted in the generated CUDA source (* = {where}):")
     ctx.table(headers, rows)
-    for arch, reps in reports.items():
-        for rep in reps:
-            asked_threads = asked[(arch, rep.name)]
-            if rep.threads != asked_threads:
-                ctx.log(f"note: {rep.name} on {arch} launches {rep.threads} threads, the program asked for "
-                        f"{asked_threads}: warp specialization added {rep.threads - asked_threads} producer "
-                        f"threads ({(rep.threads - asked_threads) // 32} warps) that issue the TMA copies.")
-    gemm_here = reports[ctx.arch][0]
+    for arch, (decl, rep) in ((arch, pair) for arch, pairs in reports.items() for pair in pairs):
+        if rep.threads != decl.threads:
+            extra = rep.threads - decl.threads
+            ctx.log(f"note: {rep.name} on {arch} launches {rep.threads} threads, the program asked for "
+                    f"{decl.threads}: warp specialization added {extra} producer threads ({extra // 32} warps) "
+                    f"that issue the TMA copies.")
+    gemm_here = reports[ctx.arch][0][1]
     excerpt = tourkit.source_excerpt(gemm_here.source, r"tl::(wgmma_\w+|mma_sync)<", context=0, limit=1)
     if excerpt:
-        ctx.log(f"the tensor-core call in {gemm_here.name}'s CUDA source for {ctx.arch} (M, N, K of one instruction "
-                f"among its template arguments):")
-        for line in excerpt.splitlines():
-            line = line.strip()
-            ctx.log("  " + (line if len(line) <= 110 else line[:109] + "…"))
-    ctx.metric(markers={f"{rep.name} {arch}": rep.summary() for arch, reps in reports.items() for rep in reps})
-    for arch, reps in reports.items():
-        for rep in reps:
-            tourkit.require_markers(rep, expected_markers(arch, kernel_kind(rep)))
-    return reports
+        ctx.log(f"the tensor-core call in {gemm_here.name}'s CUDA for {ctx.arch} (one instruction's M, N, K among "
+                f"its template arguments):")
+        ctx.log("  " + clip(excerpt.strip()))
+    ctx.metric(markers={f"{rep.name} {arch}": rep.summary() for arch, pairs in reports.items() for _, rep in pairs})
+    for decl, rep in (pair for pairs in reports.values() for pair in pairs):
+        tourkit.require_markers(rep, decl.markers)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Part 3: TileLang's own profiler
-# ---------------------------------------------------------------------------------------------------------
-
-
-def run_profiler(ctx) -> None:
+# --- Part 3: TileLang's own profiler --------------------------------------------------------------------
+def run_profiler(ctx, kernel, config: GemmConfig) -> None:
     import torch
 
-    size = 1024 if ctx.quick else 4096
-    config = gemm_schedule_for(ctx.arch, ctx.smem_budget)
-    # out_idx=[2]: the kernel allocates C and returns it, which is what the profiler expects.
-    kernel = tilelang.compile(gemm_program(size, size, size, config), out_idx=[2], target="cuda")
+    size = gemm_size(ctx)
     profiler = kernel.get_profiler(tensor_supply_type=tilelang.TensorSupplyType.Normal)
-
-    def reference(a, b):
-        return (a.float() @ b.float()).half()
-
-    # assert_allclose draws inputs for the kernel's parameters, runs both programs and compares.
-    profiler.assert_allclose(reference, rtol=1e-2, atol=1e-2)
+    # assert_allclose draws inputs for the kernel's parameters, runs both programs and compares
+    # (out_idx=[2]: the kernel allocates C and returns it, which is what the profiler expects).
+    profiler.assert_allclose(lambda a, b: (a.float() @ b.float()).half(), rtol=1e-2, atol=1e-2)
     ctx.log(f"profiler.assert_allclose(reference, rtol=1e-2, atol=1e-2): passed for gemm {size}^3 {config.label()}")
-    # The same check through the kit, to print a relative error.
     a = tourkit.random_tensor((size, size), torch.float16, seed=1)
     b = tourkit.random_tensor((size, size), torch.float16, seed=2)
     c = torch.empty(size, size, dtype=torch.float16, device="cuda")
     check = tourkit.validate("gemm via kernel(a, b)", lambda: c.copy_(kernel(a, b)), c, a.double() @ b.double(), 2e-3)
-    ctx.log(check.line())
+    ctx.log(check.line())  # the same check through the kit, to print a relative error
     tourkit.require([check])
-
     # do_bench: CUDA events around each call, L2 flushed between calls; the mean in ms by default.
-    tl_ms = profiler.do_bench(warmup=25, rep=100)
-    torch_ms = profiler.do_bench(lambda a, b: torch.matmul(a, b), warmup=25, rep=100)
-    kit_ms = tourkit.bench_ms(lambda: kernel(a, b))
+    tl_ms = profiler.do_bench(warmup=10, rep=50)
+    torch_ms = profiler.do_bench(lambda a, b: torch.matmul(a, b), warmup=10, rep=50)
+    kit_ms = tourkit.bench_ms(lambda: kernel(a, b), warmup_ms=10.0, rep_ms=50.0)
     flops = gemm_flops(size, size, size)
     ctx.table(["timed by", "kernel", "ms", "TFLOP/s"], [
         ["profiler.do_bench() (mean)", "TileLang gemm", tl_ms, tourkit.tflops(flops, tl_ms)],
         ["profiler.do_bench(torch.matmul)", "cuBLAS", torch_ms, tourkit.tflops(flops, torch_ms)],
         ["tourkit.bench_ms (median)", "TileLang gemm", kit_ms, tourkit.tflops(flops, kit_ms)],
     ])
-    ratio = tourkit.speedup(torch_ms, tl_ms)
-    ctx.log(f"TileLang / cuBLAS through the same profiler: {ratio:.2f}x")
+    ratio = torch_ms / tl_ms
+    ctx.log(f"TileLang / cuBLAS through the same profiler, one after the other: {ratio:.2f}x")
     ctx.metric(profiler_gemm_size=size, profiler_tilelang_ms=tl_ms, profiler_torch_ms=torch_ms,
                profiler_kit_ms=kit_ms, profiler_vs_torch=ratio, profiler_rel_error=check.rel_error)
     ctx.headline(profiler_vs_cublas=round(ratio, 2))
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Part 4: watching the lowering
-# ---------------------------------------------------------------------------------------------------------
-
+# --- Part 4: watching the lowering ----------------------------------------------------------------------
 # (name, how to set it, what it does); the table shows which of them this tilelang knows.
 DEBUG_ENV_VARS = [
-    ("TILELANG_PRINT_ON_COMPILATION", "1", "log 'begins/completes to compile kernel' (on by default)"),
+    ("TILELANG_PRINT_ON_COMPILATION", "1", "log 'begins/completes to compile kernel' (0 in the tour)"),
     ("TL_LOWER_TRACE", "terminal|html|both", "IR diff of every lowering pass (read at import)"),
     ("TILELANG_PASS_DIFF", "terminal|html|both", "older per-pass IR diff hook (read at import)"),
     ("TILELANG_PASS_PROFILE", "1", "time every pass of each compile"),
@@ -350,11 +277,8 @@ def known_env_vars() -> list[list[str]]:
 
     environment = importlib.import_module("tilelang.env").Environment  # `tilelang.env` is also an object
     known_keys = {getattr(v, "key", None) for v in vars(environment).values()}
-    rows = []
-    for name, how, what in DEBUG_ENV_VARS:
-        value = os.environ.get(name, "(unset)") if name in known_keys else "(not in this version)"
-        rows.append([f"{name}={how}", value, what])
-    return rows
+    return [[f"{name}={how}", os.environ.get(name, "(unset)") if name in known_keys else "(not in this version)", what]
+            for name, how, what in DEBUG_ENV_VARS]
 
 
 def known_pass_configs() -> list[list[str]]:
@@ -364,7 +288,7 @@ def known_pass_configs() -> list[list[str]]:
             for key, how, what in DEBUG_PASS_CONFIGS]
 
 
-BIG_STEP_LINES = 5  # passes that grow or shrink the IR by at least this many lines are listed
+BIG_STEPS_SHOWN = 8  # the passes that grew or shrank the IR most, in the order they ran
 
 
 def trace_lowering(func, arch: str, dump_dir: str) -> list[dict]:
@@ -386,39 +310,42 @@ def trace_lowering(func, arch: str, dump_dir: str) -> list[dict]:
     return steps
 
 
-def show_lowering(ctx) -> None:
-    arch = ctx.arch
-    config = gemm_schedule_for(arch)
+def big_steps(func, steps: list[dict]) -> list[str]:
+    """'pass before->after' (IR lines) of the BIG_STEPS_SHOWN passes that changed the IR's length most."""
+    before, moves = len(func.script().splitlines()), []
+    for i, step in enumerate(steps):
+        moves.append((abs(step["lines"] - before), i, f"{step['pass']} {before}->{step['lines']}"))
+        before = step["lines"]
+    return [text for _, _, text in sorted(sorted(moves, reverse=True)[:BIG_STEPS_SHOWN], key=lambda m: m[1])]
+
+
+def trace_gemm(ctx) -> tuple:
+    """The lowering trace of a small GEMM lesson kernel for ctx.arch, in a temporary dump directory."""
+    config = lesson_gemm(ctx.arch, ctx.smem_budget)
     func = gemm_program(1024, 1024, 1024, config)
-    ctx.log(f"The program before lowering (func.script(), first lines), gemm {config.label()}:")
-    for line in func.script().splitlines()[:6]:
-        ctx.log("  " + line)
     dump_dir = tempfile.mkdtemp(prefix="tilelang_dump_ir_")
     try:
-        steps = trace_lowering(func, arch, dump_dir)
+        return config, func, trace_lowering(func, ctx.arch, dump_dir)
     finally:
         shutil.rmtree(dump_dir, ignore_errors=True)
+
+
+def show_lowering(ctx, config: GemmConfig, func, steps: list[dict]) -> None:
     changed = [s for s in steps if s["changed"]]
-    ctx.log(f"Lowering for {arch}: {len(steps)} passes ran (one IR file each, e.g. {steps[1]['file']}), "
-            f"{len(changed)} changed the IR. The big steps (IR length in lines, before -> after):")
-    rows, before = [], len(func.script().splitlines())
-    for step in steps:
-        if abs(step["lines"] - before) >= BIG_STEP_LINES:
-            rows.append(f"{step['pass']} {before}->{step['lines']}")
-        before = step["lines"]
+    ctx.log(f"gemm 1024^3 {config.label()} before lowering (func.script(), first lines):")
+    for line in func.script().splitlines()[:4]:
+        ctx.log("  " + clip(line))
+    ctx.log(f"Lowering for {ctx.arch}: {len(steps)} passes ran (one IR file each, e.g. {steps[1]['file']}), "
+            f"{len(changed)} changed the IR; the {BIG_STEPS_SHOWN} biggest steps (IR lines before -> after):")
+    rows = big_steps(func, steps)
     for start in range(0, len(rows), 4):
         ctx.log("  " + ",  ".join(rows[start:start + 4]))
-    key_pass = "tl.LowerTileOp"
-    after = next((s for s in steps if s["pass"] == key_pass), None)
-    if after is not None:
-        excerpt = tourkit.source_excerpt(after["ir"], r"tma_load|cp_async", context=1, limit=3)
-        if excerpt:
-            ctx.log(f"after {key_pass} a T.copy has become explicit copy instructions:")
-            for line in excerpt.splitlines():
-                line = line.strip()
-                ctx.log("  " + (line if len(line) <= 110 else line[:109] + "…"))
-    ctx.log("")
-    ctx.log("To do this yourself:")
+    after = next((s for s in steps if s["pass"] == "tl.LowerTileOp"), None)
+    excerpt = tourkit.source_excerpt(after["ir"], r"tma_load|cp_async", context=0, limit=1) if after else ""
+    if excerpt:
+        ctx.log("after tl.LowerTileOp a T.copy has become an explicit copy instruction:")
+        ctx.log("  " + clip(excerpt.strip()))
+    ctx.log("\nTo do this yourself (TILELANG_PRINT_ON_COMPILATION defaults to 0 in the tour: tourkit.quiet_tilelang):")
     ctx.table(["environment variable", "here", "what it does"], known_env_vars())
     ctx.table(["pass config (tilelang.compile(..., pass_configs={...}))", "known", "what it does"],
               known_pass_configs())
@@ -428,39 +355,46 @@ def show_lowering(ctx) -> None:
         raise tourkit.ValidationError(f"lowering trace looks wrong: {len(steps)} passes, {len(changed)} changed")
 
 
-# ---------------------------------------------------------------------------------------------------------
-# The section
-# ---------------------------------------------------------------------------------------------------------
-
-
+# --- The lesson -----------------------------------------------------------------------------------------
 def run(ctx) -> None:
-    gpu = ctx.has_gpu and not ctx.compile_only
-    ctx.log("== 1. T.print: printing from the device ==")
-    if gpu:
-        run_device_print(ctx)
-    else:
-        show_print_codegen(ctx, ctx.arch)
-        ctx.log("(running it and capturing the printed values needs a GPU: skipped in compile-only mode)")
-    ctx.log("")
-    ctx.log("== 2. What TileLang generated: instruction markers per architecture ==")
-    show_markers(ctx)
-    ctx.log("")
-    ctx.log("== 3. The built-in profiler: get_profiler(), assert_allclose, do_bench ==")
-    if gpu:
-        run_profiler(ctx)
-    else:
-        ctx.log("(needs a GPU: skipped in compile-only mode)")
-    ctx.log("")
-    ctx.log("== 4. Watching the lowering: IR after every pass, pass configs, environment variables ==")
-    show_lowering(ctx)
-    skipped = [] if gpu else ["device printing (1)", "profiler (3)"]
-    ctx.headline(arch=ctx.arch, skipped=", ".join(skipped) or "none")
+    decls = kernels(ctx)
+    gpu = not ctx.compile_only
+    built = tourkit.build_declared(decls, log=ctx.log) if gpu else {}
+    have = {} if gpu else tourkit.inspect_declared(ctx, decls)  # compile-only: what ctx.arch's kernels became
+    # Lowering runs in C++ threads: the marker kernels and the trace lower while the GPU parts run.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        markers = pool.submit(lower_markers, ctx, have)
+        trace = pool.submit(trace_gemm, ctx)
+        ctx.log("\n== 1. T.print: printing from the device ==")
+        if gpu:
+            run_device_print(ctx, built["print_demo"])
+        else:
+            lines = [ln.strip() for ln in have["print_demo"].source.splitlines() if "debug_print" in ln]
+            ctx.log(f"T.print in the CUDA source for {ctx.arch}: calls into TileLang's debug.h printf helpers")
+            ctx.log("\n".join("  " + line for line in lines))
+            if len(lines) < 3:
+                raise tourkit.ValidationError(f"expected 3 debug_print calls in print_demo's CUDA, found {len(lines)}")
+            ctx.log("(running it and capturing the printed values needs a GPU: skipped in compile-only mode)")
+        ctx.log("\n== 2. What TileLang generated: instruction markers per architecture ==")
+        reports = markers.result()
+        if gpu:  # ctx.arch's GEMM is the kernel build_declared compiled with nvcc
+            reports[ctx.arch][0][1].nvcc = "compiled"
+        show_markers(ctx, reports)
+        ctx.log("\n== 3. The built-in profiler: get_profiler(), assert_allclose, do_bench ==")
+        if gpu:
+            run_profiler(ctx, built[decls[1].name], lesson_gemm(ctx.arch, ctx.smem_budget))
+        else:
+            ctx.log("(needs a GPU: skipped in compile-only mode)")
+        ctx.log("\n== 4. Watching the lowering: IR after every pass, pass configs, environment variables ==")
+        show_lowering(ctx, *trace.result())
+    ctx.headline(arch=ctx.arch, skipped="none" if gpu else "device printing (1), profiler (3)")
 
 
-SECTION = Section(
+SECTION = tourkit.Section(
     name="debugging",
     title="Debugging and looking inside kernels",
     summary="T.print captured from the device, instruction markers sm_80 vs sm_90a, the profiler, IR per pass.",
     run=run,
     needs_gpu=True,
+    kernels=kernels,
 )

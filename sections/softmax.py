@@ -1,52 +1,49 @@
-"""softmax: a memory-bound row reduction that reads the data once and writes it once.
+"""softmax: a row reduction that reads its data once and writes it once, at the speed of a copy.
 
-What you learn: how a row lives in a *fragment* (a tile spread over the threads' registers) so that
-`T.reduce_max` and `T.reduce_sum` become warp shuffles plus one small shared-memory exchange; why softmax is
-written with `exp2` and the factor log2(e) folded into one fused multiply-add; and how the same kernel shape
-copes with rows that do not fit the easy case:
+You will learn:
+* a row in a *fragment* (a tile spread over the threads' registers): `T.reduce_max` / `T.reduce_sum`
+  become warp shuffles plus one small shared-memory exchange; `exp2` with log2(e) folded into one FMA;
+* odd widths (padding, masks) and rows too long for registers (the online softmax, row in shared memory);
+* judging a memory-bound kernel: GB/s against a device copy of the same bytes, timed in turns.
 
-* short rows whose width is a multiple of 8 (4096, 8192): several rows per block, each row read straight
-  from global memory into a float32 fragment with 16-byte loads ("rows in registers");
-* rows of odd width (1823): a row starts at an odd address, so a 16-byte load cannot start there. Short
-  odd rows (up to 2048) go straight into a fragment padded to a multiple of the thread count, the padding
-  masked with -inf, 4 rows per block of 128 threads; a problem this small (30 MB) is all latency, so the
-  launch bounds cap the registers until every block is resident in the first wave ("rows in registers").
-  Longer odd rows: the block copies its group of 8 consecutive rows as ONE flat, aligned range (8·N halves
-  start on a 16-byte boundary) into shared memory and reads each row from there ("rows staged in shared
-  memory");
-* rows too long for registers (32768): the row is staged in shared memory (64 KiB), then processed in
-  chunks with the *online* formulation: pass 1 keeps a running maximum and a running sum that is rescaled
-  whenever the maximum grows; pass 2 recomputes exp2 per chunk from shared memory and writes. Global memory
-  is still read once and written once.
+Per row x (fp16 in memory, float32 in registers):
 
-The benchmark compares against torch.softmax and against a device-to-device copy measured in the same
-run: a copy reads and writes every byte once, which is exactly softmax's traffic, so it is the ceiling.
+    m    = max_j x[j]                          # T.reduce_max
+    e[j] = 2^(x[j]·log2e − m·log2e)            # T.exp2: one FMA and one exp2 per element
+    s    = Σ_j e[j]                            # T.reduce_sum
+    y[j] = e[j] · (1 / s)                      # one division per row
+
+A row too long to hold in registers is staged in shared memory and walked twice, in chunks:
+
+    m, s = −inf, 0
+    for each chunk c:  m' = max(m, max(c));  s = s·2^(m − m') + Σ 2^(c − m');  m = m'    # online rescale
+    for each chunk c:  y[c] = 2^(c − m) / s
+
+Three kernels, simple to fast, each checked against torch.softmax before it is timed (choose_plan picks one
+per shape and GPU): 1. rows_in_registers, 2. rows_staged_in_shared, 3. long_rows_online.
 """
 
-
-import math
+import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import tilelang
 import tilelang.language as T
 
 import tourkit
-from tourkit import Section
 
 LOG2E = 1.4426950408889634
 BENCH_SHAPES = [(32768, 4096), (16384, 8192), (8192, 32768), (4096, 1823)]
 QUICK_SHAPES = [(4096, 4096), (2048, 1823), (1024, 32768)]
+ODD_SHAPES = [(1001, 1823), (1000, 1823), (999, 4096), (37, 32768)]  # correctness only: odd rows and widths
+ROUNDS = 2  # one forward and backward pair: the kernels sit well above the verdict's line (85% of a copy)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Kernel builders
-# ---------------------------------------------------------------------------------------------------------
-
-
+# --- The kernels --------------------------------------------------------------------------------------
 @T.macro
 def exponentials_and_reciprocal_sums(x, row_max, row_sum, rows: int, width: int):
-    """The heart of every row kernel below, on a float32 fragment x (rows, width): x becomes
-    2^(x·log2e - max·log2e) = e^(x - max) and row_sum 1 / Σ of each row; the caller scales and stores."""
+    """The heart of every kernel below, on a float32 fragment x (rows, width): x becomes e^(x - max) (as exp2)
+    and row_sum 1 / Σ of each row; the caller scales and stores."""
     T.reduce_max(x, row_max, dim=1)
     for i in T.Parallel(rows):
         row_max[i] = row_max[i] * LOG2E  # exp(x - m) = exp2(x·log2e - m·log2e): one FMA per element
@@ -59,16 +56,9 @@ def exponentials_and_reciprocal_sums(x, row_max, row_sum, rows: int, width: int)
 
 def rows_in_registers(M: int, N: int, rows_per_block: int, threads: int, dtype: str = "float16",
                       min_blocks_per_sm: int = 0):
-    """Each block owns `rows_per_block` whole rows, read straight from global memory into a float32
-    fragment: reduce_max → exp2 in place → reduce_sum → scale → store. When rows are 16-byte aligned and
-    split evenly over the threads of a row, T.copy moves them and vectorizes. Otherwise the fragment is padded
-    to a multiple of (threads per row) · (elements per run), loads are masked (the pad holds -inf) and each
-    thread owns runs of 8 halves when N is a multiple of 8 (rows 16-byte aligned), else single halves:
-    correct for any (M, N). (TileLang 0.1.15 finds no layout for T.copy of e.g. 3000 columns over 256
-    threads.)
-
-    min_blocks_per_sm > 0 asks nvcc for that many resident blocks per SM (__launch_bounds__' second argument:
-    registers capped at 64K / (n · threads)); 0 leaves the launch bounds as they were."""
+    """Version 1, the simple one: a block reads `rows_per_block` whole rows from global memory into a float32
+    fragment (T.copy in 16-byte vectors when a row splits evenly over its threads, else masked loads into a
+    padded fragment, the pad -inf: any (M, N)). min_blocks_per_sm > 0: __launch_bounds__' resident blocks."""
     R = rows_per_block
     if threads % R:
         raise ValueError(f"softmax: {R} rows per block must divide {threads} threads")
@@ -105,9 +95,8 @@ def rows_in_registers(M: int, N: int, rows_per_block: int, threads: int, dtype: 
 
 
 def row_split_layout(rows: int, width: int, threads_per_row: int, vec: int):
-    """Fragment layout for (rows, width): row i belongs to threads [i·t, (i+1)·t); along the row, runs of `vec`
-    consecutive elements go to consecutive threads, so a warp reads 32·vec consecutive elements (16-byte
-    vectors when vec = 8, single halves when the rows are not 16-byte aligned)."""
+    """Fragment layout for (rows, width): row i belongs to threads [i·t, (i+1)·t); along the row, runs of
+    `vec` consecutive elements go to consecutive threads, so a warp reads 32·vec consecutive elements."""
     from tilelang.layout import Fragment
 
     t = threads_per_row
@@ -116,20 +105,16 @@ def row_split_layout(rows: int, width: int, threads_per_row: int, vec: int):
 
 
 def staged_vector_width(N: int, per_row: int) -> int:
-    """Elements each thread moves per shared-memory access in the staged kernels. 16-byte vectors only when
-    they tile the row exactly: the generated vector read of the padded tail is not masked (only its use is),
-    so a padded row with vectors reads past the shared buffer (seen on the H200: 999x3000 faulted). An odd
-    width also puts row starts at odd addresses. Otherwise single elements, each load masked."""
+    """Elements per shared-memory access in the staged kernel: 16-byte vectors only when they tile the row
+    exactly (a vector read of a padded tail would run past the shared buffer), else single masked ones."""
     return 8 if N % (per_row * 8) == 0 else 1
 
 
 def rows_staged_in_shared(M: int, N: int, rows_per_block: int, threads: int, dtype: str = "float16",
                           bulk_copy: bool = True, min_blocks_per_sm: int = 0):
-    """Odd widths: the block's rows are one contiguous range of R·N elements of the flattened tensor; with R a
-    multiple of 8 it starts on a 16-byte boundary, so it is copied to shared memory with wide loads. Each row
-    is then read from shared memory into a fragment padded to a multiple of the threads per row (the pad
-    holds -inf, which adds 0 to the sum), normalized there and written back through shared memory.
-    min_blocks_per_sm: as in rows_in_registers (0: launch bounds unchanged)."""
+    """Version 2, staged: the block's R rows, one flat range of R·N elements (16-byte aligned when R·N % 8 == 0,
+    so odd widths get wide loads too), copied to shared memory at once (a TMA bulk copy on Hopper), then
+    row by row into a padded fragment and back. What it adds: bulk copies, ahead at 4096 wide on Hopper."""
     R = rows_per_block
     if threads % R or (R * N) % 8:
         raise ValueError(f"staged softmax: {R} rows per block must divide {threads} threads and R·N must be a "
@@ -165,9 +150,9 @@ def rows_staged_in_shared(M: int, N: int, rows_per_block: int, threads: int, dty
 
 
 def long_rows_online(M: int, N: int, chunk: int, threads: int, dtype: str = "float16", bulk_copy: bool = True):
-    """One row per block, staged whole in shared memory (N·2 bytes); pass 1 walks it in chunks keeping a
-    running max m and a running sum s (s ← s·2^(m_old−m_new) + Σ 2^(x−m_new): the online softmax), pass 2
-    recomputes each chunk's exponentials from shared memory and writes them scaled by 1/s."""
+    """Version 3, long rows: one row a block, staged whole in shared memory, then the online two-pass over
+    chunks (the docstring's pseudo-code). What it adds: a row too long for registers still costs one read
+    and one write of global memory."""
     if N % chunk:
         raise ValueError(f"long-row softmax: width {N} is not a multiple of the chunk {chunk}")
     steps = N // chunk
@@ -207,81 +192,15 @@ def long_rows_online(M: int, N: int, chunk: int, threads: int, dtype: str = "flo
     return softmax_long_rows_online
 
 
-def long_rows_thread_online(M: int, N: int, threads: int, dtype: str = "float16", bulk_copy: bool = True):
-    """Like long_rows_online, but each thread runs its own online softmax over its slices of the row (a
-    (threads, 8) fragment whose row i belongs to thread i, so the per-chunk reductions stay inside a thread),
-    and the block combines the per-thread (max, sum) pairs once at the end: two block-wide reductions per row
-    instead of two per chunk."""
-    vec = 8
-    chunk = threads * vec
-    if N % chunk:
-        raise ValueError(f"long-row softmax: width {N} is not a multiple of {chunk} (threads x 8)")
-    steps = N // chunk
-
-    @T.prim_func
-    def softmax_long_rows_thread_online(X: T.Tensor((M, N), dtype), Y: T.Tensor((M, N), dtype)):
-        with T.Kernel(M, threads=threads) as bx:
-            row = T.alloc_shared((N,), dtype)
-            x = T.alloc_fragment((threads, vec), "float32")
-            part_max = T.alloc_fragment((threads,), "float32")  # thread i's running max (of x·log2e)
-            part_sum = T.alloc_fragment((threads,), "float32")  # thread i's running sum of 2^(x·log2e - max)
-            slice_max = T.alloc_fragment((threads,), "float32")
-            slice_sum = T.alloc_fragment((threads,), "float32")
-            row_max = T.alloc_fragment((1,), "float32")
-            row_sum = T.alloc_fragment((1,), "float32")
-            T.annotate_layout({x: row_split_layout(threads, vec, 1, vec)})
-            if bulk_copy:
-                T.copy(X[bx, 0:N], row, prefer_instruction="tma")
-            else:
-                T.copy(X[bx, 0:N], row)
-            T.fill(part_max, -T.infinity("float32"))
-            T.fill(part_sum, 0.0)
-            for c in T.serial(steps):
-                for i, j in T.Parallel(threads, vec):
-                    x[i, j] = T.cast(row[c * chunk + i * vec + j], "float32") * LOG2E
-                T.reduce_max(x, slice_max, dim=1)  # within one thread: no communication
-                for i in T.Parallel(threads):
-                    slice_max[i] = T.max(slice_max[i], part_max[i])
-                for i, j in T.Parallel(threads, vec):
-                    x[i, j] = T.exp2(x[i, j] - slice_max[i])
-                T.reduce_sum(x, slice_sum, dim=1)
-                for i in T.Parallel(threads):
-                    part_sum[i] = part_sum[i] * T.exp2(part_max[i] - slice_max[i]) + slice_sum[i]
-                    part_max[i] = slice_max[i]
-            T.reduce_max(part_max, row_max, dim=0)  # the block's one exchange for the max ...
-            for i in T.Parallel(threads):
-                part_sum[i] = part_sum[i] * T.exp2(part_max[i] - row_max[0])
-            T.reduce_sum(part_sum, row_sum, dim=0)  # ... and one for the sum
-            for i in T.Parallel(1):
-                row_sum[i] = 1.0 / row_sum[i]
-            for c in T.serial(steps):
-                for i, j in T.Parallel(threads, vec):
-                    Y[bx, c * chunk + i * vec + j] = T.cast(
-                        T.exp2(T.cast(row[c * chunk + i * vec + j], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
-
-    return softmax_long_rows_thread_online
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Choosing a kernel for a shape and a GPU
-# ---------------------------------------------------------------------------------------------------------
-
-
+# --- Choosing a kernel for a shape and a GPU ----------------------------------------------------------
 @dataclass(frozen=True)
 class SoftmaxPlan:
-    kind: str  # "registers" | "staged" | "online" | "online-per-thread"
+    kind: str  # "registers" | "staged" | "online"
     rows_per_block: int  # or the chunk length for "online"
     threads: int
     min_blocks_per_sm: int = 0  # registers / staged: __launch_bounds__' resident blocks per SM (0: not set)
 
-    @property
-    def flat(self) -> bool:
-        """The staged kernel addresses the tensor as one flat array (its blocks are flat ranges)."""
-        return self.kind == "staged"
-
     def describe(self) -> str:
-        if self.kind == "online-per-thread":
-            return f"online two-pass over a row in shared memory, per-thread (max, sum) merged once, {self.threads} threads"
         if self.kind == "online":
             return f"online two-pass over a row in shared memory, chunks of {self.rows_per_block}, {self.threads} threads"
         rows = f"{self.rows_per_block} row{'s' if self.rows_per_block > 1 else ''}/block"
@@ -291,41 +210,38 @@ class SoftmaxPlan:
 
 
 REGISTER_ROW_LIMIT = 8192  # float32 elements of a row kept in registers by one block (16 per thread at 512)
-PER_THREAD_LIMIT = 64  # float32 elements per thread in the odd-width staged kernel
+LONG_REGISTER_ROW_LIMIT = 32768  # 32 per thread at 1024 threads: only where shared memory cannot hold the row
+PER_THREAD_LIMIT = 64  # float32 elements per thread in the odd-width kernels
 SMALL_ODD_ROWS, SMALL_ODD_THREADS = 4, 128  # odd widths up to 32 · PER_THREAD_LIMIT = 2048 (see choose_plan)
 
 
 def choose_plan(M: int, N: int, smem_budget: int, family: str = "hopper") -> SoftmaxPlan:
-    """Pick the kernel shape for (M, N) on a GPU family with `smem_budget` bytes of shared memory per block.
-
-    The choices come from the H200 probe (bench/attention_probe.py, 2026-12-02; % of a 1 GiB device copy):
-    4096 wide: staged 1 row/256 threads 97%, registers 95%; 8192: registers 1 row/512 threads 98% (1024
-    threads 62%); 32768: online chunks of 4096 with 512 threads 78%, registers with 1024 threads 74%, the
-    whole row staged 63%; 1823 (a 15 MB problem, one wave of blocks): staged 8 rows 48-49%, masked
-    registers 48%. Odd widths up to 2048 (bench/softmax_probe.py, H200 2026-12-03, 4096x1823, 42 plans in turns
-    with a copy of the same 30 MB): masked registers, 4 rows per block of 128 threads, registers capped for 8
-    resident blocks per SM (the 1024 blocks in one wave) 13.4 µs = 91.7% of that copy; the staged 8-row kernel
-    14.8 µs = 82.8%."""
+    """The kernel for (M, N) fp16 with `smem_budget` bytes of shared memory per block, as bench/softmax_probe.py
+    found timing every plan in turns with a copy of the same bytes: up to 4096 wide, staged (bulk copies) on
+    Hopper, registers elsewhere; 8192, registers; longer, online. Odd widths up to 2048 (tens of MB: all
+    latency): 4 rows a block of 128 threads, registers capped so the grid is resident in one wave; longer
+    odd rows staged 8 at a time (8·N halves start 16-byte aligned). A row shared memory cannot hold (64 KiB
+    on Turing) stays in registers, 32 floats on each of 1024 threads: slower than staging, but it fits."""
     if M < 1 or N < 1:
         raise ValueError(f"softmax: shape ({M}, {N}) must be positive")
     row_bytes = N * 2
     aligned = N % 8 == 0
     if aligned and N <= REGISTER_ROW_LIMIT:
         if N <= 4096:
-            # Hopper: the staged kernel's bulk (TMA) copies edge out the register kernel's 16-byte loads.
             return SoftmaxPlan("staged" if family == "hopper" else "registers", 1, 256)
         return SoftmaxPlan("registers", 1, 512)
     if aligned:
-        # Second H200 probe: chunks of 8192 with 512 threads 98% of copy, 4096 with 256 threads 93%.
         if N % 8192 == 0 and row_bytes + 8192 <= smem_budget:
             return SoftmaxPlan("online", 8192, 512)
         if N % 4096 == 0 and row_bytes + 8192 <= smem_budget:
             return SoftmaxPlan("online", 4096, 256)
         if row_bytes + 8192 <= smem_budget and N <= 1024 * PER_THREAD_LIMIT:
             return SoftmaxPlan("staged", 1, 1024)
+        if N <= LONG_REGISTER_ROW_LIMIT:
+            return SoftmaxPlan("registers", 1, 1024)
     else:
         if M % SMALL_ODD_ROWS == 0 and -(-N // (SMALL_ODD_THREADS // SMALL_ODD_ROWS)) <= PER_THREAD_LIMIT:
-            # short odd rows: 32 threads per row, masked loads; every row a block touches exists (M % 4 == 0)
+            # every row a block touches exists (M % 4 == 0): the kernel indexes rows without a bound
             return SoftmaxPlan("registers", SMALL_ODD_ROWS, SMALL_ODD_THREADS, min_blocks_per_sm=8)
         per_row = 1
         while per_row < 128 and -(-N // per_row) > PER_THREAD_LIMIT:
@@ -344,37 +260,56 @@ def build(M: int, N: int, plan: SoftmaxPlan, family: str = "hopper"):
     if plan.kind == "registers":
         return rows_in_registers(M, N, plan.rows_per_block, plan.threads, min_blocks_per_sm=plan.min_blocks_per_sm)
     bulk = family == "hopper"
-    if plan.kind == "online-per-thread":
-        return long_rows_thread_online(M, N, plan.threads, bulk_copy=bulk)
     if plan.kind == "staged":
         return rows_staged_in_shared(M, N, plan.rows_per_block, plan.threads, bulk_copy=bulk,
                                      min_blocks_per_sm=plan.min_blocks_per_sm)
     return long_rows_online(M, N, plan.rows_per_block, plan.threads, bulk_copy=bulk)
 
 
-def compile_softmax(M: int, N: int, plan: SoftmaxPlan, family: str = "hopper"):
-    """A callable softmax(x) -> y for fp16 (M, N) tensors, compiled for the GPU in use."""
-    import torch
+def launcher(kernel, plan: SoftmaxPlan):
+    """softmax(x, y) -> y for fp16 (M, N) tensors, from a compiled kernel of `plan`."""
+    flat = plan.kind == "staged"  # its blocks are flat ranges of the tensor
 
-    kernel = tilelang.compile(build(M, N, plan, family), out_idx=None, target="cuda")
-
-    def softmax(x, y=None):
-        y = torch.empty_like(x) if y is None else y
-        if plan.flat:
-            kernel(x.view(-1), y.view(-1))
-        else:
-            kernel(x, y)
+    def softmax(x, y):
+        kernel(x.view(-1), y.view(-1)) if flat else kernel(x, y)
         return y
 
     softmax.source = kernel.get_kernel_source()
     return softmax
 
 
-# ---------------------------------------------------------------------------------------------------------
-# The reference, the check, the benchmark
-# ---------------------------------------------------------------------------------------------------------
+def compile_softmax(M: int, N: int, plan: SoftmaxPlan, family: str = "hopper"):
+    """The plan compiled for the GPU in use, as softmax(x, y) -> y."""
+    return launcher(tilelang.compile(build(M, N, plan, family), out_idx=None, target="cuda"), plan)
 
 
+# --- What the section builds, declared once -------------------------------------------------------------
+class Problem(NamedTuple):
+    M: int
+    N: int
+    plan: SoftmaxPlan
+    timed: bool  # benchmarked, or checked only
+    name: str
+
+
+def problems(ctx) -> list[Problem]:
+    """The benchmark shapes (timed) and the odd shapes (checked only; compile-only and quick: one of them)."""
+    family = tourkit.ARCH_SPECS[ctx.arch].family
+    timed = QUICK_SHAPES if ctx.quick and not ctx.compile_only else BENCH_SHAPES
+    checked = ODD_SHAPES[:1] if ctx.quick or ctx.compile_only else ODD_SHAPES
+    plans = [(M, N, choose_plan(M, N, ctx.smem_budget, family)) for M, N in timed + checked]
+    return [Problem(M, N, plan, (M, N) in timed, f"softmax {M}x{N} {plan.kind}") for M, N, plan in plans]
+
+
+def kernels(ctx) -> list[tourkit.KernelDecl]:
+    family = tourkit.ARCH_SPECS[ctx.arch].family
+    bulk = ("tma_load", "mbarrier") if family == "hopper" else ()  # Hopper stages rows with TMA under mbarriers
+    return [tourkit.KernelDecl(p.name, functools.partial(build, p.M, p.N, p.plan, family), threads=p.plan.threads,
+                               smem_limit=ctx.smem_budget, markers=bulk if p.plan.kind != "registers" else ())
+            for p in problems(ctx)]
+
+
+# --- The reference, the check, the benchmark ------------------------------------------------------------
 def reference(x):
     """torch.softmax in float32: the higher-precision reference for an fp16 kernel."""
     import torch
@@ -391,111 +326,75 @@ def check_shape(M: int, N: int, plan: SoftmaxPlan, softmax=None, family: str = "
     return tourkit.validate(f"softmax {M}x{N} [{plan.describe()}]", lambda: softmax(x, y), y, reference(x), 5e-3)
 
 
-def bench_shape(M: int, N: int, softmax) -> dict:
+def bench_table(cases: dict) -> dict:
+    """{label: (M, N, softmax)} -> {label: (ms, torch.softmax ms, copy ms)}: every shape's kernel, torch.softmax
+    and y.copy_(x) (the same bytes: the ceiling) in ONE bench_interleaved call. The shapes are independent,
+    so they share one settling of the GPU and take turns together."""
     import torch
 
-    x = tourkit.random_tensor((M, N), torch.float16, scale=3.0)
-    y = torch.empty_like(x)
-    times = tourkit.bench_interleaved({"ours": lambda: softmax(x, y), "torch": lambda: torch.softmax(x, dim=-1),
-                                       "copy": lambda: y.copy_(x)})
-    nbytes = 2 * M * N * 2  # one read, one write
-    return {"ms": times["ours"], "gbps": tourkit.gbps(nbytes, times["ours"]), "torch_ms": times["torch"],
-            "torch_gbps": tourkit.gbps(nbytes, times["torch"]), "copy_gbps": tourkit.gbps(nbytes, times["copy"])}
+    contenders = {}
+    for label, (M, N, softmax) in cases.items():
+        x = tourkit.random_tensor((M, N), torch.float16, scale=3.0)
+        y = torch.empty_like(x)
+        contenders[(label, "ours")] = functools.partial(softmax, x, y)
+        contenders[(label, "torch")] = functools.partial(torch.softmax, x, dim=-1)
+        contenders[(label, "copy")] = functools.partial(y.copy_, x)
+    # 50 ms of repetitions per reading, at most 500: hundreds of calls even for the 13 µs shape.
+    ms = tourkit.bench_interleaved(contenders, rounds=ROUNDS, warmup_ms=10.0, rep_ms=50.0, max_reps=500)
+    return {label: tuple(ms[(label, k)] for k in ("ours", "torch", "copy")) for label in cases}
 
 
-# ---------------------------------------------------------------------------------------------------------
-# The section
-# ---------------------------------------------------------------------------------------------------------
-
-ODD_SHAPES = [(1001, 1823), (1000, 1823), (999, 4096), (37, 32768)]  # correctness only: odd rows and widths
-
-
+# --- The lesson -----------------------------------------------------------------------------------------
 def show_generated(ctx, source: str) -> None:
-    """The row reduction as TileLang wrote it: a per-thread loop, then a cross-thread AllReduce."""
     excerpt = tourkit.source_excerpt(source, r"AllReduce<tl::MaxOp", context=5, limit=14)
-    if excerpt:
-        ctx.log("")
-        ctx.log("generated CUDA around T.reduce_max (per-thread max, then shuffles + a shared-memory exchange):")
-        ctx.log(tourkit.indent(excerpt, "  "))
-
-
-def run_compile_only(ctx) -> None:
-    family = tourkit.ARCH_SPECS[ctx.arch].family
-    jobs, asked = [], {}
-    for M, N in BENCH_SHAPES + [(1001, 1823)]:
-        plan = choose_plan(M, N, ctx.smem_budget, family)
-        name = f"softmax {M}x{N} {plan.kind}"
-        ctx.log(f"{M}x{N}: {plan.describe()}")
-        jobs.append((name, build(M, N, plan, family), ctx.arch))
-        asked[name] = plan.threads
-    reports = tourkit.inspect_kernels(jobs)
-    tourkit.report_kernels(ctx, reports, asked)
-    show_generated(ctx, reports[0].source)
-    failed = [r for r in reports if r.nvcc.startswith("failed")]
-    if failed:
-        raise tourkit.ValidationError(f"{failed[0].name}: nvcc {failed[0].nvcc}")
-    ctx.headline(kernels=len(reports), arch=ctx.arch)
-
-
-def problems(ctx) -> tuple[list, list]:
-    """The benchmarked shapes and the odd (correctness-only) shapes of this run."""
-    return (QUICK_SHAPES if ctx.quick else BENCH_SHAPES), (ODD_SHAPES if not ctx.quick else ODD_SHAPES[:1])
-
-
-def prepare(ctx, log=None) -> None:
-    """Every kernel run() launches, compiled at once; compile_softmax then finds each in TileLang's cache."""
-    shapes, odd_shapes = problems(ctx)
-    tourkit.compile_many([build(M, N, choose_plan(M, N, ctx.smem_budget, ctx.device.family), ctx.device.family)
-                          for M, N in list(shapes) + list(odd_shapes)], log=log)
+    ctx.log("\ngenerated CUDA around T.reduce_max (per-thread max, then shuffles + a shared-memory exchange):")
+    ctx.log(tourkit.indent(excerpt, "  "))
 
 
 def run(ctx) -> None:
+    todo, decls = problems(ctx), kernels(ctx)
     if ctx.compile_only:
-        run_compile_only(ctx)
+        for p in todo:
+            ctx.log(f"{p.M}x{p.N}: {p.plan.describe()}")
+        reports = tourkit.inspect_declared(ctx, decls)
+        show_generated(ctx, reports[todo[0].name].source)
+        ctx.headline(kernels=len(reports), arch=ctx.arch)
         return
-    family = ctx.device.family
-    shapes, odd_shapes = problems(ctx)
-    prepare(ctx, log=ctx.log)
+    built = tourkit.build_declared(decls, log=ctx.log)
+    checks, timed = [], {}
+    for p in todo:
+        softmax = launcher(built[p.name], p.plan)
+        checks.append(check_shape(p.M, p.N, p.plan, softmax))
+        ctx.log(checks[-1].line())
+        if p.timed:
+            timed[f"{p.M}x{p.N}"] = (p, softmax)
+    tourkit.require(checks)  # a wrong kernel fails the section before any speed is reported
     copy = tourkit.device_copy_gbps()
-    ctx.log(f"device-to-device copy right now: {copy:.0f} GB/s (read + write: softmax's own traffic, the ceiling)")
-    checks, rows, sources = [], [], []
-    worst_of_copy = worst_of_same_size_copy = math.inf
-    for M, N in shapes:
-        plan = choose_plan(M, N, ctx.smem_budget, family)
-        softmax = compile_softmax(M, N, plan, family)
-        sources.append(softmax.source)
-        check = check_shape(M, N, plan, softmax, family)
-        checks.append(check)
-        ctx.log(check.line())
-        if not check.passed:
-            continue
-        r = bench_shape(M, N, softmax)
-        worst_of_copy = min(worst_of_copy, r["gbps"] / copy)
-        worst_of_same_size_copy = min(worst_of_same_size_copy, r["gbps"] / r["copy_gbps"])
-        rows.append([f"{M}x{N}", plan.describe(), f"{1000 * r['ms']:.1f}", r["gbps"], f"{100 * r['gbps'] / copy:.0f}%",
-                     f"{100 * r['gbps'] / r['copy_gbps']:.0f}%", r["torch_gbps"],
-                     f"{tourkit.speedup(r['torch_ms'], r['ms']):.2f}x"])
-        ctx.metric(**{f"softmax_{M}x{N}_gbps": r["gbps"], f"softmax_{M}x{N}_torch_gbps": r["torch_gbps"],
-                      f"softmax_{M}x{N}_copy_gbps": r["copy_gbps"]})
-    for M, N in odd_shapes:
-        plan = choose_plan(M, N, ctx.smem_budget, family)
-        check = check_shape(M, N, plan, family=family)
-        checks.append(check)
-        ctx.log(check.line())
-    tourkit.require(checks)
-    ctx.log("")
+    ctx.log(f"device-to-device copy of 1 GiB: {copy:.0f} GB/s (read + write: softmax's own traffic)")
+    results = bench_table({label: (p.M, p.N, softmax) for label, (p, softmax) in timed.items()})
+    rows, of_copy, of_same_size = [], [], []
+    for label, (p, _) in timed.items():
+        ours, torch_ms, copy_ms = results[label]
+        gbps, nbytes = tourkit.gbps(4 * p.M * p.N, ours), 4 * p.M * p.N  # one fp16 read and one write
+        of_copy.append(gbps / copy)
+        of_same_size.append(copy_ms / ours)
+        rows.append([label, p.plan.describe(), f"{1000 * ours:.1f}", gbps, f"{100 * of_copy[-1]:.0f}%",
+                     f"{100 * of_same_size[-1]:.0f}%", tourkit.gbps(nbytes, torch_ms), f"{torch_ms / ours:.2f}x"])
+        ctx.metric(**{f"softmax_{label}_gbps": gbps, f"softmax_{label}_torch_gbps": tourkit.gbps(nbytes, torch_ms),
+                      f"softmax_{label}_copy_gbps": tourkit.gbps(nbytes, copy_ms)})
+    ctx.log(f"\ntimed in turns with torch.softmax and a copy of the same bytes, after {tourkit.SETTLE_MS / 1e3:.1f} s "
+            f"of untimed load, {ROUNDS} rounds (forward and backward):")
     ctx.table(["shape", "kernel", "µs", "GB/s", "of 1 GiB copy", "of same-size copy", "torch GB/s", "vs torch"], rows)
-    ctx.log("(a small problem cannot reach the 1 GiB copy's rate: launch and the first wave's latency weigh more;")
-    ctx.log(" the same-size copy, y.copy_(x) of the same bytes timed in turns with the kernel, is its ceiling)")
-    show_generated(ctx, sources[0])
-    ctx.headline(worst_of_same_size_copy=round(worst_of_same_size_copy, 3), worst_of_1gib_copy=round(worst_of_copy, 3),
+    ctx.log("(a small problem cannot reach the 1 GiB copy's rate: its ceiling is the same-size copy)")
+    show_generated(ctx, next(iter(timed.values()))[1].source)
+    ctx.headline(worst_of_same_size_copy=round(min(of_same_size), 3), worst_of_1gib_copy=round(min(of_copy), 3),
                  copy_gbps=round(copy))
 
 
-SECTION = Section(
+SECTION = tourkit.Section(
     name="softmax",
     title="Softmax: rows in registers, one read and one write",
     summary="Row softmax with reduce_max / exp2 / reduce_sum on fragments; odd widths and long rows; GB/s vs copy.",
     run=run,
-    prepare=prepare,
+    kernels=kernels,
 )

@@ -8,7 +8,7 @@ import os
 import pytest
 
 import tourkit
-from sections import debugging
+from sections import debugging, gemm_schedules
 
 SHARED_LINE = ("msg='shared tile' BlockIdx=(0, 0, 0), ThreadIdx=(0, 0, 0): buffer=tile_s, index={i}, "
                "dtype=float value={v:f}")
@@ -61,58 +61,81 @@ def test_capture_fd_output_catches_c_level_printf_under_pytest_capture():
 
 
 def test_print_kernel_codegen_has_three_guarded_prints():
-    report = tourkit.inspect_kernel("print_demo", debugging.print_demo_program(), "sm_80")
+    report = tourkit.inspect_kernel("print_demo", debugging.print_demo_program(), "sm_80", nvcc=False)
     calls = [ln for ln in report.source.splitlines() if "debug_print" in ln]
     assert len(calls) == 3, calls
-    assert report.nvcc == "compiled" or "not run" in report.nvcc
 
 
 @pytest.fixture(scope="module")
 def marker_reports():
-    arches = ["sm_80", "sm_90a"]
-    return arches, debugging.inspect_all(arches, nvcc_arches=["sm_90a"])  # as on an H200: nvcc for its arch only
+    # as in a GPU run on an H200: ctx.arch sm_90a, nothing inspected with nvcc beforehand (all lowered only)
+    ctx = tourkit.TourContext(arch="sm_90a", compile_only=True, echo=False)
+    return debugging.lower_markers(ctx, {})
 
 
 def test_markers_sm80_and_sm90a(marker_reports):
-    _, reports = marker_reports
-    for arch, reps in reports.items():
-        for rep in reps:
-            tourkit.require_markers(rep, debugging.expected_markers(arch, debugging.kernel_kind(rep)))
-    gemm80 = reports["sm_80"][0]
-    gemm90 = reports["sm_90a"][0]
+    assert list(marker_reports) == ["sm_90a", "sm_80"]  # the running arch first
+    for arch, pairs in marker_reports.items():
+        for decl, rep in pairs:
+            assert decl.markers == tuple(tourkit.TENSOR_CORE_MARKERS[tourkit.ARCH_SPECS[arch].family])
+            tourkit.require_markers(rep, decl.markers)
+    gemm80, gemm90 = marker_reports["sm_80"][0][1], marker_reports["sm_90a"][0][1]
     assert gemm80.markers["wgmma"] == 0 and gemm80.markers["tma_load"] == 0
     assert gemm90.markers["mma_sync"] == 0 and gemm90.markers["cp_async"] == 0
 
 
-def test_only_the_named_arches_go_through_nvcc(marker_reports):
-    _, reports = marker_reports
-    kinds = {arch: [debugging.kernel_kind(rep) for rep in reps] for arch, reps in reports.items()}
-    assert kinds["sm_80"] == kinds["sm_90a"] == ["gemm", "flash_attn"]  # job order kept
-    assert all(rep.nvcc == "lowered only" for rep in reports["sm_80"])
-    assert all(rep.nvcc == "compiled" or rep.nvcc.startswith("not run") for rep in reports["sm_90a"])
+def test_kernels_are_the_lesson_kernels_and_only_what_the_run_launches():
+    run_ctx = tourkit.TourContext(arch="sm_90a", echo=False)
+    names = [d.name for d in debugging.kernels(run_ctx)]
+    assert names == ["print_demo", "gemm 4096^3"]  # a run launches these two; FlashAttention is only lowered
+    compile_ctx = tourkit.TourContext(arch="sm_90a", compile_only=True, echo=False)
+    assert [d.name for d in debugging.kernels(compile_ctx)] == names + ["flash_attention d128"]
+    gemm = debugging.kernels(run_ctx)[1]
+    assert gemm.out_idx == [2] and gemm.threads == debugging.lesson_gemm("sm_90a").threads
+    assert debugging.lesson_gemm("sm_90a") == gemm_schedules.lesson_schedules("hopper")[0]
+
+
+def test_reports_given_are_reused_not_lowered_again(marker_reports):
+    ctx = tourkit.TourContext(arch="sm_90a", compile_only=True, echo=False)
+    given = {"gemm 4096^3": marker_reports["sm_90a"][0][1]}
+    reused = debugging.lower_markers(ctx, given)
+    assert reused["sm_90a"][0][1] is given["gemm 4096^3"]
+    assert [d.name for d, _ in reused["sm_80"]] == ["gemm 4096^3", "flash_attention d128"]
+    assert all(rep.nvcc == "lowered only" for _, rep in reused["sm_80"])
+    quick = tourkit.TourContext(arch="sm_90a", quick=True, echo=False)  # a --quick run: the GEMM alone
+    assert [[d.name for d, _ in pairs] for pairs in debugging.lower_markers(quick, {}).values()] == [["gemm 1024^3"]] * 2
 
 
 def test_warp_specialization_launches_more_threads_than_asked(marker_reports):
-    arches, reports = marker_reports
-    asked = debugging.requested_threads(arches)
-    gemm80, gemm90 = reports["sm_80"][0], reports["sm_90a"][0]
-    assert gemm80.threads == asked[("sm_80", gemm80.name)]
-    assert gemm90.threads == asked[("sm_90a", gemm90.name)] + 128  # one producer warpgroup
+    (decl80, gemm80), (decl90, gemm90) = marker_reports["sm_80"][0], marker_reports["sm_90a"][0]
+    assert gemm80.threads == decl80.threads
+    assert gemm90.threads == decl90.threads + 128  # one producer warpgroup
 
 
 def test_marker_table_layout(marker_reports):
-    arches, reports = marker_reports
-    headers, rows = debugging.marker_table(reports, "sm_90a", debugging.requested_threads(arches))
+    headers, rows = debugging.marker_table(marker_reports, "sm_90a")
     assert headers[0] == "marker" and headers[-1] == "what it is"
     assert any(h.endswith("sm_90a*") for h in headers) and not any(h.endswith("sm_80*") for h in headers)
     by_marker = {row[0]: row for row in rows}
     assert set(debugging.TABLE_MARKERS) <= set(by_marker)
     sm80_col = next(i for i, h in enumerate(headers) if "sm_80" in h)
-    assert by_marker["cp_async"][sm80_col] == reports["sm_80"][0].markers["cp_async"] > 0
+    assert by_marker["cp_async"][sm80_col] == marker_reports["sm_80"][0][1].markers["cp_async"] > 0
+    assert by_marker["threads asked"][1:3] == [marker_reports["sm_90a"][0][0].threads, marker_reports["sm_80"][0][0].threads]
+
+
+def test_big_steps_keep_the_largest_in_pass_order():
+    class Func:
+        def script(self):
+            return "a\n" * 10
+
+    steps = [{"pass": f"p{i}", "lines": n} for i, n in enumerate([11, 40, 41, 5, 6, 100, 99, 98, 97, 96, 150])]
+    shown = debugging.big_steps(Func(), steps)
+    assert len(shown) == debugging.BIG_STEPS_SHOWN
+    assert shown[0] == "p1 11->40" and shown[-1] == "p10 96->150" and "p2 40->41" not in shown
 
 
 def test_lowering_trace_lists_the_passes(tmp_path):
-    config = debugging.gemm_schedule_for("sm_90a")
+    config = debugging.lesson_gemm("sm_90a")
     func = debugging.gemm_program(512, 512, 512, config)
     steps = debugging.trace_lowering(func, "sm_90a", str(tmp_path))
     names = [s["pass"] for s in steps]
@@ -139,6 +162,9 @@ def test_section_compile_only_through_runner():
     assert result.status == "passed", (result.error_message, result.traceback_tail)
     assert any("launches 384 threads" in line for line in result.report)  # the sm_90a column's note
     assert "device printing" in result.headline["skipped"]
+    assert any(line.startswith("print_demo") and "compiled" in line for line in result.report)  # nvcc, sm_80
+    trace = [line for line in result.report if "->" in line and "tl." in line]
+    assert 1 <= len(trace) <= 2  # the biggest steps only, four a line: no pages of passes
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -149,13 +175,16 @@ def test_section_compile_only_through_runner():
 @pytest.mark.gpu
 def test_device_print_captured_and_correct():
     ctx = tourkit.TourContext(device=tourkit.detect_device(), echo=False)
-    debugging.run_device_print(ctx)  # raises if a printed value or the output is wrong
+    kernel = tourkit.build_declared([debugging.kernels(ctx)[0]])["print_demo"]
+    debugging.run_device_print(ctx, kernel)  # raises if a printed value or the output is wrong
     assert ctx.metrics["device_print_lines"] == 2 * len(X) + 1
 
 
 @pytest.mark.gpu
 def test_profiler_part_quick():
     ctx = tourkit.TourContext(device=tourkit.detect_device(), quick=True, echo=False)
-    debugging.run_profiler(ctx)
+    gemm = debugging.kernels(ctx)[1]
+    kernel = tourkit.build_declared([gemm])[gemm.name]
+    debugging.run_profiler(ctx, kernel, debugging.lesson_gemm(ctx.arch, ctx.smem_budget))
     assert ctx.metrics["profiler_rel_error"] < 2e-3
     assert ctx.metrics["profiler_tilelang_ms"] > 0

@@ -109,22 +109,40 @@ def test_hopper_stages_rows_with_bulk_copies(reports):
         assert reps["staged"].markers["tma_load"] == 0
 
 
-def test_per_thread_online_kernel_reduces_across_threads_only_twice():
-    rep = tourkit.inspect_kernel("per-thread online", S.long_rows_thread_online(64, 32768, 512), "sm_90a", nvcc=False)
-    assert rep.source.count("AllReduce<") == 2  # not two per chunk: the chunk loop stays inside each thread
-
-
 def test_odd_width_fragment_is_padded_not_whole_row_per_thread(reports):
     # 8 rows of 3999 over 512 threads: 64 threads per row, 63 floats each (not 3999 per thread).
     _, reps = reports
     assert "float x[63];" in reps["staged"].source
 
 
-def test_section_runs_in_compile_only_mode():
+def test_turing_plans_fit_its_64_kib_and_hopper_plans_stay():
+    """sm_75 holds 64 KiB per block: the 32768-wide row (64 KiB) cannot be staged, so it stays in registers;
+    the plans for sm_90a are the ones measured."""
+    turing = tourkit.ARCH_SPECS["sm_75"].smem_per_block_optin
+    assert S.choose_plan(8192, 32768, turing, "turing") == S.SoftmaxPlan("registers", 1, 1024)
+    assert S.choose_plan(8192, 32768, HOPPER, "hopper") == S.SoftmaxPlan("online", 8192, 512)
+    assert S.choose_plan(16384, 16384, turing, "turing").kind == "online"  # 32 KiB rows still fit
+    ctx = tourkit.TourContext(arch="sm_75", compile_only=True, echo=False)
+    assert all(d.smem_limit == turing for d in S.kernels(ctx))
+
+
+def test_section_runs_in_compile_only_mode_on_turing():
     import tilelang_tour
 
-    run = tilelang_tour.main(["--only", "softmax", "--compile-only", "--arch", "sm_80"])
+    run = tilelang_tour.main(["--only", "softmax", "--compile-only", "--arch", "sm_75"])
     assert run.results[0].status == "passed", run.results[0].error_message
+    assert run.results[0].headline["kernels"] == 5
+
+
+def test_kernels_declared_for_a_run_are_what_it_checks_and_times():
+    device = tourkit.DeviceInfo("fake H200", (9, 0), "sm_90a", 132, 141 * 2**30, 232448, 60 * 2**20)
+    ctx = tourkit.TourContext(device=device, echo=False)
+    names = [d.name for d in S.kernels(ctx)]
+    assert names == [p.name for p in S.problems(ctx)] and len(set(names)) == len(names)
+    assert [(p.M, p.N) for p in S.problems(ctx) if p.timed] == S.BENCH_SHAPES
+    assert [(p.M, p.N) for p in S.problems(ctx) if not p.timed] == S.ODD_SHAPES
+    quick = tourkit.TourContext(device=device, quick=True, echo=False)
+    assert [(p.M, p.N) for p in S.problems(quick) if p.timed] == S.QUICK_SHAPES
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -146,8 +164,8 @@ def test_softmax_matches_torch(shape):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind,args", [("registers", (1001, 1823, 1, 256)), ("registers", (1000, 1823, 4, 128)),
                                        ("registers", (999, 3000, 1, 256)), ("registers", (999, 4000, 1, 512)),
-                                       ("staged", (1000, 1823, 8, 256)),
-                                       ("online", (37, 32768, 4096, 512)), ("online-per-thread", (37, 32768, 0, 512))])
+                                       ("staged", (1000, 1823, 8, 256)), ("registers", (37, 32768, 1, 1024)),
+                                       ("online", (37, 32768, 4096, 512))])
 def test_each_kernel_variant_matches_torch(kind, args):
     device = tourkit.detect_device()
     M, N, p, t = args
@@ -159,7 +177,7 @@ def test_each_kernel_variant_matches_torch(kind, args):
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 @pytest.mark.parametrize("N, threads", [(3000, 256), (4000, 256), (2816, 512)])
 def test_register_kernel_masks_aligned_rows_that_do_not_split_over_the_threads(arch, N, threads):
-    # Regression (2026-12-03): T.copy of 3000 columns over 256 threads failed layout inference (999x3000 on
+    # Regression: T.copy of 3000 columns over 256 threads failed layout inference (999x3000 on
     # sm_80). Such rows now take the padded, masked path, still in 16-byte vectors (rows are 16-byte aligned).
     source = tourkit.lower_for_arch(S.rows_in_registers(999, N, 1, threads), arch).kernel_source
     assert re.search(r"if \(.*\) \{\s*condval = \*\(uint4\*\)\(X \+", source)  # a guarded 16-byte read
@@ -173,7 +191,7 @@ def _unmasked_vector_reads_of_shared_rows(source: str) -> int:
 
 @pytest.mark.parametrize("M, N, exact", [(999, 3000, False), (64, 4096, True)])
 def test_staged_kernel_reads_no_vector_past_a_padded_row(M, N, exact):
-    # Regression (H200, 2026-12-02): 999x3000 padded its row to 4096 and read it back with unmasked 16-byte
+    # Regression (a fault on Hopper): 999x3000 padded its row to 4096 and read it back with unmasked 16-byte
     # vectors, past the 6000-byte shared buffer: an illegal address. Vectors only when they tile the row.
     assert S.staged_vector_width(N, 256) == (8 if exact else 1)
     rep = tourkit.inspect_kernel("staged", S.rows_staged_in_shared(M, N, 1, 256), "sm_90a", nvcc=False)
@@ -183,32 +201,51 @@ def test_staged_kernel_reads_no_vector_past_a_padded_row(M, N, exact):
 
 def test_section_judges_each_shape_against_its_own_copy(monkeypatch):
     """The section's GPU path with the GPU faked: the headline's worst case is taken per shape against the copy
-    of the same bytes (timed in turns with it), and the 1 GiB copy is reported beside it."""
+    of the same bytes (timed in the same call), and the 1 GiB copy is reported beside it."""
     device = tourkit.DeviceInfo("fake H200", (9, 0), "sm_90a", 132, 141 * 2**30, 232448, 60 * 2**20)
     # GB/s of (ours, the same-size copy) per shape: the small shape is far from the 1 GiB copy, near its own
     rates = {(32768, 4096): (4000, 4100), (4096, 1823): (2200, 2400)}
+    timed_calls = []
 
-    def fake_bench(M, N, softmax):
-        ours, copy = rates[(M, N)]
-        return {"ms": 0.0134, "gbps": ours, "torch_ms": 2.0, "torch_gbps": ours / 2, "copy_gbps": copy}
+    class FakeKernel:
+        def __call__(self, *args):
+            pass
 
-    def fake_compile(M, N, plan, family="hopper"):
-        fake = lambda x, y=None: y  # noqa: E731
-        fake.source = "AllReduce<tl::MaxOp"
-        return fake
+        def get_kernel_source(self):
+            return "AllReduce<tl::MaxOp"
+
+    def fake_bench_table(cases):
+        timed_calls.append(sorted(cases))
+        out = {}
+        for label, (M, N, _) in cases.items():
+            ours, copy = rates[(M, N)]
+            nbytes = 4 * M * N
+            out[label] = (nbytes / ours / 1e6, 2 * nbytes / ours / 1e6, nbytes / copy / 1e6)  # ms
+        return out
 
     monkeypatch.setattr(S, "BENCH_SHAPES", list(rates))
-    monkeypatch.setattr(S, "prepare", lambda ctx, log=None: None)
-    monkeypatch.setattr(S, "compile_softmax", fake_compile)
-    monkeypatch.setattr(S, "bench_shape", fake_bench)
+    monkeypatch.setattr(tourkit, "build_declared", lambda decls, log=None: {d.name: FakeKernel() for d in decls})
+    monkeypatch.setattr(S, "bench_table", fake_bench_table)
     monkeypatch.setattr(S, "check_shape", lambda M, N, plan, softmax=None, family="hopper":
                         tourkit.Check(f"softmax {M}x{N}", 1e-4, 5e-3))
     monkeypatch.setattr(tourkit, "device_copy_gbps", lambda: 4200.0)
     ctx = tourkit.TourContext(device=device, echo=False)
     S.run(ctx)
+    assert timed_calls == [["32768x4096", "4096x1823"]]  # one call for the whole table
     assert ctx.headlines["worst_of_same_size_copy"] == round(2200 / 2400, 3)
     assert ctx.headlines["worst_of_1gib_copy"] == round(2200 / 4200, 3)
-    assert ctx.metrics["softmax_4096x1823_copy_gbps"] == 2400
+    assert round(ctx.metrics["softmax_4096x1823_copy_gbps"]) == 2400
     row = next(line for line in ctx.report if line.startswith("4096x1823"))
-    assert "52%" in row and "92%" in row  # of the 1 GiB copy, of the same-size copy
-    assert " 13.4 " in row  # µs
+    assert "52%" in row and "92%" in row and "2.00x" in row  # of the 1 GiB copy, of the same-size copy, vs torch
+    assert " 13.6 " in row  # µs: 29.9 MB at 2200 GB/s
+
+
+def test_a_wrong_kernel_fails_before_any_timing(monkeypatch):
+    device = tourkit.DeviceInfo("fake H200", (9, 0), "sm_90a", 132, 141 * 2**30, 232448, 60 * 2**20)
+    monkeypatch.setattr(tourkit, "build_declared", lambda decls, log=None: {d.name: None for d in decls})
+    monkeypatch.setattr(S, "launcher", lambda kernel, plan: None)
+    monkeypatch.setattr(S, "check_shape", lambda M, N, plan, softmax=None, family="hopper":
+                        tourkit.Check(f"softmax {M}x{N}", 1.0 if N == 1823 else 1e-4, 5e-3))
+    monkeypatch.setattr(S, "bench_table", lambda cases: pytest.fail("timed a wrong kernel"))
+    with pytest.raises(tourkit.ValidationError, match="1823"):
+        S.run(tourkit.TourContext(device=device, echo=False))

@@ -4,6 +4,7 @@ import pytest
 
 import tilelang_tour
 import tourkit
+from sections import vector_add
 from sections.vector_add import DEFAULT, SCHEDULES, AddConfig, compile_vector_add, vector_add_program
 
 
@@ -33,6 +34,38 @@ def test_configs():
     assert len(set(SCHEDULES)) == len(SCHEDULES) and DEFAULT == SCHEDULES[0]
     with pytest.raises(ValueError):
         vector_add_program(0)
+
+
+def test_kernels_declared_for_a_run_are_what_it_checks_and_times():
+    device = tourkit.DeviceInfo("fake H200", (9, 0), "sm_90a", 132, 141 * 2**30, 232448, 60 * 2**20)
+    ctx = tourkit.TourContext(device=device, echo=False)
+    names = [d.name for d in vector_add.kernels(ctx)]
+    n = vector_add.bench_size(ctx)
+    assert n == 2**28 and len(set(names)) == len(names)
+    assert names == [vector_add.kernel_name(m, DEFAULT) for m in vector_add.check_sizes(ctx)] + \
+        [vector_add.kernel_name(n, c) for c in SCHEDULES]
+    compile_only = tourkit.TourContext(arch="sm_80", compile_only=True, echo=False)
+    assert [d.name for d in vector_add.kernels(compile_only)] == [vector_add.kernel_name(m, DEFAULT) for m in (2**20, 2**20 + 3)]
+
+
+def test_benchmark_times_every_contender_in_one_call(monkeypatch):
+    import torch
+
+    calls = []
+
+    def fake_bench(fns, **kwargs):
+        calls.append(list(fns))
+        return {name: (0.5 if name == "copy_(a)" else 1.0) for name in fns}
+
+    monkeypatch.setattr(tourkit, "bench_interleaved", fake_bench)
+    monkeypatch.setattr(tourkit, "random_tensor", lambda shape, dtype: torch.randn(shape, dtype=dtype))  # CPU
+    monkeypatch.setattr(tourkit, "validate", lambda *a: tourkit.Check("fake", 0.0, 0.0))
+    ctx = tourkit.TourContext(echo=False)
+    kernels = {vector_add.kernel_name(1000, c): (lambda a, b, c: None) for c in SCHEDULES}
+    vector_add.benchmark(ctx, kernels, 1000)
+    assert calls == [["torch.add(a, b)", "copy_(a)"] + [c.label() for c in SCHEDULES]]
+    assert ctx.headlines["vs_torch"] == 1.0 and ctx.headlines["of_copy"] == 0.75  # 3 vs 2 vectors, half the time
+    assert "elems/thread" in "\n".join(ctx.report)
 
 
 def test_section_compile_only_through_the_runner():
