@@ -399,7 +399,3 @@ SECTION = Section(
     kernels=kernels,
 )
 
-
-def lesson_schedules(family: str) -> list[GemmConfig]:
-    """The lesson's TileLang (T.Pipelined + T.gemm) schedules for an architecture family, default first."""
-    return [c for c in default_schedules(family) if c.kernel == "tilelang"]
