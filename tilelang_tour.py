@@ -236,10 +236,10 @@ def load_section(name: str):
 
 
 class _Preparer:
-    """Runs the sections' optional `prepare(ctx)` hooks (which compile their kernels) one after another in a
-    background thread, in tour order: while section k runs on the GPU, the CPU cores compile for the
-    sections after it. The runner waits for a section's hook before running the section. A hook that fails
-    is ignored: the section's own run meets (and reports) the same problem."""
+    """Compiles the sections' declared kernels (Section.kernels) one section after another in a background
+    thread, in tour order: while section k runs on the GPU, the CPU cores compile for the sections after it.
+    The runner waits for a section's kernels before running the section. A compile that fails is ignored:
+    the section's own run meets (and reports) the same problem."""
 
     def __init__(self, jobs: Sequence[tuple[str, Any]]):
         self.done = {name: threading.Event() for name, _ in jobs}
@@ -266,7 +266,7 @@ def _build_declared(section, ctx: TourContext) -> None:
 
 
 def start_preparing(names: Sequence[str], options: RunOptions, device, loader=load_section) -> _Preparer:
-    """A _Preparer for the GPU sections among `names` that have a prepare hook (none in compile-only mode)."""
+    """A _Preparer for the GPU sections among `names` that declare kernels (none in compile-only mode)."""
     jobs = []
     if device is not None and not options.compile_only:
         for name in names:
@@ -277,8 +277,6 @@ def start_preparing(names: Sequence[str], options: RunOptions, device, loader=lo
             ctx = TourContext(quick=options.quick, device=device, full=options.full, echo=False)
             if getattr(section, "kernels", None) is not None:
                 jobs.append((name, functools.partial(_build_declared, section, ctx)))
-            elif getattr(section, "prepare", None) is not None:
-                jobs.append((name, functools.partial(section.prepare, ctx)))
     return _Preparer(jobs)
 
 

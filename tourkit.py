@@ -11,14 +11,16 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import re
 import shutil
 import subprocess
 import sys
 import textwrap
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+
+if TYPE_CHECKING:
+    from tourkernels import KernelDecl
 
 TILELANG_PIN = "0.1.15"
 TILELANG_INSTALL = f"pip install tilelang=={TILELANG_PIN}"
@@ -51,7 +53,6 @@ class Section:
     # compile-only path inspects the same list (inspect_declared) and its run compiles it (build_declared),
     # which after the background compile are cache hits. `run` must not rely on the background compile.
     kernels: Callable[["TourContext"], list["KernelDecl"]] | None = None
-    prepare: Callable[["TourContext"], None] | None = None  # older form of `kernels`, while sections move over
 
 
 @dataclass
@@ -474,299 +475,20 @@ def _median(values: Sequence[float]) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Codegen inspection: what TileLang generated for an architecture
+# Building and inspecting kernels lives in tourkernels.py; its names are tourkit's too
 # ---------------------------------------------------------------------------------------------------------
 
-# name -> (pattern counted in the CUDA source, what it means)
-MARKERS: dict[str, tuple[str, str]] = {
-    "wgmma": (r"wgmma", "Hopper warpgroup tensor-core MMA (sm_90a)"),
-    "mma_sync": (r"mma_sync|mma\.sync", "warp-level tensor-core MMA (Ampere/Ada style)"),
-    "tma_load": (r"tma_load", "TMA bulk tensor copy global->shared (Hopper copy engine)"),
-    "cp_async": (r"cp_async|cp\.async", "asynchronous global->shared copy (Ampere+)"),
-    "ldmatrix": (r"ldmatrix", "shared->register matrix fragment load for tensor cores"),
-    # TileLang's own pipelines name the array `mbarrier`; T.alloc_barrier declares `Barrier` arrays.
-    "mbarrier": (r"mbarrier|reinterpret_cast<Barrier\*>", "transaction barrier (TMA completion, producer/consumer sync)"),
-    "__syncthreads": (r"__syncthreads", "block-wide barrier"),
-    "rasterization": (r"rasterization", "L2-friendly block rasterization (T.use_swizzle)"),
-}
+KERNEL_NAMES = frozenset(('MARKERS', 'TENSOR_CORE_MARKERS', 'count_markers', 'cuda_target', '_STATIC_SMEM', '_SCALAR_BYTES', 'KernelReport', '_launch_shape', 'static_smem_bytes', 'lower_for_arch', 'compile_for_arch', 'compile_many', 'KernelDecl', 'build_declared', 'inspect_declared', '_DropMemoryCacheHits', 'quiet_tilelang', 'inspect_kernel', 'inspect_kernels', 'report_kernels', 'require_markers', 'source_excerpt'))
 
 
-# What a tensor-core kernel (GEMM, fused GEMM, attention) must show per architecture family: Hopper's wgmma fed
-# by TMA under mbarriers; Ampere/Ada's mma.sync fed by cp.async and ldmatrix; Turing has no cp.async.
-TENSOR_CORE_MARKERS: dict[str, list[str]] = {
-    "hopper": ["wgmma", "tma_load", "mbarrier"],
-    "ampere": ["cp_async", "ldmatrix", "mma_sync"],
-    "ada": ["cp_async", "ldmatrix", "mma_sync"],
-    "turing": ["ldmatrix", "mma_sync"],
-}
+def __getattr__(name: str):
+    """tourkit.build_declared and the other kernel tools, loaded from tourkernels on first use (that module
+    imports this one, so a plain import here would be circular)."""
+    if name in KERNEL_NAMES:
+        import tourkernels
 
-
-def count_markers(source: str) -> dict[str, int]:
-    return {name: len(re.findall(pattern, source)) for name, (pattern, _) in MARKERS.items()}
-
-
-def cuda_target(arch: str):
-    from tvm.target import Target
-
-    return Target({"kind": "cuda", "arch": check_arch(arch)})
-
-
-_STATIC_SMEM = re.compile(r"__shared__\s+(?:__align__\(\d+\)\s+)?(\w+)\s+(\w+)\[(\d+)\]")
-_SCALAR_BYTES = {"uint64_t": 8, "int64_t": 8, "double": 8, "float": 4, "int": 4, "uint": 4, "uint32_t": 4,
-                 "half_t": 2, "half": 2, "bfloat16_t": 2, "uchar": 1, "char": 1, "signed char": 1}
-
-
-@dataclass
-class KernelReport:
-    """What one kernel looks like for one architecture, without running it."""
-
-    name: str
-    arch: str
-    markers: dict[str, int]
-    dynamic_smem_bytes: int
-    static_smem_bytes: int
-    threads: int  # threads per block as launched (warp specialization can add producer warps)
-    grid: tuple[int, int, int]
-    nvcc: str  # "compiled", "not run (nvcc not found)", "lowered only" (nvcc not run, to save time), "failed: ..."
-    source: str = ""
-
-    @property
-    def smem_bytes(self) -> int:
-        return self.dynamic_smem_bytes + self.static_smem_bytes
-
-    def summary(self) -> dict[str, Any]:
-        return {"name": self.name, "arch": self.arch, "markers": self.markers, "smem_bytes": self.smem_bytes,
-                "threads": self.threads, "grid": list(self.grid), "nvcc": self.nvcc}
-
-
-def _launch_shape(device_mod) -> tuple[int, tuple[int, int, int], int]:
-    threads, grid, dyn = 1, [1, 1, 1], 0
-    for _, func in device_mod.functions.items():
-        attrs = func.attrs
-        if attrs is None:
-            continue
-        if "dyn_shared_memory_buf" in attrs:
-            dyn = max(dyn, int(attrs["dyn_shared_memory_buf"]))
-        if "thread_extent" in attrs:
-            t, g = 1, [1, 1, 1]
-            for tag, extent in attrs["thread_extent"].items():
-                if "threadIdx" in str(tag):
-                    t *= int(extent)
-                elif "blockIdx" in str(tag):
-                    g["xyz".index(str(tag)[-1])] = int(extent)
-            threads, grid = max(threads, t), g
-    return threads, (grid[0], grid[1], grid[2]), dyn
-
-
-def static_smem_bytes(source: str) -> int:
-    total = 0
-    for ctype, _, count in _STATIC_SMEM.findall(source):
-        total += _SCALAR_BYTES.get(ctype, 4) * int(count)
-    return total
-
-
-def lower_for_arch(func, arch: str, pass_configs: dict[str, Any] | None = None):
-    """Lower a TileLang prim_func to CUDA source for `arch` (no GPU, no nvcc needed)."""
-    import tilelang
-    import tvm
-
-    target = cuda_target(arch)
-    with tvm.transform.PassContext(config=dict(pass_configs or {})), target:
-        return tilelang.lower(func, target=target)
-
-
-def compile_for_arch(func, arch: str, pass_configs: dict[str, Any] | None = None, out_idx=None):
-    """Compile a prim_func with nvcc for `arch` (no GPU needed); returns the JITKernel."""
-    import tilelang
-
-    target = cuda_target(arch)
-    with target:
-        return tilelang.compile(func, out_idx=out_idx, target=target, pass_configs=dict(pass_configs or {}))
-
-
-def compile_many(programs, *, target="cuda", out_idx=None, pass_configs: dict[str, Any] | None = None,
-                 log: Callable[[str], None] | None = None) -> list:
-    """Compile several prim_funcs at once, in threads (as tilelang.jit.par_compile does): lowering spends its
-    time in C++ and each nvcc is its own process, so on a 16-core machine ten kernels cost about one. Each
-    kernel also lands in TileLang's kernel cache, so a later `tilelang.compile` of the same program (same
-    target, out_idx and pass configs) returns in milliseconds: a section can compile everything it plans up
-    front and keep its code in lesson order. TileLang's per-kernel compile log stays quiet (quiet_tilelang);
-    `log` gets one line instead. Returns the kernels, None where one failed (the
-    section's own compile of it then raises the real error). An item of `programs` may also be a
-    (prim_func, pass_configs) pair, for kernels that need their own configs."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import tilelang
-
-    quiet_tilelang()
-    programs = list(programs)
-    if not programs:
-        return []
-
-    def one(item):
-        func, configs = item if isinstance(item, tuple) else (item, pass_configs)
-        try:
-            return tilelang.compile(func, out_idx=out_idx, target=target, pass_configs=dict(configs or {}))
-        except Exception:  # only a speed-up: the caller compiles (and reports) each kernel itself
-            return None
-
-    started = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=min(len(programs), os.cpu_count() or 1)) as pool:
-        kernels = list(pool.map(one, programs))
-    if log is not None:
-        built = sum(k is not None for k in kernels)
-        log(f"compiled {built} of {len(programs)} kernels in parallel in {time.perf_counter() - started:.1f} s "
-            f"(or loaded them from TileLang's kernel cache)")
-    return kernels
-
-
-@dataclass(frozen=True)
-class KernelDecl:
-    """One kernel a section builds, declared once and used by the background compile, the compile-only
-    report and the run. `program` builds the prim_func when called (building costs time, so it is
-    deferred); the rest says how to compile it and what its compile-only report must show."""
-
-    name: str
-    program: Callable[[], Any]
-    out_idx: Any = None
-    pass_configs: dict[str, Any] | None = field(default=None, compare=False)
-    threads: int | None = None  # threads asked for, shown beside the threads the kernel launches with
-    nvcc: bool = True  # compile-only: also run nvcc (False: only lowered to CUDA source, which is quicker)
-    markers: tuple[str, ...] = ()  # compile-only: instructions the generated CUDA must contain
-    smem_limit: int | None = None  # compile-only: the kernel may not use more shared memory than this
-
-
-def build_declared(decls: Sequence[KernelDecl], *, target="cuda", log: Callable[[str], None] | None = None) -> dict:
-    """Compile the declared kernels at once (compile_many) and return {name: kernel}. A kernel that failed
-    is compiled once more on its own, so that its real error is raised."""
-    import tilelang
-
-    decls = list(decls)
-    by_args: dict[Any, list[KernelDecl]] = {}
-    for decl in decls:  # compile_many takes one out_idx per call
-        by_args.setdefault(repr(decl.out_idx), []).append(decl)
-    kernels: dict[str, Any] = {}
-    for group in by_args.values():
-        built = compile_many([(d.program(), d.pass_configs) for d in group], target=target,
-                             out_idx=group[0].out_idx, log=log)
-        for decl, kernel in zip(group, built):
-            if kernel is None:
-                kernel = tilelang.compile(decl.program(), out_idx=decl.out_idx, target=target,
-                                          pass_configs=dict(decl.pass_configs or {}))
-            kernels[decl.name] = kernel
-    return kernels
-
-
-def inspect_declared(ctx: "TourContext", decls: Sequence[KernelDecl]) -> dict[str, KernelReport]:
-    """The compile-only path of a section: lower every declared kernel for ctx.arch (nvcc where asked),
-    print the report table, and raise ValidationError where nvcc failed, a marker is missing or the
-    shared memory exceeds its limit. Returns {name: report} for the section's own explanations."""
-    decls = list(decls)
-    jobs = [(d.name, d.program(), ctx.arch, d.pass_configs) for d in decls]
-    with_nvcc = inspect_kernels([j for j, d in zip(jobs, decls) if d.nvcc])
-    lowered = inspect_kernels([j for j, d in zip(jobs, decls) if not d.nvcc], nvcc=False)
-    by_name = {r.name: r for r in with_nvcc + lowered}
-    reports = [by_name[d.name] for d in decls]
-    report_kernels(ctx, reports, {d.name: d.threads for d in decls if d.threads})
-    for decl, report in zip(decls, reports):
-        require_markers(report, decl.markers)
-        if decl.smem_limit is not None and report.smem_bytes > decl.smem_limit:
-            raise ValidationError(f"{report.name}: the kernel uses {report.smem_bytes} B of shared memory, "
-                                  f"more than {decl.smem_limit} B")
-    return {r.name: r for r in reports}
-
-
-class _DropMemoryCacheHits:
-    """A logging filter for TileLang's 'Found kernel ... in memory cache' warnings (kernel cache, autotuner):
-    after compile_many, every section's tilelang.compile of the same program is such a hit, by design, and
-    the advice in the warning (use @tilelang.jit / @tilelang.autotune) does not apply to prim_funcs built
-    per problem size."""
-
-    def filter(self, record) -> bool:
-        return "in memory cache" not in record.getMessage()
-
-
-def quiet_tilelang() -> None:
-    """Keep TileLang's own compile log ('begins/completes to compile kernel', one pair a kernel) and its
-    memory-cache-hit warnings out of the lessons' output. TILELANG_PRINT_ON_COMPILATION=1 in the
-    environment brings the compile log back."""
-    import logging
-
-    os.environ.setdefault("TILELANG_PRINT_ON_COMPILATION", "0")  # TileLang reads it at each compile
-    for name in ("tilelang.cache.kernel_cache", "tilelang.autotuner.tuner"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropMemoryCacheHits) for f in logger.filters):
-            logger.addFilter(_DropMemoryCacheHits())
-
-
-def inspect_kernel(name: str, func, arch: str, *, pass_configs: dict[str, Any] | None = None,
-                   nvcc: bool = True) -> KernelReport:
-    """Lower `func` for `arch`, count the instruction markers, read shared memory and the launch shape,
-    and (when nvcc is present and asked for) compile it to a cubin to prove nvcc accepts it."""
-    artifact = lower_for_arch(func, arch, pass_configs)
-    source = artifact.kernel_source
-    threads, grid, dyn = _launch_shape(artifact.device_mod)
-    if not nvcc:
-        nvcc_status = "lowered only"
-    elif find_nvcc() is None:
-        nvcc_status = "not run (nvcc not found)"
-    else:
-        try:
-            compile_for_arch(func, arch, pass_configs)
-            nvcc_status = "compiled"
-        except Exception as exc:  # report, don't crash: the section decides whether this is fatal
-            nvcc_status = f"failed: {one_line(exc)}"
-    return KernelReport(name, arch, count_markers(source), dyn, static_smem_bytes(source), threads, grid,
-                        nvcc_status, source)
-
-
-def inspect_kernels(jobs: Sequence[tuple], *, nvcc: bool = True) -> list[KernelReport]:
-    """inspect_kernel for many (name, prim_func, arch[, pass_configs]) jobs at once, reports in job order.
-    Threads suffice: lowering spends its time in C++, each nvcc is its own process, and TVM keeps the
-    target and pass-config context per thread."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    def one(job):
-        name, func, arch, *rest = job
-        return inspect_kernel(name, func, arch, pass_configs=rest[0] if rest else None, nvcc=nvcc)
-
-    jobs = list(jobs)
-    if len(jobs) <= 1:
-        return [one(job) for job in jobs]
-    with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
-        return list(pool.map(one, jobs))
-
-
-def report_kernels(ctx: TourContext, reports: Sequence[KernelReport], requested_threads: dict[str, int] | None = None) -> None:
-    """Print the compile-only table: markers found, shared memory, threads as launched, nvcc status."""
-    rows = []
-    for rep in reports:
-        found = ", ".join(f"{k}×{v}" for k, v in rep.markers.items() if v) or "-"
-        threads = str(rep.threads)
-        asked = (requested_threads or {}).get(rep.name)
-        if asked and asked != rep.threads:
-            threads += f" (asked {asked})"
-        rows.append([rep.name, rep.arch, format_bytes(rep.smem_bytes), threads, rep.nvcc, found])
-    ctx.table(["kernel", "arch", "smem", "threads", "nvcc", "markers"], rows)
-    ctx.metric(kernels=[r.summary() for r in reports])
-
-
-def require_markers(report: KernelReport, expected: Iterable[str]) -> None:
-    missing = [m for m in expected if not report.markers.get(m)]
-    if missing:
-        raise ValidationError(f"{report.name} for {report.arch}: expected {', '.join(missing)} in the CUDA source")
-    if report.nvcc.startswith("failed"):
-        raise ValidationError(f"{report.name} for {report.arch}: nvcc {report.nvcc}")
-
-
-def source_excerpt(source: str, pattern: str, context: int = 6, limit: int = 40) -> str:
-    """The lines of generated CUDA around the first match of `pattern`, for showing the reader."""
-    lines = source.splitlines()
-    for i, line in enumerate(lines):
-        if re.search(pattern, line):
-            lo, hi = max(0, i - context), min(len(lines), i + context + 1)
-            return "\n".join(lines[lo:hi][:limit])
-    return ""
+        return getattr(tourkernels, name)
+    raise AttributeError(f"module 'tourkit' has no attribute {name!r}")
 
 
 # ---------------------------------------------------------------------------------------------------------

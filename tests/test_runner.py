@@ -270,20 +270,22 @@ FAKE_H200 = tourkit.DeviceInfo("fake H200", (9, 0), "sm_90a", 132, 141 * 2**30, 
 
 
 def preparing_loader(events, failing_prepare=()):
-    """Fake sections whose prepare and run record (what, section, thread) in `events`."""
+    """Fake sections whose declared kernels (asked for by the background compile) and run record (what,
+    section, thread) in `events`; they declare no kernel, so nothing is compiled."""
     import threading
 
     def load(name):
-        def prepare(ctx):
+        def kernels(ctx):
             events.append(("prepare", name, threading.current_thread().name))
             if name in failing_prepare:
                 raise RuntimeError("no compiler today")
+            return []
 
         def run(ctx):
             events.append(("run", name, threading.current_thread().name))
 
         return Section(name=name, title=f"fake {name}", summary="a fake section", run=run, needs_gpu=False,
-                       prepare=prepare)
+                       kernels=kernels)
 
     return load
 
