@@ -1,37 +1,33 @@
 """autotune: let `tilelang.autotune` pick the GEMM's schedule, check its pick against cuBLAS, and cache it.
 
-The GEMM is the one the gemm_schedules lesson teaches (T.Pipelined + T.gemm); what changes between its
-schedules is a handful of numbers. Instead of choosing them by hand, we hand the autotuner a list.
+The GEMM is the gemm_schedules lesson's (T.Pipelined + T.gemm): its schedules differ in a handful of numbers.
 
 You will learn:
 
 * what a search space is: the product of a few values per knob (block_M, block_N, block_K, num_stages,
-  threads, swizzle), minus the schedules whose tiles need more shared memory than one block may use; those
-  are dropped before anything is compiled, from the tile sizes alone, and we say why;
-* how `tilelang.autotune` works: it wraps a `tilelang.jit` function whose keyword arguments are the
-  schedule, compiles every configuration on a pool of CPU threads, then times each on the GPU, one after
-  another (`warmup` and `rep` count launches), and returns the fastest kernel. Its @autotune path takes a
-  lock around each compile, so the tour compiles the space in parallel beforehand (the section's declared
-  kernels); the autotuner then finds every kernel in TileLang's kernel cache;
-* why its pick is re-checked: it times each configuration once, at a different moment, while the GPU's
-  clock drifts a few percent with power and heat, so schedules 1-2% apart can swap places. The pick, its
-  runners-up and cuBLAS are timed again in turns (`tourkit.bench_interleaved`), where a steady drift
-  cancels: that gives the pick's ratio to cuBLAS and its gap to the fastest of them;
-* that the result is cached on disk, keyed by the tuned function's source, its arguments, the space and
-  the timing settings: a second run of the tour (or a second tuning in this one) returns at once. Under
-  TILELANG_CACHE_DIR (default ~/.tilelang/cache), in `autotuner/`; TILELANG_AUTO_TUNING_DISABLE_CACHE=1
-  forces a new search.
+  threads, swizzle), less the schedules whose tiles need more shared memory than a block may use (dropped
+  from the tile sizes alone, before anything is compiled);
+* how `tilelang.autotune` works: it wraps a `tilelang.jit` function whose keyword arguments are the schedule,
+  compiles the configurations on CPU threads, times each on the GPU, one after another (`warmup` and `rep`
+  count launches), and returns the fastest. Its @autotune path locks each compile, so the tour compiles the
+  space in parallel first (the declared kernels): the autotuner finds them in TileLang's kernel cache;
+* why its pick is re-checked: each configuration is timed once, at its own moment, while the GPU's clock
+  drifts with power and heat, so schedules 1-2% apart can swap places. The pick, two runners-up and cuBLAS
+  are timed again in turns (`tourkit.bench_interleaved`), where a steady drift cancels;
+* that results are cached on disk, keyed by the program (the tuned function's source and arguments, the
+  space, the timing settings): a second run is instant (TILELANG_CACHE_DIR, default ~/.tilelang/cache;
+  TILELANG_AUTO_TUNING_DISABLE_CACHE=1 forces a new search).
 
 The search, in pseudo-code:
 
-    space  = [c for c in product(block_M, block_N, block_K, num_stages, threads, swizzle)
-              if smem(c) <= smem_per_block]                 # the filter, before compiling
-    key    = hash(source, M, N, K, space, warmup, rep)
-    if key in cache: return cache[key]                       # instant
-    kernels = compile(space)                                 # CPU threads
-    ms      = {c: mean(time(kernels[c]) for rep launches) for c in space}   # one after another
+    space = [c for c in product(block_M, block_N, block_K, num_stages, threads, swizzle)
+             if smem(c) <= smem_per_block]                     # the filter, before compiling
+    key = hash(source, M, N, K, space, warmup, rep)
+    if key in cache: return cache[key]                          # instant
+    kernels = compile(space)                                    # CPU threads
+    ms = {c: mean time of `rep` launches of kernels[c] for c in space}   # one after another
     cache[key] = pick = argmin(ms)
-    verdict = bench_interleaved(pick, next two by ms, cuBLAS)   # in turns: drift cancels
+    verdict = bench_interleaved(pick, the next two by ms, cuBLAS)        # in turns: drift cancels
 """
 
 from __future__ import annotations
@@ -65,32 +61,23 @@ VERDICT_ROUNDS, QUICK_VERDICT_ROUNDS = 4, 2  # forward/backward rounds of bench_
 NVCC_BUILDS = 2  # compile-only: every configuration is lowered, this many also go through nvcc
 TOLERANCE = 2e-3  # fp16 output, fp32 accumulation, vs a float64 reference
 
-# ---------------------------------------------------------------------------------------------------------
-# The search space
-# ---------------------------------------------------------------------------------------------------------
-
+# The search space: a product of values per knob, filtered by shared memory.
 TUNED_KEYS = ("block_M", "block_N", "block_K", "num_stages", "threads", "swizzle")
 SPACES: dict[str, dict[str, dict[str, list]]] = {
-    "hopper": {
-        # Two consumer warpgroups (256 threads; TileLang adds a producer warpgroup): one alone cannot hold a
-        # 128x256 fp32 accumulator in registers. 256x256 with 4 stages needs 256 KiB: the filter drops it.
-        "default": {"block_M": [128, 256], "block_N": [128, 256], "block_K": [64], "num_stages": [3, 4],
-                    "threads": [256], "swizzle": [True, False]},
-        "full": {"block_M": [64, 128, 256], "block_N": [128, 256], "block_K": [32, 64], "num_stages": [2, 3, 4],
-                 "threads": [128, 256], "swizzle": [True, False]},
-    },
-    "ampere": {
-        "default": {"block_M": [128, 256], "block_N": [128, 256], "block_K": [32], "num_stages": [3, 4],
-                    "threads": [256], "swizzle": [True, False]},
-        "full": {"block_M": [64, 128, 256], "block_N": [64, 128, 256], "block_K": [32, 64],
-                 "num_stages": [2, 3, 4], "threads": [128, 256], "swizzle": [True, False]},
-    },
-    "turing": {
-        "default": {"block_M": [64, 128], "block_N": [64, 128], "block_K": [32], "num_stages": [2],
-                    "threads": [128, 256], "swizzle": [True, False]},
-        "full": {"block_M": [64, 128, 256], "block_N": [64, 128, 256], "block_K": [32, 64],
-                 "num_stages": [1, 2, 3], "threads": [128, 256], "swizzle": [True, False]},
-    },
+    # Hopper: two consumer warpgroups (256 threads; TileLang adds a producer warpgroup), as one alone cannot hold
+    # a 128x256 fp32 accumulator in registers. 256x256 with 4 stages needs 256 KiB: the filter drops it.
+    "hopper": {"default": {"block_M": [128, 256], "block_N": [128, 256], "block_K": [64], "num_stages": [3, 4],
+                           "threads": [256], "swizzle": [True, False]},
+               "full": {"block_M": [64, 128, 256], "block_N": [128, 256], "block_K": [32, 64],
+                        "num_stages": [2, 3, 4], "threads": [128, 256], "swizzle": [True, False]}},
+    "ampere": {"default": {"block_M": [128, 256], "block_N": [128, 256], "block_K": [32], "num_stages": [3, 4],
+                           "threads": [256], "swizzle": [True, False]},
+               "full": {"block_M": [64, 128, 256], "block_N": [64, 128, 256], "block_K": [32, 64],
+                        "num_stages": [2, 3, 4], "threads": [128, 256], "swizzle": [True, False]}},
+    "turing": {"default": {"block_M": [64, 128], "block_N": [64, 128], "block_K": [32], "num_stages": [2],
+                           "threads": [128, 256], "swizzle": [True, False]},
+               "full": {"block_M": [64, 128, 256], "block_N": [64, 128, 256], "block_K": [32, 64],
+                        "num_stages": [1, 2, 3], "threads": [128, 256], "swizzle": [True, False]}},
 }
 SPACES["ada"] = SPACES["ampere"]
 
@@ -109,19 +96,12 @@ def to_gemm_config(config: dict) -> GemmConfig:
 
 def filter_space(configs: list[dict], smem_budget: int) -> tuple[list[dict], list[tuple[dict, int]]]:
     """Split the space into what fits one block's shared memory and what does not (with the bytes it needs)."""
-    kept, dropped = [], []
-    for config in configs:
-        gemm = to_gemm_config(config)
-        if fits(gemm, smem_budget):
-            kept.append(config)
-        else:
-            dropped.append((config, gemm.smem_bytes()))
-    return kept, dropped
+    kept = [c for c in configs if fits(to_gemm_config(c), smem_budget)]
+    return kept, [(c, to_gemm_config(c).smem_bytes()) for c in configs if c not in kept]
 
 
-def describe(config: dict) -> str:
+def describe(c: dict) -> str:
     """A schedule in words: '128x256x64 tile, 3 stages, 256 threads, swizzled'."""
-    c = config
     return (f"{c['block_M']}x{c['block_N']}x{c['block_K']} tile, {c['num_stages']} stages, {c['threads']} threads, "
             f"{'swizzled' if c['swizzle'] else 'not swizzled'}")
 
@@ -147,10 +127,7 @@ def kernels(ctx) -> list[KernelDecl]:
             for i, c in enumerate(kept)]
 
 
-# ---------------------------------------------------------------------------------------------------------
-# The tuned function and one tuning
-# ---------------------------------------------------------------------------------------------------------
-
+# The tuned function, one tuning, and the cache.
 
 def gemm_for_tuning(M, N, K, builder="", block_M=128, block_N=128, block_K=64, num_stages=3, threads=256,
                     swizzle=True):
@@ -192,18 +169,14 @@ def quiet_autotuner(configs: list[dict], readings: dict[int, float], verbose: bo
     from tilelang.autotuner import tuner as tuner_module
 
     base = tuner_module.tqdm
-    show = bars_wanted()
 
     class Bar(base):
-        def __init__(self, *args, **kwargs):
-            kwargs.setdefault("disable", not show)
-            super().__init__(*args, **kwargs)
+        __init__ = functools.partialmethod(base.__init__, disable=not bars_wanted())
 
         @classmethod
         def write(cls, text, *args, **kwargs):
             m = _LATENCY.search(str(text))
-            idx = int(m["idx"]) if m else -1
-            if 0 <= idx < len(configs) and m["config"] == str(configs[idx]):  # the line names its config
+            if m and (idx := int(m["idx"])) < len(configs) and m["config"] == str(configs[idx]):  # names its config
                 readings[idx] = float(m["ms"])
             if verbose:
                 base.write(text, *args, **kwargs)
@@ -212,14 +185,13 @@ def quiet_autotuner(configs: list[dict], readings: dict[int, float], verbose: bo
     if not tuner_module._logger_handlers_initialized:  # TileLang would also write autotuner.log into the cwd
         tuner_module._logger_handlers_initialized = True
         logger.addHandler(logging.StreamHandler(sys.stdout))
-    level = logger.level
-    tuner_module.tqdm = Bar
-    logger.setLevel(logging.INFO if verbose else logging.ERROR)  # failures show as 'failed' in the table
+    saved_level, tuner_module.tqdm = logger.level, Bar
+    logger.setLevel(logging.INFO if verbose else logging.ERROR)  # a config that fails shows as 'failed'
     try:
         yield
     finally:
         tuner_module.tqdm = base
-        logger.setLevel(level)
+        logger.setLevel(saved_level)
 
 
 @dataclasses.dataclass
@@ -227,11 +199,8 @@ class Tuned:
     kernel: object
     config: dict
     seconds: float
-    readings: dict[int, float]  # the autotuner's ms per index of the space (empty on a cache hit)
-
-    @property
-    def searched(self) -> bool:
-        return bool(self.readings)
+    readings: dict[int, float]  # the autotuner's ms per index of the space
+    searched: bool  # False: a cache hit, which holds no readings
 
 
 def tune(M: int, N: int, K: int, configs: list[dict], target="cuda", verbose: bool = False) -> Tuned:
@@ -242,7 +211,7 @@ def tune(M: int, N: int, K: int, configs: list[dict], target="cuda", verbose: bo
     with quiet_autotuner(configs, readings, verbose):
         kernel = make_tuner(configs, target)(M, N, K, builder_hash())
     config = {k: kernel.config[k] for k in TUNED_KEYS}
-    return Tuned(kernel, config, time.perf_counter() - started, readings)
+    return Tuned(kernel, config, time.perf_counter() - started, readings, bool(readings))
 
 
 def forget_in_memory(kernel) -> int:
@@ -251,9 +220,7 @@ def forget_in_memory(kernel) -> int:
     from tilelang.autotuner.tuner import AutoTuner
 
     keys = [k for k, result in AutoTuner._memory_cache.items() if result.kernel is kernel]
-    for key in keys:
-        del AutoTuner._memory_cache[key]
-    return len(keys)
+    return len([AutoTuner._memory_cache.pop(k) for k in keys])
 
 
 def readings_path(M: int, N: int, K: int, configs: list[dict], target="cuda") -> Path:
@@ -268,7 +235,7 @@ def readings_path(M: int, N: int, K: int, configs: list[dict], target="cuda") ->
 
 def save_readings(path: Path, readings: dict[int, float]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({str(i): ms for i, ms in readings.items()}))
+    path.write_text(json.dumps(readings))
 
 
 def load_readings(path: Path) -> dict[int, float]:
@@ -278,31 +245,20 @@ def load_readings(path: Path) -> dict[int, float]:
         return {}
 
 
-CHILD_CODE = """
-import json, sys
-sys.path.insert(0, {root!r})
-from sections import autotune
-tuned = autotune.tune({M}, {N}, {K}, json.loads({configs!r}))
-print("AUTOTUNE_CHILD " + json.dumps({{"seconds": tuned.seconds, "config": tuned.config}}), flush=True)
-"""
-
-
 def tune_in_child(M: int, N: int, K: int, configs: list[dict]) -> dict:
-    """The same tuning in a new Python process: it finds the result in the on-disk cache (--full only)."""
+    """The same tuning in a new Python process, which finds the result on disk (--full only: a process start
+    and its imports cost seconds)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = CHILD_CODE.format(root=root, configs=json.dumps(configs), M=M, N=N, K=K)
+    code = (f"import json, sys; sys.path.insert(0, {root!r}); from sections import autotune; "
+            f"t = autotune.tune({M}, {N}, {K}, {configs!r}); print('TUNED', json.dumps([t.seconds, t.config]))")
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           cwd=tempfile.gettempdir())
-    for line in done.stdout.splitlines():
-        if line.startswith("AUTOTUNE_CHILD "):
-            return dict(json.loads(line[len("AUTOTUNE_CHILD "):]), wall=time.perf_counter() - started)
-    raise RuntimeError(f"the child process did not report (exit {done.returncode}): {done.stderr.strip()[-300:]}")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The verdict
-# ---------------------------------------------------------------------------------------------------------
+    lines = [line for line in done.stdout.splitlines() if line.startswith("TUNED ")]
+    if not lines:
+        raise RuntimeError(f"the new process did not report (exit {done.returncode}): {done.stderr.strip()[-300:]}")
+    seconds, config = json.loads(lines[-1][len("TUNED "):])
+    return {"seconds": seconds, "config": config, "wall": time.perf_counter() - started}
 
 
 def leaders(readings: dict[int, float], pick: int, n: int = RUNNERS_UP) -> list[int]:
@@ -320,10 +276,7 @@ def judge(times: dict[str, float], pick: str, reference: str = "cuBLAS") -> dict
             "gap": times[pick] / ours[fastest] - 1}
 
 
-# ---------------------------------------------------------------------------------------------------------
-# The section
-# ---------------------------------------------------------------------------------------------------------
-
+# The section.
 
 def report_space(ctx, space: list[dict], kept: list[dict], dropped: list[tuple[dict, int]]) -> None:
     axes = SPACES[ARCH_SPECS[ctx.arch].family]["full" if ctx.full else "default"]
@@ -334,21 +287,12 @@ def report_space(ctx, space: list[dict], kept: list[dict], dropped: list[tuple[d
     budget = tourkit.format_bytes(ctx.smem_budget)
     ctx.log(f"shared-memory filter: {len(dropped)} need more than the {budget} one block may use on {ctx.arch} "
             f"(num_stages copies of the A and B tiles) and are not compiled; {len(kept)} remain")
-    for config, need in dropped[:4]:
+    for config, need in dropped[:4]:  # the first few
         ctx.log(f"  dropped {describe(config)}: needs {tourkit.format_bytes(need)}")
-    if len(dropped) > 4:
-        ctx.log(f"  ... and {len(dropped) - 4} more")
     ctx.metric(space_size=len(space), space_filtered=len(dropped), space_kept=len(kept), smem_budget=ctx.smem_budget)
     if not kept:
         raise SectionSkip(f"autotune: all {len(space)} configurations need more than the {budget} of shared memory "
                           f"one block may use on {ctx.arch}: nothing to tune")
-
-
-def compile_only(ctx, decls: list[KernelDecl]) -> None:
-    reports = tourkit.inspect_declared(ctx, decls)
-    ctx.log(f"every configuration lowered for {ctx.arch} ({min(NVCC_BUILDS, len(decls))} also through nvcc), "
-            f"each within the shared memory the filter allowed; timing them, and so tuning, needs a GPU")
-    ctx.headline(arch=ctx.arch, space=len(decls), lowered=len(reports))
 
 
 def first_tuning(ctx, M: int, kept: list[dict]) -> Tuned:
@@ -358,20 +302,31 @@ def first_tuning(ctx, M: int, kept: list[dict]) -> Tuned:
     if tuned.searched:
         save_readings(path, tuned.readings)
         ctx.log(f"searched in {tuned.seconds:.1f} s: {len(tuned.readings)} of {len(kept)} configurations timed")
-        return tuned
-    tuned.readings = load_readings(path)
-    if tuned.readings:
-        ctx.log(f"found in the autotuner's cache in {tuned.seconds:.2f} s (no search; its readings below are "
-                f"those of the run that searched)")
-        return tuned
-    ctx.log("the pick is cached but its readings are not: searching once more (TILELANG_AUTO_TUNING_DISABLE_CACHE)")
-    os.environ["TILELANG_AUTO_TUNING_DISABLE_CACHE"] = "1"
-    try:
-        again = tune(M, M, M, kept, verbose=ctx.full)
-    finally:
-        os.environ.pop("TILELANG_AUTO_TUNING_DISABLE_CACHE")
-    save_readings(path, again.readings)
-    return dataclasses.replace(tuned, readings=again.readings)
+    else:
+        tuned.readings = load_readings(path)
+        ctx.log(f"found in the autotuner's cache in {tuned.seconds:.2f} s: no search (" + (
+            "the readings below are those of the run that searched)" if tuned.readings else
+            "the readings of that search are gone, so there are no runners-up to re-time)"))
+    return tuned
+
+
+def report_verdict(ctx, kept: list[dict], tuned: Tuned, pick: int, retimed: dict[int, float], cublas_ms: float,
+                   rounds: int) -> None:
+    """The autotuner's readings, fastest first, beside the timing in turns of the pick, its runners-up and cuBLAS."""
+    flops = gemm_flops(*(tuned_size(ctx),) * 3)
+    order = sorted(range(len(kept)), key=lambda i: (i not in tuned.readings, tuned.readings.get(i, 0), i))
+    rows = []
+    for i in order[:max(16, len(retimed))]:
+        cfg, ms = kept[i], retimed.get(i)
+        timed = [ms, tourkit.tflops(flops, ms), f"{tourkit.speedup(cublas_ms, ms):.3f}x"] if ms else ["", "", ""]
+        rows.append([f"{cfg['block_M']}x{cfg['block_N']}x{cfg['block_K']}", cfg["num_stages"], cfg["threads"],
+                     "yes" if cfg["swizzle"] else "no", tourkit.format_bytes(to_gemm_config(cfg).smem_bytes()),
+                     tuned.readings.get(i, "not timed"), *timed, "<- autotuner's pick" if i == pick else ""])
+    rows.append(["cuBLAS (torch.matmul)", "", "", "", "", "", cublas_ms, tourkit.tflops(flops, cublas_ms), "1.000x", ""])
+    ctx.log(f"\nthe autotuner's readings, fastest first; {len(retimed)} of them re-timed in turns with cuBLAS "
+            f"({rounds // 2} forward/backward pair{'s' if rounds > 2 else ''}, L2 flushed)")
+    ctx.table(["tile MxNxK", "stages", "threads", "swizzle", "smem", "autotuner ms", "re-timed ms", "TFLOP/s",
+               "vs cuBLAS", ""], rows)
 
 
 def run(ctx) -> None:
@@ -379,14 +334,16 @@ def run(ctx) -> None:
     report_space(ctx, space, kept, dropped)
     decls = kernels(ctx)
     if ctx.compile_only or not ctx.has_gpu:
-        compile_only(ctx, decls)
+        reports = tourkit.inspect_declared(ctx, decls)
+        ctx.log(f"every configuration lowered for {ctx.arch} ({min(NVCC_BUILDS, len(decls))} also through nvcc), "
+                f"each within the shared memory the filter allowed; timing them, and so tuning, needs a GPU")
+        ctx.headline(arch=ctx.arch, space=len(decls), lowered=len(reports))
         return
 
     import torch
     from tilelang.env import env
 
     M = N = K = tuned_size(ctx)
-    flops = gemm_flops(M, N, K)
     built = tourkit.build_declared(decls, log=ctx.log)
     ctx.log(f"tilelang.autotune over {len(kept)} configurations at {M}^3 (warmup={WARMUP_ITERS}, rep={TIMED_ITERS} "
             f"launches each, one configuration after another)")
@@ -396,17 +353,14 @@ def run(ctx) -> None:
     # The cache: drop the in-memory result and tune again, as a new process would: the disk answers.
     forget_in_memory(tuned.kernel)
     again = tune(M, N, K, kept)
-    cached = env.is_cache_enabled() and not env.is_autotune_cache_disabled()
     ctx.log(f"re-tune of the same space, in-memory result dropped: {again.seconds:.2f} s "
-            f"({'from the on-disk cache' if not again.searched else 'searched again: the autotuner cache is off'})")
-    if again.config != tuned.config and cached:
-        raise tourkit.ValidationError(f"the cached re-tune returned {describe(again.config)}, "
-                                      f"not {describe(tuned.config)}")
-    child = None
-    if ctx.full:
-        child = tune_in_child(M, N, K, kept)
-        ctx.log(f"re-tune in a new process: {child['seconds']:.2f} s in the tuner ({child['wall']:.1f} s with "
-                f"Python, torch and TileLang imports)")
+            f"({'searched again: the autotuner cache is off' if again.searched else 'from the on-disk cache'})")
+    if again.config != tuned.config and env.is_cache_enabled() and not env.is_autotune_cache_disabled():
+        raise tourkit.ValidationError(f"the cached re-tune returned {describe(again.config)}, not {describe(tuned.config)}")
+    child = tune_in_child(M, N, K, kept) if ctx.full else None
+    if child:
+        ctx.log(f"re-tune in a new process: {child['seconds']:.2f} s in the tuner, {child['wall']:.1f} s with the "
+                f"process start and its imports of torch and TileLang")
 
     a = tourkit.random_tensor((M, K), torch.float16, seed=11)
     b = tourkit.random_tensor((K, N), torch.float16, seed=12)
@@ -416,40 +370,25 @@ def run(ctx) -> None:
     ctx.log(check.line())
     tourkit.require([check])
 
-    # The verdict: the pick, its runners-up (the whole space with --full) and cuBLAS, timed in turns.
+    # The verdict: the pick, its runners-up (the whole space with --full) and cuBLAS, in one timing in turns.
+    label = {i: to_gemm_config(cfg).label() for i, cfg in enumerate(kept)}
     retime = list(range(len(kept))) if ctx.full else leaders(tuned.readings, pick)
-    labels = {i: to_gemm_config(kept[i]).label() for i in retime}
-    contenders = {labels[i]: (lambda k=(tuned.kernel if i == pick else built[labels[i]]): k(a, b)) for i in retime}
-    contenders["cuBLAS"] = lambda: torch.matmul(a, b)
+    contenders = {i: (lambda k=(tuned.kernel if i == pick else built[label[i]]): k(a, b)) for i in retime}
     rounds = QUICK_VERDICT_ROUNDS if ctx.quick or ctx.full else VERDICT_ROUNDS
-    times = tourkit.bench_interleaved(contenders, rounds=rounds)
-    verdict = judge(times, labels[pick])
-
-    order = sorted(range(len(kept)), key=lambda i: (i not in tuned.readings, tuned.readings.get(i, 0), i))
-    rows = []
-    for i in order[:max(16, len(retime))]:
-        cfg, ms = kept[i], times.get(labels.get(i))
-        rows.append([f"{cfg['block_M']}x{cfg['block_N']}x{cfg['block_K']}", cfg["num_stages"], cfg["threads"],
-                     "yes" if cfg["swizzle"] else "no", tourkit.format_bytes(to_gemm_config(cfg).smem_bytes()),
-                     tuned.readings.get(i, "failed"), "" if ms is None else ms,
-                     "" if ms is None else tourkit.tflops(flops, ms),
-                     "" if ms is None else f"{tourkit.speedup(times['cuBLAS'], ms):.3f}x",
-                     "<- autotuner's pick" if i == pick else ""])
-    rows.append(["cuBLAS (torch.matmul)", "", "", "", "", "", times["cuBLAS"], tourkit.tflops(flops, times["cuBLAS"]),
-                 "1.000x", ""])
-    ctx.log(f"\nthe autotuner's readings, fastest first; re-timed: {len(retime)} of them and cuBLAS, in turns "
-            f"({rounds // 2} forward/backward pair{'s' if rounds > 2 else ''}, L2 flushed)")
-    ctx.table(["tile MxNxK", "stages", "threads", "swizzle", "smem", "autotuner ms", "re-timed ms", "TFLOP/s",
-               "vs cuBLAS", ""], rows)
-    fastest = "it is the fastest re-timed" if verdict["fastest"] == labels[pick] else (
-        f"{100 * verdict['gap']:.1f}% behind {verdict['fastest']}, which its one-after-another timing put lower")
-    ctx.log(f"the autotuner's pick: {describe(tuned.config)}: {verdict['vs_cublas']:.3f}x cuBLAS; {fastest}")
+    times = tourkit.bench_interleaved({**contenders, "cuBLAS": lambda: torch.matmul(a, b)}, rounds=rounds)
+    verdict = judge(times, pick)
+    retimed = {i: times[i] for i in retime}
+    report_verdict(ctx, kept, tuned, pick, retimed, times["cuBLAS"], rounds)
+    fastest = "the fastest re-timed" if verdict["fastest"] == pick else (
+        f"{100 * verdict['gap']:.1f}% behind the {describe(kept[verdict['fastest']])} schedule, which the "
+        f"autotuner's own timing ranked below it")
+    ctx.log(f"the autotuner's pick, {describe(tuned.config)}: {verdict['vs_cublas']:.3f}x cuBLAS, {fastest}")
     ctx.headline(winner=describe(tuned.config), vs_cublas=round(verdict["vs_cublas"], 3),
                  gap=round(verdict["gap"], 4), retune_s=round(again.seconds, 3))
     ctx.metric(size=M, winner_config=tuned.config, searched=tuned.searched, first_tune_s=tuned.seconds,
-               autotuner_ms={to_gemm_config(kept[i]).label(): ms for i, ms in tuned.readings.items()},
-               retimed_ms=times, fastest_retimed=verdict["fastest"], rel_error=check.rel_error, child=child,
-               tflops=tourkit.tflops(flops, times[labels[pick]]))
+               autotuner_ms={label[i]: ms for i, ms in tuned.readings.items()}, cublas_ms=times["cuBLAS"],
+               retimed_ms={label[i]: ms for i, ms in retimed.items()}, fastest_retimed=label[verdict["fastest"]],
+               rel_error=check.rel_error, child=child)
 
 
 SECTION = Section(
@@ -457,7 +396,5 @@ SECTION = Section(
     title="Autotuning the GEMM",
     summary="tilelang.autotune over tile sizes, stages, threads and swizzle within the shared memory; its pick "
             "re-timed in turns with cuBLAS; the cached re-tune.",
-    run=run,
-    needs_gpu=True,
-    kernels=kernels,
+    run=run, needs_gpu=True, kernels=kernels,
 )

@@ -170,7 +170,8 @@ def test_run_with_a_fake_gpu_reports_the_pick_the_verdict_and_the_retune(monkeyp
         readings = {i: 1.0 + i / 100 for i in range(len(configs))}  # the first call searches, the next hits
         readings.update({configs.index(pick): 0.90, configs.index(runner): 0.95})
         readings = readings if len(calls) == 1 else {}
-        return autotune.Tuned(FakeKernel(autotune.to_gemm_config(pick).label()), dict(pick), 0.01, readings)
+        return autotune.Tuned(FakeKernel(autotune.to_gemm_config(pick).label()), dict(pick), 0.01, readings,
+                              bool(readings))
 
     monkeypatch.setattr(autotune, "QUICK_TUNE_SIZE", 64)
     monkeypatch.setattr(tourkit, "build_declared", lambda decls, **kw: {d.name: FakeKernel(d.name) for d in decls})
@@ -184,13 +185,20 @@ def test_run_with_a_fake_gpu_reports_the_pick_the_verdict_and_the_retune(monkeyp
     assert ctx.headlines["winner"] == autotune.describe(pick)
     assert ctx.headlines["vs_cublas"] == pytest.approx(1.02)
     assert ctx.headlines["gap"] == pytest.approx(round(1 / 0.98 - 1, 4))
-    assert ctx.headlines["retune_s"] == 0.01 and calls == [64, 64]
+    assert ctx.headlines["retune_s"] == 0.01 and calls == [64, 64] and ctx.metrics["searched"]
     assert ctx.metrics["fastest_retimed"] == autotune.to_gemm_config(runner).label()
-    assert len(ctx.metrics["retimed_ms"]) == autotune.RUNNERS_UP + 2  # pick, runners-up, cuBLAS
+    assert len(ctx.metrics["retimed_ms"]) == autotune.RUNNERS_UP + 1  # the pick and its runners-up
+    assert ctx.metrics["cublas_ms"] == 1.02
     assert ctx.metrics["rel_error"] < autotune.TOLERANCE
     assert autotune.load_readings(autotune.readings_path(64, 64, 64, kept))  # saved for the next run
     table = "\n".join(ctx.report)
     assert "autotuner's pick" in table and "cuBLAS (torch.matmul)" in table and "vs cuBLAS" in table
+    # A second run finds the pick cached (no readings from the tuner) and its readings beside the cache.
+    again = tourkit.TourContext(quick=True, device=device, echo=False)
+    autotune.run(again)
+    assert again.metrics["searched"] is False and again.metrics["autotuner_ms"] == ctx.metrics["autotuner_ms"]
+    assert again.metrics["retimed_ms"].keys() == ctx.metrics["retimed_ms"].keys()
+    assert "found in the autotuner's cache" in "\n".join(again.report)
 
 
 def test_declared_kernels_lower_within_the_filter_for_sm90a_and_sm80(monkeypatch):
