@@ -163,9 +163,8 @@ _LATENCY = re.compile(r"Tuned Latency (?P<ms>\S+) with config (?P<config>\{.*\})
 
 @contextlib.contextmanager
 def quiet_autotuner(configs: list[dict], readings: dict[int, float], verbose: bool = False):
-    """While tilelang.autotune runs: its tqdm bars only where bars_wanted(); its 'Tuned Latency ...' line per
-    configuration kept in `readings` ({index: ms}; the autotuner's result keeps the pick's alone) and printed
-    only when `verbose`; its log (CPU counts, timeouts) too."""
+    """While tilelang.autotune runs: its tqdm bars only where bars_wanted(); its 'Tuned Latency' line per config
+    kept in `readings` ({index: ms}; its result keeps the pick's alone), printed (and its log) only if `verbose`."""
     from tilelang.autotuner import tuner as tuner_module
 
     base = tuner_module.tqdm
@@ -186,7 +185,7 @@ def quiet_autotuner(configs: list[dict], readings: dict[int, float], verbose: bo
         tuner_module._logger_handlers_initialized = True
         logger.addHandler(logging.StreamHandler(sys.stdout))
     saved_level, tuner_module.tqdm = logger.level, Bar
-    logger.setLevel(logging.INFO if verbose else logging.ERROR)  # a config that fails shows as 'failed'
+    logger.setLevel(logging.INFO if verbose else logging.ERROR)  # a config that fails shows as 'not timed'
     try:
         yield
     finally:
@@ -322,7 +321,8 @@ def report_verdict(ctx, kept: list[dict], tuned: Tuned, pick: int, retimed: dict
         rows.append([f"{cfg['block_M']}x{cfg['block_N']}x{cfg['block_K']}", cfg["num_stages"], cfg["threads"],
                      "yes" if cfg["swizzle"] else "no", tourkit.format_bytes(to_gemm_config(cfg).smem_bytes()),
                      tuned.readings.get(i, "not timed"), *timed, "<- autotuner's pick" if i == pick else ""])
-    rows.append(["cuBLAS (torch.matmul)", "", "", "", "", "", cublas_ms, tourkit.tflops(flops, cublas_ms), "1.000x", ""])
+    rows.append(["cuBLAS (torch.matmul)", "", "", "", "", "", cublas_ms, tourkit.tflops(flops, cublas_ms),
+                 "1.000x", ""])
     ctx.log(f"\nthe autotuner's readings, fastest first; {len(retimed)} of them re-timed in turns with cuBLAS "
             f"({rounds // 2} forward/backward pair{'s' if rounds > 2 else ''}, L2 flushed)")
     ctx.table(["tile MxNxK", "stages", "threads", "swizzle", "smem", "autotuner ms", "re-timed ms", "TFLOP/s",
@@ -356,11 +356,11 @@ def run(ctx) -> None:
     ctx.log(f"re-tune of the same space, in-memory result dropped: {again.seconds:.2f} s "
             f"({'searched again: the autotuner cache is off' if again.searched else 'from the on-disk cache'})")
     if again.config != tuned.config and env.is_cache_enabled() and not env.is_autotune_cache_disabled():
-        raise tourkit.ValidationError(f"the cached re-tune returned {describe(again.config)}, not {describe(tuned.config)}")
+        raise tourkit.ValidationError(f"the cached re-tune returned {describe(again.config)}, "
+                                      f"not {describe(tuned.config)}")
     child = tune_in_child(M, N, K, kept) if ctx.full else None
     if child:
-        ctx.log(f"re-tune in a new process: {child['seconds']:.2f} s in the tuner, {child['wall']:.1f} s with the "
-                f"process start and its imports of torch and TileLang")
+        ctx.log(f"re-tune in a new process: {child['seconds']:.2f} s ({child['wall']:.1f} s with start and imports)")
 
     a = tourkit.random_tensor((M, K), torch.float16, seed=11)
     b = tourkit.random_tensor((K, N), torch.float16, seed=12)

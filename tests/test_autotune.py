@@ -218,7 +218,13 @@ def test_declared_kernels_lower_within_the_filter_for_sm90a_and_sm80(monkeypatch
 
 def test_compile_only_run_lowers_the_space(monkeypatch):
     monkeypatch.setattr(autotune, "NVCC_BUILDS", 0)
-    monkeypatch.setattr(autotune, "kept_space", lambda ctx, real=autotune.kept_space: (lambda s: (s[0], s[1][:2], s[2]))(real(ctx)))
+    real = autotune.kept_space
+
+    def two_kept(ctx):
+        space, kept, dropped = real(ctx)
+        return space, kept[:2], dropped
+
+    monkeypatch.setattr(autotune, "kept_space", two_kept)
     ctx = tourkit.TourContext(quick=True, compile_only=True, arch="sm_86", echo=False)
     autotune.run(ctx)
     assert ctx.headlines == {"arch": "sm_86", "space": 2, "lowered": 2}
