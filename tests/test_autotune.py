@@ -128,6 +128,27 @@ def test_tune_shows_one_bar_per_phase_in_a_terminal_and_its_lines_when_verbose(f
     assert tuner.tqdm.__name__ != "Bar"  # restored
 
 
+def test_declared_kernels_make_the_autotuners_compiles_cache_hits_and_the_retune_reads_the_disk(tmp_path,
+                                                                                              monkeypatch):
+    """Real compiles (one small kernel through nvcc), the GPU timing faked: the autotuner's kernel is the one the
+    declared kernels' compile built, and a re-tune after forgetting the in-memory result loads it from disk."""
+    from tilelang.autotuner.tuner import AutoTuner
+
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(AutoTuner, "_benchmark_target", lambda self, jit_kernel, **kw: (1.0, None))
+    monkeypatch.setattr(autotune, "QUICK_TUNE_SIZE", 256)
+    decl = autotune.kernels(tourkit.TourContext(quick=True, compile_only=True, arch="sm_90a", echo=False))[0]
+    configs = autotune.search_space("hopper")[:1]
+    assert decl.name == autotune.to_gemm_config(configs[0]).label()
+    built = tourkit.build_declared([decl], target=SM90)
+    first = autotune.tune(256, 256, 256, configs, target=SM90)
+    assert first.searched and first.kernel is built[decl.name]
+    assert autotune.forget_in_memory(first.kernel) == 1 and autotune.forget_in_memory(first.kernel) == 0
+    again = autotune.tune(256, 256, 256, configs, target=SM90)
+    assert not again.searched and again.config == first.config and again.kernel is not first.kernel
+    assert again.seconds < 2.0
+
+
 def test_readings_are_kept_beside_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path))
     configs = autotune.search_space("hopper")
