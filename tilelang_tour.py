@@ -471,6 +471,7 @@ def run_sections(names: Sequence[str], options: RunOptions, device, source, *, f
 def _worker(spec_text: str) -> None:
     """The worker process's entry point (`tilelang_tour.py --worker SPEC`, started by the parent)."""
     spec = json.loads(spec_text)
+    os.environ[tourkit.WORKER_ENV] = "1"  # a crash here costs only this process: tilelang is imported in it
     tourrunner.arm_worker_diagnostics()
     channel = tourrunner.Channel(spec["fd"])
     source = section_source()

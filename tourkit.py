@@ -218,9 +218,16 @@ def find_nvcc() -> str | None:
     return None
 
 
+WORKER_ENV = "TILELANG_TOUR_WORKER"  # set to 1 in the tour's worker process
+
+
 def probe_tilelang_import(timeout: float = 120.0) -> tuple[bool, str]:
     """Import tilelang in a child process first: a broken install can abort the importing process
-    (tile-ai/tilelang#2367), and the tour must survive that. Returns (ok, version or reason)."""
+    (tile-ai/tilelang#2367), and the tour must survive that. In the tour's worker process (WORKER_ENV set)
+    a crash costs only the worker, which the runner replaces, so there the import happens in-process and
+    is paid once. Returns (ok, version or reason)."""
+    if os.environ.get(WORKER_ENV) == "1":
+        return _import_tilelang_here()
     code = "import tilelang, sys; sys.stdout.write(tilelang.__version__)"
     try:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
@@ -235,6 +242,18 @@ def probe_tilelang_import(timeout: float = 120.0) -> tuple[bool, str]:
     if done.returncode < 0:
         return False, f"importing tilelang killed the process with signal {-done.returncode}: {last}"
     return False, f"importing tilelang failed: {last}"
+
+
+def _import_tilelang_here() -> tuple[bool, str]:
+    try:
+        import tilelang
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] == "tilelang":
+            return False, f"tilelang is not installed ({TILELANG_INSTALL})"
+        return False, f"importing tilelang failed: {one_line(exc)}"
+    except Exception as exc:  # noqa: BLE001 - any import failure is the reason shown
+        return False, f"importing tilelang failed: {one_line(exc)}"
+    return True, tilelang.__version__
 
 
 # ---------------------------------------------------------------------------------------------------------

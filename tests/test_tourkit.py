@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import os
 
 import pytest
 import torch
@@ -137,6 +138,27 @@ def test_probe_survives_an_aborting_import(monkeypatch, tmp_path):
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     ok, reason = tourkit.probe_tilelang_import()
     assert not ok and "signal" in reason
+
+
+def test_in_the_worker_the_probe_imports_in_process_and_reports_a_broken_import(tmp_path):
+    import subprocess
+    import sys
+
+    pkg = tmp_path / "tilelang"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise ImportError('libtvm.so: cannot open shared object file')\n")
+    code = ("import os, sys, tourkit; ok, why = tourkit.probe_tilelang_import(); "
+            "print(ok, why, 'tilelang' in sys.modules, os.getpid())")
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{tourkit_dir()}", TILELANG_TOUR_WORKER="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.startswith("False importing tilelang failed: libtvm.so"), out.stdout + out.stderr
+    env["PYTHONPATH"] = tourkit_dir()
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.startswith("True ") and " True " in out.stdout  # imported here, not in a child
+
+
+def tourkit_dir() -> str:
+    return os.path.dirname(os.path.abspath(tourkit.__file__))
 
 
 def test_inspect_kernels_keeps_job_order_and_per_job_arch():
