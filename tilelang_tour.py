@@ -40,6 +40,8 @@ from sections import SECTION_NAMES
 from tourkit import SectionResult, SectionSkip, TourContext, UsageError
 
 DEFAULT_SECTION_TIMEOUT_S = 900
+# --quick: a shorter untimed load before each comparison (tourkit.SETTLE_MS): a quick look, not a verdict
+QUICK_SETTLE_MS = 500.0
 FAILING = ("failed", "crashed", "timed out")
 # For the runner's own tests: a module to take the sections from instead of the `sections` package. It
 # defines SECTION_NAMES and load_section(name), and may define detect_device(), probe_tilelang_import()
@@ -68,7 +70,7 @@ TileLang quick reference (tilelang 0.1.15; import tilelang, tilelang.language as
   inspect           kernel.get_kernel_source()   kernel.get_profiler().do_bench()
   validate          kernel.get_profiler().assert_allclose(ref_fn, rtol=1e-2, atol=1e-2)
   kernel cache      TILELANG_CACHE_DIR=~/.tilelang/cache   TILELANG_DISABLE_CACHE=1   (or tilelang.disable_cache())
-  debug env         TILELANG_PRINT_ON_COMPILATION=0 (silence the compile log)   TL_LOWER_TRACE=terminal
+  debug env         TILELANG_PRINT_ON_COMPILATION=1 (the compile log, off here)  TL_LOWER_TRACE=terminal
                     (IR diff per lowering pass; read when tilelang is imported)   pass_configs={"tl.enable_dump_ir": True}
   no GPU            with Target({"kind": "cuda", "arch": "sm_90a"}) as t: tilelang.lower(f, target=t)
 """.strip("\n")
@@ -434,6 +436,15 @@ def run_sections(names: Sequence[str], options: RunOptions, device, source, *, f
     a CUDA error that breaks the context ends the run (the parent goes on in a fresh worker).
     Returns (results, tilelang probe, interrupted)."""
     faults = faults or {}
+    settle_ms = tourkit.SETTLE_MS
+    tourkit.SETTLE_MS = QUICK_SETTLE_MS if options.quick else settle_ms
+    try:
+        return _run_sections(names, options, device, source, faults, gpu_broken, probe, first_index, total, send)
+    finally:
+        tourkit.SETTLE_MS = settle_ms
+
+
+def _run_sections(names, options, device, source, faults, gpu_broken, probe, first_index, total, send):
     in_worker = send is not None
     send = send or (lambda kind, **fields: None)
     results: list[SectionResult] = []

@@ -342,3 +342,16 @@ def test_summary_counts_crashed_and_interrupted(capsys):
     out = capsys.readouterr().out
     assert "1 passed, 1 crashed, 1 interrupted" in out and "SIGSEGV: killed" in out
     assert tilelang_tour._exit_code(results) == 1
+
+
+def test_quick_runs_settle_briefly_before_each_comparison_and_the_setting_is_restored(monkeypatch):
+    seen = []
+
+    def load(name):
+        return Section(name=name, title=name, summary="", run=lambda ctx: seen.append(tourkit.SETTLE_MS),
+                       needs_gpu=False)
+
+    before = tourkit.SETTLE_MS
+    tilelang_tour.main(["--only", "vector_add", "--quick"], loader=load)
+    tilelang_tour.main(["--only", "vector_add"], loader=load)
+    assert seen == [tilelang_tour.QUICK_SETTLE_MS, before] and tourkit.SETTLE_MS == before
