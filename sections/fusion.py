@@ -154,8 +154,12 @@ def check(ctx, built: dict) -> None:
 
 
 def torch_compiled(ctx, a, b, bias):
-    """torch.compile of the eager expression, compiled (its first call) outside the timing, or None."""
+    """torch.compile of the eager expression, compiled (its first call) outside the timing, or None.
+    --quick leaves it out: importing and tracing torch.compile costs seconds of a quick look."""
     mode = FULL_COMPILE_MODE if ctx.full else COMPILE_MODE
+    if ctx.quick:
+        ctx.log("torch.compile: compared in the full-size run (left out with --quick)")
+        return mode, None
     compiled, reason = compiled_eager(mode)
     if compiled is not None:
         try:
