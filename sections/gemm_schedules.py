@@ -38,7 +38,6 @@ from sections.gemm_epilogue import ACTIVATIONS, activation_macro, epilogue_pass_
 from tourkit import KernelDecl, Section, SectionSkip
 
 # ---- The schedule --------------------------------------------------------------------------------------
-
 WARP_POLICIES = ("Square", "FullRow", "FullCol")
 
 
@@ -383,10 +382,10 @@ def run(ctx) -> None:
             f"{tourkit.format_bytes(swizzled)} swizzled in panels of {rows[0].panel} tile rows")
     show_generated_code(ctx, built[kernel_name(best, size, size, size)].get_kernel_source(), family)
 
-    ctx.headline(lesson=best.label(), lesson_tflops=round(tourkit.tflops(flops, ms[best.label()])),
-                 lesson_vs_cublas=round(tourkit.speedup(cublas_ms, ms[best.label()]), 3))
-    if ws is not None:
+    ctx.headline(lesson_vs_cublas=round(tourkit.speedup(cublas_ms, ms[best.label()]), 3))  # ratios first: the
+    if ws is not None:  # summary shows a headline's first 110 characters
         ctx.headline(appendix_vs_cublas=round(tourkit.speedup(cublas_ms, ms[ws.label()]), 3))
+    ctx.headline(lesson_tflops=round(tourkit.tflops(flops, ms[best.label()])), lesson=best.label())
     ctx.metric(size=size, cublas_tflops=round(tourkit.tflops(flops, cublas_ms)),
                schedules={c.label(): round(tourkit.speedup(cublas_ms, ms[c.label()]), 3) for c in timed})
 
