@@ -83,8 +83,13 @@ class TourContext:
     """
 
     def __init__(self, *, quick: bool = False, compile_only: bool = False, arch: str | None = None,
-                 device: "DeviceInfo | None" = None, full: bool = False, echo: bool = True):
+                 device: "DeviceInfo | None" = None, full: bool = False, echo: bool = True,
+                 shape: "tuple[int, ...] | None" = None, dtype: str = "float16"):
         self.quick = quick
+        # The user's own problem (--shape, already parsed and checked by sections/shapes.py) or None: the
+        # section's own shapes. dtype: the element type of the GEMM, fusion, softmax and attention kernels.
+        self.shape = tuple(shape) if shape is not None else None
+        self.dtype = dtype
         self.compile_only = compile_only
         self.device = device
         self.arch = arch or (device.arch if device else DEFAULT_ARCH)
