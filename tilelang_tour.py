@@ -119,6 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--install", action="store_true", help="env_check: pip-install tilelang if missing")
     parser.add_argument("--no-isolate", action="store_true",
                         help="run the sections in this process, not in a worker process (for a debugger)")
+    parser.add_argument("--shape", metavar="DIMS",
+                        help="your own problem for the one section chosen with --only: vector_add N; "
+                             "gemm_schedules, fusion, autotune MxNxK; softmax MxN; flash_attention BxHxSxD "
+                             "or BxHxSxDxKVH (grouped-query)")
+    parser.add_argument("--dtype", default="float16", metavar="TYPE",
+                        help="float16 (default) or bfloat16 (sm_80 and newer): the GEMM, fusion, softmax, "
+                             "attention and autotune kernels' element type")
     return parser
 
 
@@ -161,6 +168,23 @@ def select_sections(only: Sequence[str], skip: Sequence[str], valid: Sequence[st
     only_names, skip_names = _split_names(only, "--only", valid), _split_names(skip, "--skip", valid)
     chosen = [n for n in valid if not only_names or n in only_names]
     return [n for n in chosen if n not in skip_names]
+
+
+def problem_shape(args, names: Sequence[str]) -> tuple[int, ...] | None:
+    """--shape and --dtype checked against the selected sections (sections/shapes.py): the parsed dims or None.
+    Raises UsageError with the one line the user sees."""
+    from sections import shapes
+
+    try:
+        shapes.check_dtype(list(names), args.dtype)
+        if args.shape is None:
+            return None
+        if not args.only or len(names) != 1:
+            raise shapes.ShapeError("--shape needs exactly one section, chosen with --only (e.g. --only softmax "
+                                    "--shape 8192x32000)")
+        return shapes.parse_shape(names[0], args.shape)
+    except shapes.ShapeError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def check_json_path(path: str) -> None:
@@ -225,7 +249,14 @@ class RunOptions:
     timeout: float = DEFAULT_SECTION_TIMEOUT_S
     install: bool = False
     exitfirst: bool = False
+    shape: list[int] | None = None  # --shape, parsed and checked (sections/shapes.py)
+    dtype: str = "float16"
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def context(self, device, **kwargs) -> TourContext:
+        """The TourContext a section gets under these options."""
+        return TourContext(quick=self.quick, compile_only=self.compile_only, arch=self.arch, device=device,
+                           full=self.full, shape=self.shape, dtype=self.dtype, **kwargs)
 
 
 def _traceback_tail(exc: BaseException, lines: int = 8) -> str:
@@ -276,7 +307,7 @@ def start_preparing(names: Sequence[str], options: RunOptions, device, loader=lo
                 section = loader(name)
             except Exception:  # the section's own run reports an import problem
                 continue
-            ctx = TourContext(quick=options.quick, device=device, full=options.full, echo=False)
+            ctx = options.context(device, echo=False)
             if getattr(section, "kernels", None) is not None:
                 jobs.append((name, functools.partial(_build_declared, section, ctx)))
     return _Preparer(jobs)
@@ -289,8 +320,7 @@ def run_section(name: str, options: RunOptions, device, tilelang_probe: tuple[bo
     TILELANG_TOUR_FAULT kind to inject before the run; `gpu_broken`: why GPU sections must skip."""
     result = SectionResult(name=name, title=name)
     started = time.perf_counter()
-    ctx = TourContext(quick=options.quick, compile_only=options.compile_only, arch=options.arch,
-                      device=device, full=options.full)
+    ctx = options.context(device)
     ctx.install = options.install  # only env_check reads it
     try:
         with _Deadline(options.timeout):
@@ -342,6 +372,7 @@ def _record_failure(result: SectionResult, exc: BaseException) -> None:
 
 
 def _check_needs(section, ctx: TourContext, gpu_broken: str | None = None) -> None:
+    _check_dtype(section, ctx)
     if ctx.compile_only:
         if not section.supports_compile_only:
             raise SectionSkip("has nothing to compile in --compile-only mode")
@@ -356,6 +387,19 @@ def _check_needs(section, ctx: TourContext, gpu_broken: str | None = None) -> No
         raise SectionSkip(f"needs compute capability {need}+, this GPU is {ctx.device.capability[0]}.{ctx.device.capability[1]}")
     if section.needs_nvcc and tourkit.find_nvcc() is None:
         raise SectionSkip("needs nvcc (the CUDA toolkit) on the PATH or in CUDA_HOME")
+
+
+def _check_dtype(section, ctx: TourContext) -> None:
+    """bfloat16 arithmetic needs sm_80 or newer: elsewhere the sections that take --dtype skip."""
+    from sections import shapes
+
+    if ctx.dtype != "bfloat16" or section.name not in shapes.DTYPE_SECTIONS:
+        return
+    on_gpu = ctx.has_gpu and not ctx.compile_only
+    capability = ctx.device.capability if on_gpu else tourkit.ARCH_SPECS[ctx.arch].capability
+    if tuple(capability) < (8, 0):
+        where = f"this GPU is sm_{capability[0]}{capability[1]}" if on_gpu else f"the target is {ctx.arch}"
+        raise SectionSkip(f"bfloat16 needs sm_80 or newer; {where}")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -398,7 +442,9 @@ def print_summary(results: Sequence[SectionResult]) -> None:
 def header_line(count: int, options: RunOptions, device) -> str:
     mode = f"compile-only for {options.arch}" if options.compile_only else (
         f"on {device.name} ({device.arch})" if device else "without a GPU")
-    return f"TileLang Tour — {count} section(s), {mode}{', quick sizes' if options.quick else ''}"
+    problem = f", shape {'x'.join(map(str, options.shape))}" if options.shape else ""
+    dtype = f", {options.dtype}" if options.dtype != "float16" else ""
+    return f"TileLang Tour — {count} section(s), {mode}{', quick sizes' if options.quick else ''}{problem}{dtype}"
 
 
 def device_from(record: dict | None):
@@ -586,6 +632,7 @@ def main(argv: Sequence[str] | None = None, *, loader=None, _sigint=None) -> Tou
             raise UsageError(f"--timeout {args.timeout:g}: give seconds >= 0 (0: no limit)")
         if args.json:
             check_json_path(args.json)
+        shape = problem_shape(args, names)
         isolate = not args.no_isolate and loader is None and _worker_command() is not None
         faults = tourrunner.parse_faults(os.environ.get(tourrunner.FAULT_ENV), source.names, isolate=isolate)
     except UsageError as exc:
@@ -601,7 +648,8 @@ def main(argv: Sequence[str] | None = None, *, loader=None, _sigint=None) -> Tou
         return _usage_error("--only/--skip left no section to run")
 
     options = RunOptions(quick=args.quick, full=args.full, compile_only=args.compile_only, arch=args.arch,
-                         timeout=args.timeout, install=args.install, exitfirst=args.exitfirst)
+                         timeout=args.timeout, install=args.install, exitfirst=args.exitfirst,
+                         shape=list(shape) if shape else None, dtype=args.dtype)
     # From here a Ctrl-C sets a flag (the worker is stopped, the summary printed, the exit code 130);
     # only --no-isolate's sections see it as KeyboardInterrupt, as a debugger expects.
     sigint = _sigint or tourrunner.SigintFlag()

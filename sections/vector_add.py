@@ -23,7 +23,7 @@ import tilelang
 import tilelang.language as T
 
 import tourkit
-from tourkit import Section
+from tourkit import Section, SectionSkip
 
 
 @dataclass(frozen=True)
@@ -83,13 +83,18 @@ def compile_vector_add(N: int, config: AddConfig = DEFAULT, dtype: str = "float3
 
 
 def check_sizes(ctx) -> list[int]:
-    """Sizes that exercise the tail: tiny, not a multiple of the block, not a multiple of the vector width."""
+    """Sizes that exercise the tail: tiny, not a multiple of the block, not a multiple of the vector width
+    (with --shape N: N itself)."""
+    if ctx.shape:
+        return [ctx.shape[0]]
     return [1, 1000, 2**20 + 3] if ctx.quick else [1, 1000, 2**20 + 3, 10**7 + 1]
 
 
 def bench_size(ctx) -> int:
     """Large enough to fill the GPU and swamp its caches: 2^28 float32 (1 GiB per vector) unless quick,
-    capped at a quarter of the device memory for the three vectors."""
+    capped at a quarter of the device memory for the three vectors. With --shape N: N."""
+    if ctx.shape:
+        return ctx.shape[0]
     if ctx.quick:
         return 2**24
     n = 2**28
@@ -102,11 +107,11 @@ def kernels(ctx) -> list[tourkit.KernelDecl]:
     """Compile-only: an aligned and a ragged size. A run: the checked sizes (default schedule) and the
     benchmark size in every schedule of the table."""
     if ctx.compile_only:
-        jobs = [(n, DEFAULT) for n in (2**20, 2**20 + 3)]
+        jobs = [(n, DEFAULT) for n in ([ctx.shape[0]] if ctx.shape else (2**20, 2**20 + 3))]
     else:
         jobs = [(n, DEFAULT) for n in check_sizes(ctx)] + [(bench_size(ctx), c) for c in SCHEDULES]
     return [tourkit.KernelDecl(kernel_name(n, c), functools.partial(vector_add_program, n, c), threads=c.threads)
-            for n, c in jobs]
+            for n, c in dict.fromkeys(jobs)]  # with --shape N the checked size is also the benchmark's
 
 
 def kernel_name(n: int, config: AddConfig) -> str:
@@ -179,6 +184,14 @@ def show_generated_code(ctx, source: str) -> None:
 
 def compile_only(ctx) -> None:
     """The aligned and the ragged variant for ctx.arch, and what TileLang generated."""
+    if ctx.shape:  # the user's N: whatever TileLang made of it
+        (report,) = tourkit.inspect_declared(ctx, kernels(ctx)).values()
+        aligned = ctx.shape[0] % DEFAULT.block_size == 0
+        ctx.log(f"N = {ctx.shape[0]}: {'a multiple of' if aligned else 'not a multiple of'} the block "
+                f"({DEFAULT.block_size}): {'no predicates' if aligned else 'the last block is predicated'}")
+        show_generated_code(ctx, report.source)
+        ctx.headline(arch=ctx.arch, threads=report.threads, grid=report.grid[0])
+        return
     aligned, ragged = tourkit.inspect_declared(ctx, kernels(ctx)).values()
     if "float4" not in aligned.source:
         raise tourkit.ValidationError("vector_add: expected 16-byte float4 accesses in the generated CUDA")
@@ -193,6 +206,9 @@ def run(ctx) -> None:
         compile_only(ctx)
         return
     n = bench_size(ctx)
+    if 3 * 4 * n > ctx.device.memory_bytes * 0.9:
+        raise SectionSkip(f"N={n}: three float32 vectors ({tourkit.format_bytes(12 * n)}) do not fit this GPU's "
+                          f"{tourkit.format_bytes(ctx.device.memory_bytes)}")
     kernels_ = tourkit.build_declared(kernels(ctx), log=ctx.log)
     ctx.log(f"grid: ceil(N / {DEFAULT.block_size}) blocks of {DEFAULT.threads} threads, "
             f"{DEFAULT.elems_per_thread} consecutive float32 per thread (one 16-byte access per array)")
