@@ -261,6 +261,15 @@ def _import_tilelang_here() -> tuple[bool, str]:
     return True, tilelang.__version__
 
 
+def require_device_memory(ctx: "TourContext", nbytes: int, what: str) -> None:
+    """Skip (with the reason) a user's problem whose tensors, references included, would not fit the GPU."""
+    if ctx.device is None or ctx.compile_only:
+        return
+    if nbytes > 0.85 * ctx.device.memory_bytes:
+        raise SectionSkip(f"{what} needs about {format_bytes(nbytes)} of GPU memory; this GPU has "
+                          f"{format_bytes(ctx.device.memory_bytes)}")
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Validation
 # ---------------------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import tilelang
 import tilelang.language as T
 
 import tourkit
-from tourkit import Section, SectionSkip
+from tourkit import Section
 
 
 @dataclass(frozen=True)
@@ -206,9 +206,7 @@ def run(ctx) -> None:
         compile_only(ctx)
         return
     n = bench_size(ctx)
-    if 3 * 4 * n > ctx.device.memory_bytes * 0.9:
-        raise SectionSkip(f"N={n}: three float32 vectors ({tourkit.format_bytes(12 * n)}) do not fit this GPU's "
-                          f"{tourkit.format_bytes(ctx.device.memory_bytes)}")
+    tourkit.require_device_memory(ctx, 5 * 4 * n, f"N={n} (five float32 vectors: inputs, outputs, the copy's)")
     kernels_ = tourkit.build_declared(kernels(ctx), log=ctx.log)
     ctx.log(f"grid: ceil(N / {DEFAULT.block_size}) blocks of {DEFAULT.threads} threads, "
             f"{DEFAULT.elems_per_thread} consecutive float32 per thread (one 16-byte access per array)")

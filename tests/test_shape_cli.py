@@ -130,3 +130,12 @@ def test_every_shaped_section_is_a_real_section():
     from sections import SECTION_NAMES
 
     assert set(shapes.FORMS) <= set(SECTION_NAMES) and set(shapes.DTYPE_SECTIONS) <= set(SECTION_NAMES)
+
+
+def test_a_problem_too_big_for_the_gpu_skips_with_its_size():
+    small_gpu = tourkit.DeviceInfo("small GPU", (8, 0), "sm_80", 108, 8 * 2**30, 166912, 40 * 2**20)
+    ctx = tourkit.TourContext(device=small_gpu, shape=(2**31,))
+    with pytest.raises(tourkit.SectionSkip, match=r"needs about 40.0 GiB of GPU memory; this GPU has 8.0 GiB"):
+        tourkit.require_device_memory(ctx, 20 * 2**31, "N=2147483648")
+    tourkit.require_device_memory(ctx, 2**30, "N=1")  # fits: no skip
+    tourkit.require_device_memory(tourkit.TourContext(compile_only=True, arch="sm_80"), 2**60, "compile-only")

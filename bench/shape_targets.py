@@ -1,0 +1,96 @@
+"""Run the tour on users' problems, one `--only S --shape X` at a time, and print each run's headline.
+
+    python bench/shape_targets.py                 # every problem below
+    python bench/shape_targets.py softmax gemm    # the problems of sections whose name contains a word
+    python bench/shape_targets.py --out DIR       # keep each run's JSON record in DIR
+
+Each problem goes through the same command a user types (the worker process, the check, the benchmark in
+turns with PyTorch), so what this prints is what a user sees. The list mixes the shapes the project is judged
+on with others of the same kinds (skinny, ragged, tiny, wide, grouped-query).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PROBLEMS = [
+    ("gemm_schedules", "4096x4096x1024", "float16"),
+    ("gemm_schedules", "5120x13824x5120", "float16"),
+    ("gemm_schedules", "8192x2048x8192", "float16"),
+    ("gemm_schedules", "2000x3000x4000", "float16"),
+    ("gemm_schedules", "1536x1536x1536", "float16"),
+    ("gemm_schedules", "64x8192x8192", "float16"),
+    ("gemm_schedules", "128x4096x11008", "float16"),
+    ("gemm_schedules", "8192x8192x8192", "bfloat16"),
+    ("gemm_schedules", "16x5120x5120", "float16"),
+    ("gemm_schedules", "777x4097x1234", "float16"),
+    ("fusion", "5120x13824x5120", "float16"),
+    ("fusion", "2000x3000x4000", "float16"),
+    ("softmax", "8192x32000", "float16"),
+    ("softmax", "1024x128256", "float16"),
+    ("softmax", "65536x256", "float16"),
+    ("softmax", "16384x3072", "float16"),
+    ("softmax", "4097x5000", "float16"),
+    ("softmax", "131072x64", "float16"),
+    ("softmax", "8192x32000", "bfloat16"),
+    ("softmax", "2048x50257", "float16"),
+    ("flash_attention", "4x16x2048x64", "float16"),
+    ("flash_attention", "1x32x3000x128", "float16"),
+    ("flash_attention", "2x8x8192x64", "float16"),
+    ("flash_attention", "8x32x512x128", "float16"),
+    ("flash_attention", "1x32x4096x128x8", "float16"),
+    ("flash_attention", "4x32x4096x128", "bfloat16"),
+    ("flash_attention", "2x24x4999x128", "float16"),
+    ("vector_add", "100000007", "float32"),
+]
+
+
+def run_one(section: str, shape: str, dtype: str, out_dir: str, timeout: float) -> dict:
+    path = os.path.join(out_dir, f"{section}-{shape}-{dtype}.json")
+    argv = [sys.executable, os.path.join(ROOT, "tilelang_tour.py"), "--only", section, "--shape", shape, "--json", path]
+    if dtype != "float32":
+        argv += ["--dtype", dtype]
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        log = done.stdout + done.stderr
+    except subprocess.TimeoutExpired:
+        return {"status": f"no answer in {timeout:.0f} s", "seconds": timeout, "headline": {}}
+    with open(path.replace(".json", ".log"), "w") as fh:
+        fh.write(log)
+    try:
+        record = json.load(open(path))["sections"][0]
+    except (OSError, ValueError, IndexError, KeyError):
+        return {"status": f"exit {done.returncode}", "seconds": time.perf_counter() - started, "headline": {},
+                "error": log.strip().splitlines()[-1:] or [""]}
+    return {"status": record["status"], "seconds": time.perf_counter() - started, "headline": record["headline"],
+            "error": [record.get("error_message") or record.get("skip_reason") or ""]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("words", nargs="*", help="run only the problems of sections whose name contains one")
+    parser.add_argument("--out", help="folder for each run's JSON record and log (default: a temporary one)")
+    parser.add_argument("--timeout", type=float, default=240.0, help="seconds for one run")
+    args = parser.parse_args()
+    out_dir = args.out or tempfile.mkdtemp(prefix="shape_targets_")
+    os.makedirs(out_dir, exist_ok=True)
+    chosen = [p for p in PROBLEMS if not args.words or any(w in p[0] for w in args.words)]
+    for section, shape, dtype in chosen:
+        result = run_one(section, shape, dtype, out_dir, args.timeout)
+        cells = ", ".join(f"{k} {v}" for k, v in result["headline"].items()) or " ".join(result.get("error", []))
+        print(f"{section:16s} {shape:18s} {dtype:9s} {result['status']:8s} {result['seconds']:6.1f} s  {cells}",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
