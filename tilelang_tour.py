@@ -672,6 +672,8 @@ def _finish(args, names, options, results, environment, interrupted, sigint) -> 
         print(f"\n■ stopping after {results[-1].name} (--exitfirst)", flush=True)
     print_summary(results)
     print("\n" + QUICK_REFERENCE, flush=True)
+    environment["options"] = {k: v for k, v in asdict(options).items() if k in ("quick", "full", "compile_only",
+                                                                             "arch", "shape", "dtype")}
     run = TourRun(results, environment, 130 if interrupted or sigint.fired else _exit_code(results))
     if args.json:
         try:

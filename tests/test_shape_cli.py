@@ -114,7 +114,10 @@ def test_shape_and_dtype_cross_the_worker_process(tmp_path):
                            "--json", str(out)], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "shape 4097x5000, bfloat16" in done.stdout  # the header names the problem
-    record = json.loads(out.read_text())["sections"][0]
+    written = json.loads(out.read_text())
+    assert written["environment"]["options"]["shape"] == [4097, 5000]
+    assert written["environment"]["options"]["dtype"] == "bfloat16"
+    record = written["sections"][0]
     assert record["headline"] == {"shape": "4097x5000", "dtype": "bfloat16", "pid": record["headline"]["pid"]}
     assert record["headline"]["pid"] != os.getpid()
 
