@@ -1,6 +1,7 @@
-"""flash_attention (the lesson): the configuration rule, the declared kernels (CPU); the lesson's kernels lower for
-sm_80 and sm_90a with the expected instructions and within their shared-memory estimates (CPU); correctness
-against SDPA incl. causal, odd lengths and head dim 64 (GPU)."""
+"""flash_attention (the lesson) and its rules (sections/attention_plans.py): the configuration rule on problems of
+every kind, the declared kernels with and without --shape (CPU); the lesson's kernels lower for sm_80 and sm_90a
+with the expected instructions for odd lengths, head dim 64, grouped-query attention and bf16 (CPU); correctness
+against a float32 reference on odd problems (GPU)."""
 
 import dataclasses
 import re
@@ -9,39 +10,74 @@ import pytest
 import tilelang
 
 import tourkit
+from sections import attention_plans as plans
 from sections import flash_attention as FA
+from sections.attention_plans import Problem
 
 HOPPER = tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin
 H200 = tourkit.DeviceInfo("H200", (9, 0), "sm_90a", 132, 141 * 2**30, 232448, 60 * 2**20)
 
 
-def compile_config(shape, causal, cfg):
+def hopper(problem):
+    return plans.choose_config(problem, "hopper", HOPPER, 132)[0]
+
+
+def compile_config(problem, cfg):
     """attention(q, k, v, o) for one problem and configuration (the section's own path: build, pass configs,
     the appendix's launcher)."""
     from sections.hopper import attention_ws
 
-    func = FA.build(*shape, causal, cfg)
+    func = FA.build(problem, cfg)
     return attention_ws.launcher(tilelang.compile(func, out_idx=None, target="cuda", pass_configs=FA.pass_configs(cfg)))
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The configuration rule and the declared kernels (no compiler)
+# Problems and the configuration rule (no compiler)
 # ---------------------------------------------------------------------------------------------------------
 
 
-def test_hopper_picks_the_async_kernel_for_head_dim_128():
-    full = FA.choose_config(128, False, "hopper", HOPPER)
-    causal = FA.choose_config(128, True, "hopper", HOPPER)
+def test_problem_names_flops_and_groups():
+    assert plans.from_shape((4, 32, 4096, 128), True).name == "B4 H32 S4096 D128 causal"
+    gqa = plans.from_shape((1, 32, 4096, 128, 8), False, "bfloat16")
+    assert gqa.kv_heads == 8 and gqa.name == "B1 H32 KVH8 S4096 D128 bf16 full"
+    assert plans.from_shape((1, 32, 4096, 128), False).kv_heads == 32
+    assert Problem(4, 32, 4096, 128, True).flops * 2 == Problem(4, 32, 4096, 128, False).flops
+    with pytest.raises(ValueError, match="groups"):
+        Problem(1, 32, 64, 128, False, kv_heads=5)
+    with pytest.raises(ValueError, match="dtype"):
+        Problem(1, 32, 64, 128, False, dtype="float32")
+    with pytest.raises(ValueError, match="groups"):
+        FA.flash_attention_forward(1, 6, 64, 64, False, kv_heads=4)
+
+
+def test_key_tile_width_pays_for_the_ragged_tail():
+    widths = (128, 160, 176)
+    assert plans.key_tile_width(16384, widths, 0.5) == 176  # long: the widest tile
+    assert plans.key_tile_width(777, widths, 0.5) == 160  # 800 columns, not 880 (176) or 896 (128)
+    assert plans.key_tile_width(1024, widths, 0.5) in (128, 176)
+    assert plans.key_tile_width(128, widths, 0.0) == 128
+
+
+def test_hopper_rule_per_problem():
+    full, causal = hopper(Problem(4, 32, 4096, 128, False)), hopper(Problem(4, 32, 4096, 128, True))
     assert full["kind"] == causal["kind"] == "async" and full["fast_math"] and causal["fast_math"]
-    assert (full["block_N"], causal["block_N"]) == (176, 128) and causal["heavy_first"] and not full.get("heavy_first")
-    assert FA.choose_config(64, False, "hopper", HOPPER)["kind"] == "pipelined"
-    assert FA.choose_config(64, True, "hopper", HOPPER)["kind"] == "async"
-    # every table entry fits Hopper's shared memory; the 176-wide tiles only because O reuses the K/V buffers
-    for cfg in FA.HOPPER_CONFIGS.values():
-        assert FA.smem_estimate(128, cfg["block_M"], cfg["block_N"], cfg["num_stages"], cfg["kind"] == "async") <= HOPPER
-    assert FA.smem_estimate(128, 128, 176, 2) > HOPPER >= FA.smem_estimate(128, 128, 176, 2, output_reuses_kv=True)
+    assert causal["block_N"] == 128 and causal["heavy_first"] and not full.get("heavy_first")
+    for problem in (Problem(2, 8, 8192, 64, False), Problem(4, 16, 2048, 64, True), Problem(1, 32, 3000, 128, True),
+                    Problem(1, 32, 4096, 128, False, kv_heads=8, dtype="bfloat16")):
+        cfg = hopper(problem)
+        assert cfg["kind"] == "async" and cfg["block_M"] in (128, 192), (problem, cfg)
+        assert plans.smem_estimate(problem.dim, cfg["block_M"], cfg["block_N"], 2, True) <= HOPPER
+    # too few key tiles for the extra iteration to pay: the compiler's pipeline
+    assert hopper(Problem(8, 32, 256, 128, False))["kind"] == "pipelined"
+    # a grid that would leave most SMs idle: 64-row query blocks (one warp group)
+    for problem in (Problem(1, 64, 1, 128, True), Problem(1, 8, 128, 64, False), Problem(1, 4, 7, 64, False)):
+        cfg = hopper(problem)
+        assert cfg["block_M"] == 64 and cfg["threads"] == 128, (problem, cfg)
+    # every rule's choice says why
+    cfg, why = plans.choose_config(Problem(1, 32, 777, 128, False), "hopper", HOPPER, 132)
+    assert "key tiles" in why and str(cfg["block_N"]) in why
     # a smaller budget (an sm_80-class GPU) falls back to a pipelined configuration that fits
-    assert FA.choose_config(128, False, "hopper", 160 * 1024)["kind"] == "pipelined"
+    assert plans.choose_config(Problem(4, 32, 4096, 128, False), "hopper", 160 * 1024)[0]["kind"] == "pipelined"
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_75"])
@@ -49,16 +85,16 @@ def test_hopper_picks_the_async_kernel_for_head_dim_128():
 @pytest.mark.parametrize("causal", [False, True])
 def test_other_archs_fit_shared_memory(arch, dim, causal):
     spec = tourkit.ARCH_SPECS[arch]
-    cfg = FA.choose_config(dim, causal, spec.family, spec.smem_per_block_optin)
-    assert cfg["kind"] == "pipelined"
-    assert FA.smem_estimate(dim, cfg["block_M"], cfg["block_N"], cfg["num_stages"]) <= spec.smem_per_block_optin
+    cfg, why = plans.choose_config(Problem(2, 8, 3000, dim, causal), spec.family, spec.smem_per_block_optin)
+    assert cfg["kind"] == "pipelined" and "no wgmma" in why
+    assert plans.smem_estimate(dim, cfg["block_M"], cfg["block_N"], cfg["num_stages"]) <= spec.smem_per_block_optin
     if causal:
         assert cfg["num_stages"] == 1
 
 
 def test_tiny_shared_memory_is_rejected_clearly():
     with pytest.raises(ValueError, match="shared memory"):
-        FA.choose_config(128, False, "ampere", 16 * 1024)
+        plans.choose_config(Problem(1, 1, 128, 128, False), "ampere", 16 * 1024)
 
 
 @pytest.mark.parametrize("dim", [32, 96, 256])
@@ -67,27 +103,35 @@ def test_unsupported_head_dim_is_rejected(dim):
         FA.flash_attention_forward(1, 1, 128, dim, False)
 
 
-def test_flops_halve_when_causal():
-    assert FA.attention_flops(4, 32, 4096, 128, True) * 2 == FA.attention_flops(4, 32, 4096, 128, False)
-
-
 def test_declared_kernels_lesson_and_appendix_side_by_side_on_hopper():
     ctx = tourkit.TourContext(device=H200, echo=False)
     names = [d.name for d in FA.kernels(ctx)]
     for mode in ("full", "causal"):  # the benchmarked problem: both kernels, each mode
         assert f"lesson B4 H32 S4096 D128 {mode}" in names and f"appendix B4 H32 S4096 D128 {mode}" in names
     assert "lesson B2 H4 S1000 D64 causal" in names and "appendix B2 H4 S1000 D64 causal" not in names
+    assert "lesson B1 H8 KVH2 S333 D64 full" in names
     assert not any("S16384" in n for n in names)  # only with --full
     assert any("S16384" in n for n in (d.name for d in FA.kernels(tourkit.TourContext(device=H200, full=True, echo=False))))
     quick = FA.kernels(tourkit.TourContext(device=H200, quick=True, echo=False))
     assert len(quick) < len(names) and not any("S4096" in d.name for d in quick)
     # the appendix's persistent grid takes the GPU's SM count; compile-only the default
     h100 = dataclasses.replace(H200, name="H100", sm_count=114)
-    plan = {name: cfg for name, _, _, cfg, _ in FA.plan(tourkit.TourContext(device=h100, echo=False))}
+    plan = {name: cfg for name, _, _, cfg, _, _ in FA.plan(tourkit.TourContext(device=h100, echo=False))}
     assert plan["appendix B4 H32 S4096 D128 full"]["sms"] == 114
     decl = {d.name: d for d in FA.kernels(ctx)}["lesson B4 H32 S4096 D128 full"]
     assert decl.pass_configs == {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True} and decl.nvcc
     assert decl.markers == tuple(tourkit.TENSOR_CORE_MARKERS["hopper"]) and decl.threads == 256
+
+
+def test_the_users_problem_alone_causal_and_full():
+    ctx = tourkit.TourContext(device=H200, echo=False, shape=(2, 16, 2048, 64, 2), dtype="bfloat16")
+    items = FA.plan(ctx)
+    assert {item[2] for item in items} == {Problem(2, 16, 2048, 64, c, 2, "bfloat16") for c in (False, True)}
+    assert all(timed and (why or which == "appendix") for _, which, _, _, why, timed in items)
+    # D128 on Hopper: the appendix takes it too
+    items = FA.plan(tourkit.TourContext(device=H200, echo=False, shape=(1, 32, 3000, 128)))
+    assert sorted(name for name, *_ in items) == sorted(f"{w} B1 H32 S3000 D128 {m}" for w in ("lesson", "appendix")
+                                                        for m in ("full", "causal"))
 
 
 def test_elsewhere_the_lesson_kernel_alone():
@@ -96,37 +140,48 @@ def test_elsewhere_the_lesson_kernel_alone():
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Lowering (no GPU): a ragged length (1000) so the masking paths are generated too
+# Lowering (no GPU): ragged lengths so the masking paths are generated too
 # ---------------------------------------------------------------------------------------------------------
+
+LOWERED = [Problem(2, 4, 1000, 128, False), Problem(2, 4, 1000, 128, True),
+           Problem(1, 8, 333, 64, True, kv_heads=2, dtype="bfloat16"), Problem(3, 4, 1537, 64, False, kv_heads=1)]
 
 
 @pytest.fixture(scope="module")
 def reports():
-    """The lesson's kernels for B2 H4 S1000 D128, full and causal, lowered for sm_80 and sm_90a."""
+    """The rule's kernels for LOWERED, lowered for sm_80 and sm_90a."""
     jobs, keys = [], []
     for arch in ("sm_80", "sm_90a"):
         spec = tourkit.ARCH_SPECS[arch]
-        for causal in (False, True):
-            cfg = FA.choose_config(128, causal, spec.family, spec.smem_per_block_optin)
-            jobs.append((f"{arch} {causal}", FA.build(2, 4, 1000, 128, causal, cfg), arch, FA.pass_configs(cfg)))
-            keys.append((arch, causal, cfg))
+        for problem in LOWERED:
+            cfg, _ = plans.choose_config(problem, spec.family, spec.smem_per_block_optin)
+            jobs.append((f"{arch} {problem.name}", FA.build(problem, cfg), arch, FA.pass_configs(cfg)))
+            keys.append((arch, problem, cfg))
     return [(*key, rep) for key, rep in zip(keys, tourkit.inspect_kernels(jobs, nvcc=False))]
 
 
 def test_expected_instructions_and_exp2(reports):
-    for arch, _, _, rep in reports:
+    for arch, problem, _, rep in reports:
         tourkit.require_markers(rep, tourkit.TENSOR_CORE_MARKERS[tourkit.ARCH_SPECS[arch].family])
         assert "exp2f" in rep.source
-    hopper = [rep for arch, _, _, rep in reports if arch == "sm_90a"]
-    assert all("wait_wgmma<1>" in rep.source for rep in hopper)  # the FA3 schedule: one MMA left in flight
+        assert ("bfloat16_t" in rep.source) == (problem.dtype == "bfloat16"), (arch, problem)
+    hopper = [rep for arch, _, cfg, rep in reports if arch == "sm_90a" and cfg["kind"] == "async"]
+    assert len(hopper) == len(LOWERED) and all("wait_wgmma<1>" in rep.source for rep in hopper)
 
 
 def test_shared_memory_estimates_bound_the_lowered_kernels(reports):
-    for arch, causal, cfg, rep in reports:
-        estimate = FA.smem_estimate(128, cfg["block_M"], cfg["block_N"], cfg["num_stages"], cfg["kind"] == "async")
-        assert rep.smem_bytes <= estimate + 1024, (arch, causal, rep.smem_bytes, estimate)  # + barriers
+    for arch, problem, cfg, rep in reports:
+        estimate = plans.smem_estimate(problem.dim, cfg["block_M"], cfg["block_N"], cfg["num_stages"],
+                                       cfg["kind"] == "async")
+        assert rep.smem_bytes <= estimate + 1024, (arch, problem, rep.smem_bytes, estimate)  # + barriers
         if cfg["kind"] == "async":  # exact there: the test that the output reuses the K/V buffers
-            assert rep.smem_bytes >= estimate, (arch, causal, rep.smem_bytes, estimate)
+            assert rep.smem_bytes >= estimate, (arch, problem, rep.smem_bytes, estimate)
+
+
+def test_grouped_query_attention_reads_the_shared_head():
+    func = FA.build(LOWERED[2], hopper(LOWERED[2]))
+    shapes = [tuple(int(d) for d in func.buffer_map[param].shape) for param in func.params]
+    assert shapes == [(1, 333, 8, 64), (1, 333, 2, 64), (1, 333, 2, 64), (1, 333, 8, 64)]
 
 
 def test_causal_loop_bound_is_clamped(reports):
@@ -135,51 +190,59 @@ def test_causal_loop_bound_is_clamped(reports):
         return re.findall(r"for \(int k\w* = [01]; k\w* < ([^;]+);", source)
 
     for arch in ("sm_80", "sm_90a"):
-        (causal,) = [rep for a, c, _, rep in reports if a == arch and c]
-        (full,) = [rep for a, c, _, rep in reports if a == arch and not c]
+        full, causal = (next(rep for a, p, _, rep in reports if a == arch and p == problem) for problem in LOWERED[:2])
         assert any(re.search(r"blockIdx\.x|condval", bound) for bound in key_loop_bounds(causal.source))
         assert all(bound.strip().isdigit() for bound in key_loop_bounds(full.source))
 
 
-def test_section_runs_in_compile_only_mode():
-    import tilelang_tour
-
-    run = tilelang_tour.main(["--only", "flash_attention", "--compile-only", "--arch", "sm_80", "--quick"])
-    assert run.results[0].status == "passed", run.results[0].error_message
+def test_section_compiles_the_users_problem():
+    """--compile-only with --shape: that problem, causal and full, built with nvcc for sm_80 (grouped-query
+    attention in bf16)."""
+    ctx = tourkit.TourContext(compile_only=True, arch="sm_80", echo=False, shape=(1, 8, 333, 64, 2),
+                              dtype="bfloat16")
+    FA.run(ctx)
+    assert ctx.headlines["kernels"] == 2
+    assert any("B1 H8 KVH2 S333 D64 bf16 causal:" in line for line in ctx.report)
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Correctness on a GPU: error within 2x of PyTorch's own fp16 error against a float32 reference
+# Correctness on a GPU: error within 2x of PyTorch's own against a float32 reference
 # ---------------------------------------------------------------------------------------------------------
 
-SHAPES = [(2, 4, 1000, 64), (1, 3, 777, 128), (2, 4, 1024, 64), (1, 2, 129, 128), (1, 2, 5, 64)]
+PROBLEMS = [(2, 4, 1000, 64), (1, 3, 777, 128), (2, 4, 1024, 64), (1, 2, 129, 128), (1, 2, 5, 64), (1, 16, 1, 128),
+            (1, 8, 333, 64, 2), (2, 8, 1000, 128, 4, "bfloat16"), (3, 4, 1537, 64, 1, "bfloat16"), (8, 4, 300, 128)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dims", PROBLEMS, ids=lambda p: "x".join(map(str, p)))
 @pytest.mark.parametrize("causal", [False, True])
-def test_attention_matches_sdpa(shape, causal):
+def test_attention_matches_sdpa(dims, causal):
     device = tourkit.detect_device()
-    cfg = FA.choose_config(shape[3], causal, device.family, device.smem_per_block_optin)
-    (check,) = FA.check_attention(*shape, causal, {"lesson": compile_config(shape, causal, cfg)})
+    problem = Problem(*dims[:4], causal, *dims[4:])
+    cfg, _ = plans.choose_config(problem, device.family, device.smem_per_block_optin, device.sm_count)
+    (check,) = FA.check_attention(problem, {"lesson": compile_config(problem, cfg)})
     assert check.passed, check.line()
 
 
 LESSON_SCHEDULES = [
     dict(kind="pipelined", block_M=128, block_N=128, num_stages=2, threads=256),
+    dict(kind="pipelined", block_M=64, block_N=64, num_stages=2, threads=128, fast_math=True),
     dict(kind="async", block_M=128, block_N=128, num_stages=2, threads=256, fast_math=True, heavy_first=True),
     dict(kind="async", block_M=128, block_N=176, num_stages=2, threads=256, fast_math=True),
+    dict(kind="async", block_M=192, block_N=128, num_stages=2, threads=384, fast_math=True),
+    dict(kind="async", block_M=64, block_N=128, num_stages=2, threads=128, fast_math=True),
 ]
-SCHEDULE_SHAPES = ((1, 3, 777, 128), (2, 4, 1000, 64))
+SCHEDULE_PROBLEMS = ((1, 3, 777, 128), (2, 4, 1000, 64, 2, "bfloat16"))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("cfg", LESSON_SCHEDULES, ids=lambda cfg: " ".join(map(str, FA.describe(cfg))))
+@pytest.mark.parametrize("cfg", LESSON_SCHEDULES, ids=lambda cfg: " ".join(map(str, plans.describe(cfg))))
 def test_every_lesson_schedule_matches_sdpa(causal, cfg):
     device = tourkit.detect_device()
-    if cfg["kind"] == "async" and device.family != "hopper":
+    if (cfg["kind"] == "async" or cfg["block_M"] == 64) and device.family != "hopper":
         pytest.skip("wgmma is Hopper-only")
-    for shape in SCHEDULE_SHAPES:
-        (check,) = FA.check_attention(*shape, causal, {"lesson": compile_config(shape, causal, cfg)})
+    for dims in SCHEDULE_PROBLEMS:
+        problem = Problem(*dims[:4], causal, *dims[4:])
+        (check,) = FA.check_attention(problem, {"lesson": compile_config(problem, cfg)})
         assert check.passed, check.line()

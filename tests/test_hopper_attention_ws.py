@@ -11,7 +11,9 @@ import pytest
 import tilelang
 
 import tourkit
+from sections import attention_plans as plans
 from sections import flash_attention as FA
+from sections.attention_plans import Problem
 from sections.hopper import attention_ws as WS
 
 HOPPER = tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin
@@ -24,16 +26,16 @@ FAST_MATH = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
 
 
 def test_appendix_configs_per_mode():
-    full = WS.choose_config(128, False, "hopper", HOPPER, sm_count=114)
-    causal = WS.choose_config(128, True, "hopper", HOPPER, sm_count=114)
+    full = WS.choose_config(Problem(4, 32, 4096, 128, False), "hopper", HOPPER, sm_count=114)
+    causal = WS.choose_config(Problem(4, 32, 4096, 128, True), "hopper", HOPPER, sm_count=114)
     assert full["kind"] == causal["kind"] == "ws" and full["fast_math"] and causal["heavy_first"]
     assert full["persistent"] and causal["persistent"] and full["sms"] == causal["sms"] == 114  # one block per SM
     assert full["block_N"] == causal["block_N"] == 160 and full["q_stages"] == 2
     assert full["split_tail"] and not causal.get("split_tail")  # causal pairs its tiles instead
-    assert WS.choose_config(128, False, "hopper", HOPPER)["sms"] == WS.SM_COUNT_H100_H200
-    assert WS.choose_config(64, False, "hopper", HOPPER) is None  # no entry: the lesson's kernel alone
-    assert WS.choose_config(128, False, "ampere", HOPPER) is None
-    assert WS.choose_config(128, False, "hopper", 160 * 1024) is None  # too little shared memory
+    assert WS.choose_config(Problem(4, 32, 4096, 128, False), "hopper", HOPPER)["sms"] == WS.SM_COUNT_H100_H200
+    assert WS.choose_config(Problem(4, 32, 4096, 64, False), "hopper", HOPPER) is None  # no entry: the lesson's kernel alone
+    assert WS.choose_config(Problem(4, 32, 4096, 128, False), "ampere", HOPPER) is None
+    assert WS.choose_config(Problem(4, 32, 4096, 128, False), "hopper", 160 * 1024) is None  # too little shared memory
 
 
 def test_two_q_buffers_fit_only_with_160_wide_key_tiles():
@@ -160,13 +162,14 @@ def ws_reports():
     plain = dict(SPLIT_CFG, split_tail=False)
     causal = WS.HOPPER_CONFIGS[(True, 128)]
     small = dict(block_N=128, heavy_first=True, sms=3)
-    funcs = {"split": WS.build(4, 32, 4096, 128, False, dict(SPLIT_CFG, sms=132)),
-             "split ragged": WS.build(1, 6, 3000, 128, False, dict(SPLIT_CFG, sms=132)),
-             "no tail": WS.build(1, 3, 777, 128, False, dict(SPLIT_CFG, sms=132)),
-             "plain": WS.build(4, 32, 4096, 128, False, dict(plain, sms=132)),
-             "causal": WS.build(4, 32, 4096, 128, True, dict(causal, sms=132)),
+    funcs = {"split": WS.build(Problem(4, 32, 4096, 128, False), dict(SPLIT_CFG, sms=132)),
+             "split ragged": WS.build(Problem(1, 6, 3000, 128, False), dict(SPLIT_CFG, sms=132)),
+             "no tail": WS.build(Problem(1, 3, 777, 128, False), dict(SPLIT_CFG, sms=132)),
+             "plain": WS.build(Problem(4, 32, 4096, 128, False), dict(plain, sms=132)),
+             "causal": WS.build(Problem(4, 32, 4096, 128, True), dict(causal, sms=132)),
              "one tile per block": WS.flash_attention_forward_ws(2, 4, 1000, 128, True, **small),
-             "persistent": WS.flash_attention_forward_ws(2, 4, 1000, 128, True, persistent=True, **small)}
+             "persistent": WS.flash_attention_forward_ws(2, 4, 1000, 128, True, persistent=True, **small),
+             "gqa bf16": WS.build(Problem(1, 8, 1000, 128, False, 2, "bfloat16"), dict(SPLIT_CFG, sms=132))}
     jobs = [(name, func, "sm_90a", FAST_MATH) for name, func in funcs.items()]
     return dict(zip(funcs, tourkit.inspect_kernels(jobs, nvcc=False)))
 
@@ -205,6 +208,17 @@ def test_hand_written_warp_specialization(ws_reports, name):
         assert len(work_loops) == 2 and all("blockIdx.x" in bound for bound in work_loops), work_loops
 
 
+def test_grouped_query_attention_in_bf16(ws_reports):
+    """K and V with 2 heads for 8 query heads: the producer's TMA descriptors describe (B, S, 2, D) tensors and
+    the MMAs take bf16."""
+    rep = ws_reports["gqa bf16"]
+    tourkit.require_markers(rep, tourkit.TENSOR_CORE_MARKERS["hopper"])
+    assert "bfloat16_t" in rep.source and "half_t" not in rep.source
+    func = WS.build(Problem(1, 8, 1000, 128, False, 2, "bfloat16"), dict(SPLIT_CFG, sms=132))
+    shapes = [tuple(int(d) for d in func.buffer_map[param].shape) for param in func.params[:4]]
+    assert shapes == [(1, 1000, 8, 128), (1, 1000, 2, 128), (1, 1000, 2, 128), (1, 1000, 8, 128)]
+
+
 def test_split_tail_signature_and_markers(ws_reports):
     split, plain = ws_reports["split"].source, ws_reports["plain"].source
     tourkit.require_markers(ws_reports["split"], tourkit.TENSOR_CORE_MARKERS["hopper"])
@@ -220,7 +234,7 @@ def test_split_tail_signature_and_markers(ws_reports):
     # host function still takes all seven, so callers need not care)
     no_tail = ws_reports["no tail"].source
     assert "AtomicStore" not in no_tail and "__threadfence" not in no_tail and "Workspace" not in no_tail
-    assert len(WS.build(1, 3, 777, 128, False, SPLIT_CFG).params) == 7
+    assert len(WS.build(Problem(1, 3, 777, 128, False), SPLIT_CFG).params) == 7
 
 
 def test_split_tail_publish_and_merge_order(ws_reports):
@@ -262,7 +276,7 @@ def test_split_tail_has_no_spills(ws_reports):
 
 
 def compile_ws(shape, causal, cfg):
-    kernel = tilelang.compile(WS.build(*shape, causal, cfg), out_idx=None, target="cuda", pass_configs=FAST_MATH)
+    kernel = tilelang.compile(WS.build(Problem(*shape, causal), cfg), out_idx=None, target="cuda", pass_configs=FAST_MATH)
     return WS.launcher(kernel)
 
 
@@ -286,21 +300,26 @@ WS_SCHEDULES = [
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("cfg", WS_SCHEDULES, ids=lambda cfg: " ".join(map(str, FA.describe(dict(cfg, kind="ws", threads=384)))))
+@pytest.mark.parametrize("cfg", WS_SCHEDULES, ids=lambda cfg: " ".join(map(str, plans.describe(dict(cfg, kind="ws", threads=384)))))
 def test_every_ws_schedule_matches_sdpa(causal, cfg):
     require_hopper()
     for shape in ((1, 3, 777, 128), (2, 4, 1000, 64)):
-        (check,) = FA.check_attention(*shape, causal, {"appendix": compile_ws(shape, causal, cfg)})
+        (check,) = FA.check_attention(Problem(*shape, causal), {"appendix": compile_ws(shape, causal, cfg)})
         assert check.passed, check.line()
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("shape", [(2, 4, 1000, 64), (1, 3, 777, 128), (1, 2, 129, 128)])
-def test_appendix_configs_match_sdpa(shape, causal):
+@pytest.mark.parametrize("problem", [(2, 4, 1000, 64), (1, 3, 777, 128), (1, 2, 129, 128), (1, 4, 1, 128),
+                                     (2, 8, 1000, 128, 2), (1, 6, 3000, 128, 3, "bfloat16")],
+                         ids=lambda p: "x".join(map(str, p)))
+def test_appendix_configs_match_sdpa(problem, causal):
+    """The appendix's configurations, also on one query row, grouped-query attention and bf16."""
     device = require_hopper()
+    problem = Problem(*problem[:4], causal, *problem[4:])
     cfg = dict(WS.HOPPER_CONFIGS[(causal, 128)], sms=device.sm_count)
-    (check,) = FA.check_attention(*shape, causal, {"appendix": compile_ws(shape, causal, cfg)})
+    kernel = tilelang.compile(WS.build(problem, cfg), out_idx=None, target="cuda", pass_configs=FAST_MATH)
+    (check,) = FA.check_attention(problem, {"appendix": WS.launcher(kernel)})
     assert check.passed, check.line()
 
 
@@ -312,6 +331,6 @@ def test_split_tail_matches_sdpa_and_leaves_the_flags_at_zero(shape, sms):
     B1 H17 S1000 (R=4, P=3) and B1 H6 S3000 (R=12, P=9), with ragged key and query tiles."""
     require_hopper(sms)
     attention = compile_ws(shape, False, dict(SPLIT_CFG, sms=sms))
-    (check,) = FA.check_attention(*shape, False, {"appendix": attention})
+    (check,) = FA.check_attention(Problem(*shape, False), {"appendix": attention})
     assert check.passed, check.line()
     assert isinstance(attention, WS.SplitTailMemory) and attention.flags_left() == 0

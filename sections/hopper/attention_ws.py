@@ -134,7 +134,7 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
                                block_N: int = 128, num_stages: int = 2, heavy_first: bool = False,
                                persistent: bool = False, sms: int = SM_COUNT_H100_H200,
                                stage_output: bool = False, q_stages: int = 1, split_tail: bool = False,
-                               dtype: str = "float16"):
+                               dtype: str = "float16", kv_heads: int | None = None):
     """The hand-written warp-specialized kernel (see the module docstring).
 
     persistent=False runs one tile per block (the same code, the work loop gone). stage_output=True stores O
@@ -146,7 +146,7 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
     semantics; the finisher spins on each contributor's flag (acquire), resets it, meets the consumers,
     fences and merges. Contributors never wait, and all blocks are resident at once (grid <= SMs): no cycle.
     """
-    shape = (batch, seq_len, heads, dim)
+    shape, kv_shape, groups = lesson.shapes(batch, heads, seq_len, dim, kv_heads)
     scale = lesson.LOG2E / math.sqrt(dim)
     accum = "float32"
     # the lesson's online softmax, unchanged (its start and finish steps are replaced here)
@@ -201,11 +201,11 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
             use = loads[0] + i  # the ring counts uses across tiles: its phases carry on
             k = k0 + i
             T.mbarrier_wait_parity(k_empty[use % num_stages], ((use // num_stages) & 1) ^ 1)
-            T.tma_copy(K[bz, k * block_N:(k + 1) * block_N, by, :], K_s[use % num_stages, :, :],
+            T.tma_copy(K[bz, k * block_N:(k + 1) * block_N, by // groups, :], K_s[use % num_stages, :, :],
                        barrier=k_full[use % num_stages])
             T.mbarrier_arrive(k_full[use % num_stages])
             T.mbarrier_wait_parity(v_empty[use % num_stages], ((use // num_stages) & 1) ^ 1)
-            T.tma_copy(V[bz, k * block_N:(k + 1) * block_N, by, :], V_s[use % num_stages, :, :],
+            T.tma_copy(V[bz, k * block_N:(k + 1) * block_N, by // groups, :], V_s[use % num_stages, :, :],
                        barrier=v_full[use % num_stages])
             T.mbarrier_arrive(v_full[use % num_stages])
         loads[0] = loads[0] + (k1 - k0)
@@ -351,16 +351,16 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
 
     if not split_tail:
         @T.prim_func
-        def flash_attention_fwd_ws(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype),
-                                   V: T.Tensor(shape, dtype), O: T.Tensor(shape, dtype)):
+        def flash_attention_fwd_ws(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype),
+                                   V: T.Tensor(kv_shape, dtype), O: T.Tensor(shape, dtype)):
             with T.Kernel(grid, threads=consumers + 128) as block_id:
                 body(Q, K, V, O, None, None, None, block_id)
 
         return flash_attention_fwd_ws
 
     @T.prim_func
-    def flash_attention_fwd_ws_split(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype),
-                                     V: T.Tensor(shape, dtype), O: T.Tensor(shape, dtype),
+    def flash_attention_fwd_ws_split(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype),
+                                     V: T.Tensor(kv_shape, dtype), O: T.Tensor(shape, dtype),
                                      Workspace_O: T.Tensor((grid, block_M, dim), accum),
                                      Workspace_ML: T.Tensor((grid, 2, block_M), accum),
                                      Flags: T.Tensor((grid,), "int32")):
@@ -381,19 +381,20 @@ def config_smem(dim: int, cfg: dict) -> int:
     return 2 * dim * (cfg.get("q_stages", 1) * cfg["block_M"] + 2 * cfg["num_stages"] * cfg["block_N"])
 
 
-def choose_config(dim: int, causal: bool, family: str, smem_budget: int, sm_count: int | None = None):
-    """The appendix kernel's configuration for a GPU, or None (not Hopper, a head dim without an entry, or
-    too little shared memory). A persistent grid gets one block per SM."""
-    cfg = HOPPER_CONFIGS.get((causal, dim)) if family == "hopper" else None
-    if cfg is None or config_smem(dim, cfg) > smem_budget:
+def choose_config(problem, family: str, smem_budget: int, sm_count: int | None = None):
+    """The appendix kernel's configuration for a problem (sections/attention_plans.Problem) on a GPU, or None
+    (not Hopper, a head dim without an entry, or too little shared memory). A persistent grid gets one block
+    per SM."""
+    cfg = HOPPER_CONFIGS.get((problem.causal, problem.dim)) if family == "hopper" else None
+    if cfg is None or config_smem(problem.dim, cfg) > smem_budget:
         return None
     return dict(cfg, sms=sm_count or SM_COUNT_H100_H200) if cfg.get("persistent") else dict(cfg)
 
 
-def build(batch, heads, seq_len, dim, causal, cfg: dict):
+def build(problem, cfg: dict):
     # the thread count is fixed (two consumer warp groups and a producer warp group)
     kwargs = {k: v for k, v in cfg.items() if k not in ("kind", "fast_math", "threads")}
-    return flash_attention_forward_ws(batch, heads, seq_len, dim, causal, **kwargs)
+    return flash_attention_forward_ws(*problem.kernel_args(), **problem.kernel_kwargs(), **kwargs)
 
 
 class SplitTailMemory:

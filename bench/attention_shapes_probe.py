@@ -1,0 +1,224 @@
+"""Probe for flash_attention's configuration rule on problems of every kind: for each problem, the rule's choice
+(sections/attention_plans.choose_config) and alternatives (tile sizes, async vs pipelined, the appendix's
+hand-written kernel), each validated against a float32 reference and timed in turns with SDPA.
+
+    python bench/attention_shapes_probe.py [--out DIR] [--budget SECONDS] [--filter TEXT] [--list]
+
+Kernels compile in worker processes (filling TileLang's disk cache) while the main process validates and
+times the problems whose kernels are ready, in order; past --budget seconds the rest is skipped and the table
+printed. Prints one line per problem as it goes, a table at the end, and writes probe.json to --out.
+"""
+
+import argparse
+import concurrent.futures as cf
+import json
+import multiprocessing
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from sections import attention_plans as plans  # noqa: E402  (no torch, no tilelang at import)
+
+START = time.time()
+HOPPER_SMEM, SMS = 232448, 132
+# (dims, dtype, wide): wide problems try every alternative, the others the rule, the appendix and one more.
+PROBLEMS = [
+    ((4, 16, 2048, 64), "float16", True),
+    ((2, 8, 8192, 64), "float16", True),
+    ((1, 32, 3000, 128), "float16", True),
+    ((8, 32, 512, 128), "float16", True),
+    ((1, 32, 4096, 128, 8), "float16", False),
+    ((4, 32, 4096, 128), "bfloat16", False),
+    ((4, 32, 4096, 128), "float16", False),
+    ((16, 16, 1024, 64), "float16", False),
+    ((2, 16, 2048, 64, 2), "float16", False),
+    ((2, 24, 4999, 128), "float16", False),
+    ((1, 8, 128, 64), "float16", False),
+    ((1, 64, 1, 128), "float16", False),
+    ((3, 12, 1537, 64), "bfloat16", False),
+    ((1, 4, 7, 64), "float16", False),
+    ((1, 32, 32768, 128), "float16", False),
+]
+
+
+def A(bm, bn, **kw):
+    return dict(kind="async", block_M=bm, block_N=bn, num_stages=2, threads=2 * bm, fast_math=True, **kw)
+
+
+def P(bm, bn, stages=2, **kw):
+    return dict(kind="pipelined", block_M=bm, block_N=bn, num_stages=stages, threads=2 * bm, fast_math=True, **kw)
+
+
+def WS(bn, causal, **kw):
+    cfg = dict(kind="ws", block_M=128, block_N=bn, num_stages=2, threads=384, fast_math=True, persistent=True,
+               q_stages=2, stage_output=True, sms=SMS, **kw)
+    cfg.update(heavy_first=True) if causal else cfg.update(split_tail=True)
+    return cfg
+
+
+def candidates(problem, wide):
+    """{label: cfg}: the rule's choice first, then the alternatives (duplicates of the rule dropped)."""
+    from sections.hopper import attention_ws
+
+    rule, why = plans.choose_config(problem, "hopper", HOPPER_SMEM, SMS)
+    hf = dict(heavy_first=True) if problem.causal else {}
+    out = {"rule": rule}
+    appendix = attention_ws.choose_config(problem, "hopper", HOPPER_SMEM, SMS)
+    if appendix:
+        out["appendix"] = appendix
+    small = plans.key_tiles(problem.seq_len, 128) * problem.heads * problem.batch < SMS
+    d, causal = problem.dim, problem.causal
+    if small:
+        alts = {"pipe 128x128": P(128, 128, **hf), "async 64x128": A(64, 128, **hf)}
+    elif not wide:
+        alts = {(128, False): {"async 128x176": A(128, 176)}, (128, True): {"pipe 128x128": P(128, 128, **hf)},
+                (64, False): {"async 192x128": A(192, 128), "pipe 128x128": P(128, 128)},
+                (64, True): {"async 192x128": A(192, 128, **hf), "pipe 128x128": P(128, 128, **hf)}}[(d, causal)]
+    elif d == 128 and not causal:
+        alts = {"async 128x176": A(128, 176), "async 128x160": A(128, 160), "async 128x128": A(128, 128),
+                "pipe 128x128": P(128, 128)}
+    elif d == 128:
+        alts = {"async 128x128": A(128, 128, **hf), "async 128x128 nohf": A(128, 128),
+                "pipe 128x128": P(128, 128, **hf), "async 128x176": A(128, 176, **hf)}
+    elif not causal:
+        alts = {"async 128x128": A(128, 128), "async 128x176": A(128, 176), "async 192x128": A(192, 128),
+                "pipe 128x128": P(128, 128), "ws 128x176": WS(176, False),
+                "ws 128x128": WS(128, False)}
+    else:
+        alts = {"async 128x128": A(128, 128, **hf), "async 192x128": A(192, 128, **hf),
+                "pipe 128x128": P(128, 128, **hf), "async 128x64": A(128, 64, **hf), "ws 128x128": WS(128, True)}
+    for label, cfg in alts.items():
+        if cfg not in out.values():
+            out[label] = cfg
+    return out, why
+
+
+def jobs():
+    """[(problem, {label: cfg}, why)] in priority order."""
+    for dims, dtype, wide in PROBLEMS:
+        for causal in (False, True):
+            problem = plans.from_shape(dims, causal, dtype)
+            cands, why = candidates(problem, wide)
+            yield problem, cands, why
+
+
+def build(problem, cfg):
+    from sections import flash_attention as FA
+
+    return FA.build(problem, cfg)
+
+
+def compile_one(problem, cfg):
+    import tilelang
+
+    from sections import flash_attention as FA
+
+    return tilelang.compile(build(problem, cfg), out_idx=None, target="cuda", pass_configs=FA.pass_configs(cfg))
+
+
+def _worker(problem, label, cfg):
+    t = time.time()
+    try:
+        compile_one(problem, cfg)
+        return None, time.time() - t
+    except Exception as exc:
+        return " ".join(str(exc).split())[:300], time.time() - t
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--budget", type=float, default=215.0, help="seconds from start; the rest is skipped")
+    ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    ap.add_argument("--filter", default="")
+    ap.add_argument("--list", action="store_true")
+    args = ap.parse_args(argv)
+    work = [(p, c, w) for p, c, w in jobs() if args.filter in p.name]
+    if args.list:
+        for p, c, w in work:
+            log(p.name, "|", w)
+            for label, cfg in c.items():
+                log("   ", label, plans.describe(cfg))
+        log(sum(len(c) for _, c, _ in work), "kernels")
+        return
+    pool = cf.ProcessPoolExecutor(max_workers=args.workers, mp_context=multiprocessing.get_context("spawn"))
+    futures = [[(label, cfg, pool.submit(_worker, p, label, cfg)) for label, cfg in c.items()] for p, c, _ in work]
+    log(f"submitted {sum(len(f) for f in futures)} compiles to {args.workers} workers")
+
+    import torch
+
+    import tourkit
+    from sections import flash_attention as FA
+    from sections.hopper import attention_ws
+
+    results, rows = [], []
+    for (problem, cands, why), futs in zip(work, futures):
+        if time.time() - START > args.budget:
+            log(f"budget spent: skipping {problem.name} and after")
+            break
+        ok = {}
+        for label, cfg, fut in futs:
+            err, secs = fut.result()
+            if err:
+                log(f"  COMPILE FAILED {problem.name} {label}: {err}")
+                results.append(dict(problem=problem.name, label=label, error=err))
+                continue
+            try:
+                ok[label] = attention_ws.launcher(compile_one(problem, cfg))
+            except Exception as exc:
+                log(f"  LOAD FAILED {problem.name} {label}: {tourkit.one_line(exc)}")
+        try:
+            checks = FA.check_attention(problem, ok)
+        except Exception as exc:
+            log(f"  CHECK CRASHED {problem.name}: {tourkit.one_line(exc)}")
+            break  # a fault leaves the context unusable
+        good = {}
+        for (label, fn), check in zip(ok.items(), checks):
+            if check.passed:
+                good[label] = fn
+            else:
+                log(f"  WRONG {check.line()}")
+                results.append(dict(problem=problem.name, label=label, error=check.line()))
+        if not good:
+            continue
+        q, k, v, o = FA.make_inputs(problem)
+        contenders = {label: (lambda fn=fn: fn(q, k, v, o)) for label, fn in good.items()}
+        baselines = FA.sdpa_contenders(problem, q, k, v)
+        times = tourkit.bench_interleaved({**contenders, **baselines}, rounds=2, settle_ms=300.0, warmup_ms=10.0,
+                                          rep_ms=40.0)
+        sdpa_name = min(baselines, key=times.get)
+        sdpa = times[sdpa_name]
+        ratios = {label: sdpa / times[label] for label in good}
+        best = max(ratios, key=ratios.get)
+        line = "  ".join(f"{label}={ratios[label]:.3f}" for label in good)
+        log(f"{problem.name}: {sdpa_name} {sdpa:.4f} ms | {line} | best {best} | rule: {why}")
+        for label in good:
+            results.append(dict(problem=problem.name, label=label, cfg=cands[label], ms=times[label], sdpa_ms=sdpa,
+                                sdpa_kind=sdpa_name, ratio=ratios[label],
+                                tflops=tourkit.tflops(problem.flops, times[label])))
+        others = {lb: r for lb, r in ratios.items() if lb not in ("rule", "appendix")}
+        best_other = max(others, key=others.get) if others else "-"
+        rows.append([problem.name, f"{sdpa:.3f}", f"{ratios.get('rule', 0):.3f}",
+                     f"{ratios['appendix']:.3f}" if "appendix" in ratios else "-",
+                     f"{best_other} {others[best_other]:.3f}" if others else "-", " ".join(map(str, plans.describe(cands["rule"])))])
+        del q, k, v, o
+        torch.cuda.empty_cache()
+    pool.shutdown(cancel_futures=True)
+    log(tourkit.format_table(["problem", "sdpa ms", "rule", "appendix", "best alternative", "rule's config"], rows))
+    log(f"total {time.time() - START:.0f} s")
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "shapes_probe.json"), "w") as fh:
+        json.dump(dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, results=results), fh, indent=1,
+                  default=str)
+
+
+if __name__ == "__main__":
+    main()

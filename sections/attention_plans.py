@@ -1,0 +1,175 @@
+"""flash_attention's problems and the rules that choose a kernel configuration for one (imported by the lesson).
+
+A problem is (batch, heads, sequence length, head dim, causal), with grouped-query attention's key/value head
+count and the element type. A configuration is a dict: the kernel kind ("pipelined": T.Pipelined infers the
+pipeline; "async": the FA3 schedule; "ws": the appendix's hand-written warp specialization), the tile sizes,
+stages, threads and flags (fast_math, heavy_first). `choose_config` returns one with the reason it was chosen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TORCH_DTYPES = {"float16": "float16", "bfloat16": "bfloat16"}  # names of torch's dtypes, looked up lazily
+DEFAULT_SMS = 132  # an H100/H200: the SM count a rule assumes when no GPU says otherwise (--compile-only)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One attention problem. kv_heads (grouped-query attention): query head h reads key/value head
+    h // (heads // kv_heads); None means as many as query heads (multi-head attention)."""
+
+    batch: int
+    heads: int
+    seq_len: int
+    dim: int
+    causal: bool
+    kv_heads: int | None = None
+    dtype: str = "float16"
+
+    def __post_init__(self):
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.heads % self.kv_heads:
+            raise ValueError(f"flash_attention: {self.heads} query heads do not split into {self.kv_heads} groups")
+        if self.dtype not in TORCH_DTYPES:
+            raise ValueError(f"flash_attention: dtype {self.dtype!r} is not one of {', '.join(TORCH_DTYPES)}")
+
+    @property
+    def size(self) -> str:
+        """The problem without its mode: B4 H32 S4096 D128, with KVH8 for grouped-query attention, bf16."""
+        kv = f" KVH{self.kv_heads}" if self.kv_heads != self.heads else ""
+        return f"B{self.batch} H{self.heads}{kv} S{self.seq_len} D{self.dim}{' bf16' if self.dtype == 'bfloat16' else ''}"
+
+    @property
+    def name(self) -> str:
+        return f"{self.size} {self.mode}"
+
+    @property
+    def mode(self) -> str:
+        return "causal" if self.causal else "full"
+
+    @property
+    def flops(self) -> float:
+        """4·B·H·S²·D (two GEMMs), halved when causal."""
+        return 4.0 * self.batch * self.heads * self.seq_len ** 2 * self.dim * (0.5 if self.causal else 1.0)
+
+    def kernel_args(self) -> tuple:
+        return self.batch, self.heads, self.seq_len, self.dim, self.causal
+
+    def kernel_kwargs(self) -> dict:
+        return dict(kv_heads=self.kv_heads, dtype=self.dtype)
+
+
+def from_shape(dims, causal: bool, dtype: str = "float16") -> Problem:
+    """A Problem from --shape's BxHxSxD or BxHxSxDxKVH."""
+    batch, heads, seq_len, dim, *kv = dims
+    return Problem(batch, heads, seq_len, dim, causal, kv[0] if kv else None, dtype)
+
+
+def smem_estimate(dim: int, block_M: int, block_N: int, num_stages: int, output_reuses_kv: bool = False) -> int:
+    """Bytes of shared memory (2-byte elements): Q, `num_stages` K and V tiles, O. With `output_reuses_kv` O
+    takes the K/V buffers after the loop (TileLang's planner in its Hopper kernels); otherwise an upper bound."""
+    kv_tiles = 2 * num_stages * block_N
+    return 2 * dim * (block_M + kv_tiles + (max(0, block_M - kv_tiles) if output_reuses_kv else block_M))
+
+
+def key_tiles(seq_len: int, block_N: int) -> int:
+    return -(-seq_len // block_N)
+
+
+# The per-iteration cost of the key loop outside the score columns themselves (row max and sum, rescaling O,
+# the waits), in columns' worth of work; the async kernel also runs one extra, fully masked iteration (its
+# Q·Kᵀ and softmax, no P·V: about half an iteration).
+ITERATION_COST_COLUMNS = 32
+ASYNC_EXTRA_ITERATION = 0.5
+
+
+def key_tile_width(seq_len: int, widths, extra_iterations: float) -> int:
+    """The key-tile width with the least work per query block: fewer, wider iterations pay the fixed cost
+    less often, but the last tile pays for all its columns even when the sequence ends early in it (777 keys
+    in 176-wide tiles: 880 columns; in 128-wide ones 896; in 160-wide 800). Ties go to the wider tile."""
+    def cost(width):
+        return (key_tiles(seq_len, width) + extra_iterations) * (width + ITERATION_COST_COLUMNS)
+    return min(sorted(widths, reverse=True), key=cost)
+
+
+# Hopper (wgmma): the FA3 schedule, by head dim. The async kernel's 128 query rows are two consumer warp
+# groups of 64; full attention streams the widest key tiles whose scores still fit in registers beside O
+# (head dim 128: 176 columns, as FlashAttention-3), causal attention 128-wide ones (the diagonal tile is
+# masked, so a narrower one wastes less). Fast math: exp2f becomes a bare ex2.approx.
+HOPPER_KEY_WIDTHS = {(False, 128): (128, 160, 176), (True, 128): (128,), (False, 64): (128, 160, 176),
+                     (True, 64): (128,)}
+# Below this many key tiles the async kernel's extra iteration costs more than its overlap saves.
+ASYNC_MIN_KEY_TILES = 3
+# Ampere/Ada/Turing (or a Hopper budget too small for the above): no wgmma; the largest tiles that fit.
+OTHER_CANDIDATES = [(128, 128, 2), (128, 128, 1), (128, 64, 2), (128, 64, 1), (64, 64, 2), (64, 64, 1)]
+
+
+def query_rows(problem: Problem, sms: int) -> int:
+    """128 query rows per block, or 64 when 128-row blocks would leave more than half the SMs idle (short
+    sequences, few heads: a decode-like S=1 wastes 127 of 128 rows either way; 64 halves the waste)."""
+    blocks = key_tiles(problem.seq_len, 128) * problem.heads * problem.batch
+    return 64 if problem.seq_len <= 64 or 2 * blocks <= sms else 128
+
+
+def hopper_config(problem: Problem, sms: int):
+    rows = query_rows(problem, sms)
+    widths = HOPPER_KEY_WIDTHS[(problem.causal, problem.dim)]
+    n_tiles = key_tiles(problem.seq_len, 128)
+    threads = 2 * rows  # one warp group (128 threads) per 64 query rows
+    if n_tiles < ASYNC_MIN_KEY_TILES:
+        width = 128 if problem.seq_len > 64 else 64
+        why = (f"{n_tiles} key tile(s) per query block: too few for the FA3 overlap to pay for its extra masked "
+               f"iteration, so the compiler's pipeline")
+        cfg = dict(kind="pipelined", block_M=rows, block_N=width, num_stages=2, threads=threads, fast_math=True)
+    else:
+        width = key_tile_width(problem.seq_len, widths, ASYNC_EXTRA_ITERATION)
+        why = f"the FA3 schedule (Q·Kᵀ of the next tile in flight with P·V), {width}-wide key tiles"
+        if len(widths) > 1:
+            why += f" (of {', '.join(map(str, widths))}: the least work for {problem.seq_len} keys)"
+        cfg = dict(kind="async", block_M=rows, block_N=width, num_stages=2, threads=threads, fast_math=True)
+    if problem.causal:
+        cfg["heavy_first"] = True
+        why += "; causal: the longest query blocks launch first"
+    if rows == 64:
+        why += f"; 64-row query blocks: 128-row ones would fill only {n_tiles * problem.heads * problem.batch} " \
+               f"of {sms} SMs"
+    return cfg, why
+
+
+def choose_config(problem: Problem, family: str, smem_budget: int, sms: int | None = None) -> tuple[dict, str]:
+    """The lesson kernel's configuration for a problem on a GPU, and why (one line for the learner)."""
+    sms = sms or DEFAULT_SMS
+    if family == "hopper":
+        cfg, why = hopper_config(problem, sms)
+        if smem_estimate(problem.dim, cfg["block_M"], cfg["block_N"], cfg["num_stages"],
+                         cfg["kind"] == "async") <= smem_budget:
+            return cfg, why
+    for block_M, block_N, stages in OTHER_CANDIDATES:
+        if problem.causal and stages > 1 and family != "hopper":
+            continue  # tilelang 0.1.15: a cp.async pipeline over the clamped (data-dependent) bound fails codegen
+        if smem_estimate(problem.dim, block_M, block_N, stages) <= smem_budget:
+            why = (f"no wgmma here: the compiler's pipeline with the largest tiles whose {stages} stage(s) fit "
+                   f"{smem_budget // 1024} KiB of shared memory")
+            return dict(kind="pipelined", block_M=block_M, block_N=block_N, num_stages=stages,
+                        threads=256 if block_M == 128 else 128), why
+    raise ValueError(f"flash_attention: no tile configuration fits {smem_budget} bytes of shared memory "
+                     f"for head dim {problem.dim}")
+
+
+WORDS = {"pipelined": "compiler pipeline", "async": "FA3 async wgmma", "ws": "hand-written warp specialization",
+         "persistent": "persistent", "split_tail": "last wave split along the keys", "heavy_first": "heaviest first",
+         "stage_output": "O stored by TMA", "fast_math": "fast math"}
+
+
+def describe(cfg: dict) -> list:
+    """Table cells: tiles, stages, threads, schedule."""
+    notes = [WORDS[cfg["kind"]]] + [word for key, word in WORDS.items() if cfg.get(key) is True]
+    return [f"{cfg['block_M']}x{cfg['block_N']}", cfg["num_stages"], cfg["threads"], ", ".join(notes)]
+
+
+def waves(problem: Problem, block_M: int, sms: int) -> float:
+    """Query blocks per SM (one block per SM at a time: the tiles fill its shared memory)."""
+    return key_tiles(problem.seq_len, block_M) * problem.heads * problem.batch / sms
+
