@@ -36,7 +36,8 @@ def _tour_root():
     """~/.cache/tilelang_tour (under $XDG_CACHE_HOME if set), else a folder of this user's under the temp
     folder: its files are imported, so only a folder that this user owns and others cannot write."""
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    for root in (os.path.join(cache, "tilelang_tour"), os.path.join(tempfile.gettempdir(), f"tilelang_tour-{os.getuid()}")):
+    mine = os.path.join(tempfile.gettempdir(), f"tilelang_tour-{os.getuid()}")
+    for root in (os.path.join(cache, "tilelang_tour"), mine):
         try:
             os.makedirs(root, mode=0o700, exist_ok=True)
             info = os.stat(root)

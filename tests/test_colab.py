@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+import tourkit
+
 ROOT = Path(__file__).resolve().parent.parent
 COLAB = ROOT / "tilelang_tour_colab.py"
 NOTEBOOK = ROOT / "tilelang_tour.ipynb"
@@ -210,3 +212,32 @@ def test_files_that_raw_strings_cannot_hold_still_round_trip():
         namespace = {}
         exec(make_colab.bootstrap_code() + f"\n_tour_file('a.py', {make_colab.string_literal(text)})\n", namespace)
         assert namespace["_TOUR_FILES"] == {"a.py": text}
+
+
+@pytest.mark.parametrize("colab", [True, False])
+def test_a_missing_tilelang(colab, tmp_path, kernel_env):
+    """In Colab the setup installs a missing tilelang with env_check's installer (a fake one here); elsewhere
+    it says how. The file is imported as a module: it sets the tour up and defines main without running it."""
+    code = f"""
+import importlib.util, sys, types
+if {colab}:
+    sys.modules["google.colab"] = types.ModuleType("google.colab")
+found = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *args: None if name == "tilelang" else found(name, *args)
+tour = {{"__name__": "pasted_module"}}
+exec(open({str(COLAB)!r}, encoding="utf-8").read(), tour)
+from sections import env_check
+env_check.install_tilelang = lambda ctx: ctx.log("fake install") or True
+tour["_tour_ensure_tilelang"]()
+print("main" in tour, "tour_run" in tour)
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=kernel_env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "True False"
+    if colab:
+        assert lines[:-1] == ["tilelang is not installed; installing it (Colab)", "fake install"]
+    else:
+        assert lines[:-1] == [f"tilelang is not installed: {tourkit.TILELANG_INSTALL} (or main(['--install']) "
+                              f"lets env_check install it)"]

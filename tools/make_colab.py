@@ -76,7 +76,7 @@ kernels one tile at a time: real kernels, checked and timed against PyTorch, and
 generated for them.
 
 Choose a GPU runtime (Runtime → Change runtime type), then run the setup cell below: it writes the tour's
-files into a folder of their own, installs tilelang if it is missing and defines `main`. Each lesson then
+files into a folder of their own, installs tilelang if Colab lacks it and defines `main`. Each lesson then
 has its text, its code and a cell that runs it, in a worker process, so a crashing kernel costs one
 section, not the notebook. Edit a lesson's code and run that cell: it rewrites the lesson's file, and the
 next run uses your version (running the setup cell again restores the original).
@@ -88,8 +88,7 @@ next run uses your version (running the setup cell again restores the original).
 """
 
 
-class StaleError(Exception):
-    pass
+SAVES_EDITS = "code (running the cell saves your edits for the next run)"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -238,8 +237,9 @@ def helper_cells(path: str, files: dict[str, str], introduced: set[str]) -> list
         if doc:
             first, _, rest = doc.partition("\n")
             parts.append(f"### {first}\n{rest}\n\n")
-    parts.append(f"#### `{path}`\n\n{module_doc(files[path])}\n\nIts code (run the cell to use your edits):")
-    return [markdown_cell(cell_id(path, "text"), "".join(parts)), code_cell(cell_id(path, "code"), code_shown(path, files[path]))]
+    parts.append(f"#### `{path}`\n\n{module_doc(files[path])}\n\n{SAVES_EDITS.capitalize()}:")
+    return [markdown_cell(cell_id(path, "text"), "".join(parts)),
+            code_cell(cell_id(path, "code"), code_shown(path, files[path]))]
 
 
 def notebook(files: dict[str, str]) -> str:
@@ -254,7 +254,7 @@ def notebook(files: dict[str, str]) -> str:
         text = files[path]
         cells.append(markdown_cell(cell_id(path, "text"),
                                    f"## {number}. {section_title(text, name)}\n\n{module_doc(text)}\n\n"
-                                   f"The lesson's code (run the cell to use your edits), then its run:"))
+                                   f"The lesson's {SAVES_EDITS}, then the run:"))
         cells.append(code_cell(cell_id(path, "code"), code_shown(path, text)))
         cells.append(code_cell(cell_id(path, "run"), f'{name}_run = main(["--only", "{name}"])'))
         for helper in imported_modules(text, files):
