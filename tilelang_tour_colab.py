@@ -136,6 +136,184 @@ SECTION_NAMES = [
 ]
 ''')
 
+_tour_file('sections/attention_plans.py', r'''
+"""flash_attention's problems and the rules that choose a kernel configuration for one (imported by the lesson).
+
+A problem is (batch, heads, sequence length, head dim, causal), with grouped-query attention's key/value head
+count and the element type. A configuration is a dict: the kernel kind ("pipelined": T.Pipelined infers the
+pipeline; "async": the FA3 schedule; "ws": the appendix's hand-written warp specialization), the tile sizes,
+stages, threads and flags (fast_math, heavy_first). `choose_config` returns one with the reason it was chosen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TORCH_DTYPES = {"float16": "float16", "bfloat16": "bfloat16"}  # names of torch's dtypes, looked up lazily
+DEFAULT_SMS = 132  # an H100/H200: the SM count a rule assumes when no GPU says otherwise (--compile-only)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One attention problem. kv_heads (grouped-query attention): query head h reads key/value head
+    h // (heads // kv_heads); None means as many as query heads (multi-head attention)."""
+
+    batch: int
+    heads: int
+    seq_len: int
+    dim: int
+    causal: bool
+    kv_heads: int | None = None
+    dtype: str = "float16"
+
+    def __post_init__(self):
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.heads % self.kv_heads:
+            raise ValueError(f"flash_attention: {self.heads} query heads do not split into {self.kv_heads} groups")
+        if self.dtype not in TORCH_DTYPES:
+            raise ValueError(f"flash_attention: dtype {self.dtype!r} is not one of {', '.join(TORCH_DTYPES)}")
+
+    @property
+    def size(self) -> str:
+        """The problem without its mode: B4 H32 S4096 D128, with KVH8 for grouped-query attention, bf16."""
+        kv = f" KVH{self.kv_heads}" if self.kv_heads != self.heads else ""
+        return f"B{self.batch} H{self.heads}{kv} S{self.seq_len} D{self.dim}{' bf16' if self.dtype == 'bfloat16' else ''}"
+
+    @property
+    def name(self) -> str:
+        return f"{self.size} {self.mode}"
+
+    @property
+    def mode(self) -> str:
+        return "causal" if self.causal else "full"
+
+    @property
+    def flops(self) -> float:
+        """4·B·H·S²·D (two GEMMs), halved when causal."""
+        return 4.0 * self.batch * self.heads * self.seq_len ** 2 * self.dim * (0.5 if self.causal else 1.0)
+
+    def kernel_args(self) -> tuple:
+        return self.batch, self.heads, self.seq_len, self.dim, self.causal
+
+    def kernel_kwargs(self) -> dict:
+        return dict(kv_heads=self.kv_heads, dtype=self.dtype)
+
+
+def from_shape(dims, causal: bool, dtype: str = "float16") -> Problem:
+    """A Problem from --shape's BxHxSxD or BxHxSxDxKVH."""
+    batch, heads, seq_len, dim, *kv = dims
+    return Problem(batch, heads, seq_len, dim, causal, kv[0] if kv else None, dtype)
+
+
+def smem_estimate(dim: int, block_M: int, block_N: int, num_stages: int, output_reuses_kv: bool = False) -> int:
+    """Bytes of shared memory (2-byte elements): Q, `num_stages` K and V tiles, O. With `output_reuses_kv` O
+    takes the K/V buffers after the loop (TileLang's planner in its Hopper kernels); otherwise an upper bound."""
+    kv_tiles = 2 * num_stages * block_N
+    return 2 * dim * (block_M + kv_tiles + (max(0, block_M - kv_tiles) if output_reuses_kv else block_M))
+
+
+def key_tiles(seq_len: int, block_N: int) -> int:
+    return -(-seq_len // block_N)
+
+
+# The per-iteration cost of the key loop outside the score columns themselves (row max and sum, rescaling O,
+# the waits), in columns' worth of work; the async kernel also runs one extra, fully masked iteration (its
+# Q·Kᵀ and softmax, no P·V: about half an iteration).
+ITERATION_COST_COLUMNS = 32
+ASYNC_EXTRA_ITERATION = 0.5
+
+
+def key_tile_width(seq_len: int, widths, extra_iterations: float) -> int:
+    """The key-tile width with the least work per query block: fewer, wider iterations pay the fixed cost
+    less often, but the last tile pays for all its columns even when the sequence ends early in it (777 keys
+    in 176-wide tiles: 880 columns; in 128-wide ones 896; in 160-wide 800). Ties go to the wider tile."""
+    def cost(width):
+        return (key_tiles(seq_len, width) + extra_iterations) * (width + ITERATION_COST_COLUMNS)
+    return min(sorted(widths, reverse=True), key=cost)
+
+
+# Hopper (wgmma): the FA3 schedule, by head dim. The async kernel's 128 query rows are two consumer warp
+# groups of 64; full attention streams the widest key tiles whose scores still fit in registers beside O
+# (head dim 128: 176 columns, as FlashAttention-3), causal attention 128-wide ones (the diagonal tile is
+# masked, so a narrower one wastes less). Fast math: exp2f becomes a bare ex2.approx.
+HOPPER_KEY_WIDTHS = {(False, 128): (128, 160, 176), (True, 128): (128,), (False, 64): (128, 160, 176),
+                     (True, 64): (128,)}
+# Below this many key tiles the async kernel's extra iteration costs more than its overlap saves.
+ASYNC_MIN_KEY_TILES = 3
+# Ampere/Ada/Turing (or a Hopper budget too small for the above): no wgmma; the largest tiles that fit.
+OTHER_CANDIDATES = [(128, 128, 2), (128, 128, 1), (128, 64, 2), (128, 64, 1), (64, 64, 2), (64, 64, 1)]
+
+
+def query_rows(problem: Problem, sms: int) -> int:
+    """128 query rows per block, or 64 when 128-row blocks would leave more than half the SMs idle (short
+    sequences, few heads: a decode-like S=1 wastes 127 of 128 rows either way; 64 halves the waste)."""
+    blocks = key_tiles(problem.seq_len, 128) * problem.heads * problem.batch
+    return 64 if problem.seq_len <= 64 or 2 * blocks <= sms else 128
+
+
+def hopper_config(problem: Problem, sms: int):
+    rows = query_rows(problem, sms)
+    widths = HOPPER_KEY_WIDTHS[(problem.causal, problem.dim)]
+    n_tiles = key_tiles(problem.seq_len, 128)
+    threads = 2 * rows  # one warp group (128 threads) per 64 query rows
+    if n_tiles < ASYNC_MIN_KEY_TILES:
+        width = 128 if problem.seq_len > 64 else 64
+        why = (f"{n_tiles} key tile(s) per query block: too few for the FA3 overlap to pay for its extra masked "
+               f"iteration, so the compiler's pipeline")
+        cfg = dict(kind="pipelined", block_M=rows, block_N=width, num_stages=2, threads=threads, fast_math=True)
+    else:
+        width = key_tile_width(problem.seq_len, widths, ASYNC_EXTRA_ITERATION)
+        why = f"the FA3 schedule (Q·Kᵀ of the next tile in flight with P·V), {width}-wide key tiles"
+        if len(widths) > 1:
+            why += f" (of {', '.join(map(str, widths))}: the least work for {problem.seq_len} keys)"
+        cfg = dict(kind="async", block_M=rows, block_N=width, num_stages=2, threads=threads, fast_math=True)
+    if problem.causal:
+        cfg["heavy_first"] = True
+        why += "; causal: the longest query blocks launch first"
+    if rows == 64:
+        why += f"; 64-row query blocks: 128-row ones would fill only {n_tiles * problem.heads * problem.batch} " \
+               f"of {sms} SMs"
+    return cfg, why
+
+
+def choose_config(problem: Problem, family: str, smem_budget: int, sms: int | None = None) -> tuple[dict, str]:
+    """The lesson kernel's configuration for a problem on a GPU, and why (one line for the learner)."""
+    sms = sms or DEFAULT_SMS
+    if family == "hopper":
+        cfg, why = hopper_config(problem, sms)
+        if smem_estimate(problem.dim, cfg["block_M"], cfg["block_N"], cfg["num_stages"],
+                         cfg["kind"] == "async") <= smem_budget:
+            return cfg, why
+    for block_M, block_N, stages in OTHER_CANDIDATES:
+        if problem.causal and stages > 1 and family != "hopper":
+            continue  # tilelang 0.1.15: a cp.async pipeline over the clamped (data-dependent) bound fails codegen
+        if smem_estimate(problem.dim, block_M, block_N, stages) <= smem_budget:
+            why = (f"no wgmma here: the compiler's pipeline with the largest tiles whose {stages} stage(s) fit "
+                   f"{smem_budget // 1024} KiB of shared memory")
+            return dict(kind="pipelined", block_M=block_M, block_N=block_N, num_stages=stages,
+                        threads=256 if block_M == 128 else 128), why
+    raise ValueError(f"flash_attention: no tile configuration fits {smem_budget} bytes of shared memory "
+                     f"for head dim {problem.dim}")
+
+
+WORDS = {"pipelined": "compiler pipeline", "async": "FA3 async wgmma", "ws": "hand-written warp specialization",
+         "persistent": "persistent", "split_tail": "last wave split along the keys", "heavy_first": "heaviest first",
+         "stage_output": "O stored by TMA", "fast_math": "fast math"}
+
+
+def describe(cfg: dict) -> list:
+    """Table cells: tiles, stages, threads, schedule."""
+    notes = [WORDS[cfg["kind"]]] + [word for key, word in WORDS.items() if cfg.get(key) is True]
+    return [f"{cfg['block_M']}x{cfg['block_N']}", cfg["num_stages"], cfg["threads"], ", ".join(notes)]
+
+
+def waves(problem: Problem, block_M: int, sms: int) -> float:
+    """Query blocks per SM (one block per SM at a time: the tiles fill its shared memory)."""
+    return key_tiles(problem.seq_len, block_M) * problem.heads * problem.batch / sms
+
+''')
+
 _tour_file('sections/autotune.py', r'''
 """autotune: let `tilelang.autotune` pick the GEMM's schedule, check its pick against cuBLAS, and cache it.
 
@@ -1123,7 +1301,8 @@ You will learn:
 * the softmax scale folded into `exp2`, so each score costs one FMA;
 * causal attention at half the work (tiles past the diagonal never loaded, only the diagonal tile masked),
   and odd lengths (loads past the end read zeros, the last key tile masks its columns);
-* on Hopper, the FA3 schedule: S(k) = Q·K(k)ᵀ and P(k-1)·V(k-1) in flight together, the softmax in between.
+* on Hopper, the FA3 schedule: S(k) = Q·K(k)ᵀ and P(k-1)·V(k-1) in flight together, the softmax in between;
+* grouped-query attention: KVH key/value heads, each read by H/KVH query heads (an index, not a copy).
 
 The algorithm (scale = log2(e)/√d; per query block m = -inf, l = 0, O = 0):
 
@@ -1135,8 +1314,9 @@ The algorithm (scale = log2(e)/√d; per query block m = -inf, l = 0, O = 0):
             O = O · exp2(m - m_new) + P V;  m = m_new
         O /= l
 
-Layout is (batch, seq, heads, dim), BSHD, in fp16 with float32 accumulation. On Hopper the section times the
-appendix kernel (`sections/hopper/attention_ws.py`, warp specialization by hand) beside this lesson's and SDPA.
+Layout is (batch, seq, heads, dim), BSHD, fp16 or bf16 with float32 accumulation. The tiles and schedule for a
+problem come from rules (`sections/attention_plans.py`), printed with their reason. On Hopper the section times
+the appendix kernel (`sections/hopper/attention_ws.py`, warp specialization by hand) beside this one and SDPA.
 """
 
 import math
@@ -1145,6 +1325,8 @@ import tilelang
 import tilelang.language as T
 
 import tourkit
+from sections import attention_plans as plans  # the problems, and the rules that choose a configuration
+from sections.attention_plans import Problem
 from sections.hopper import attention_ws  # the appendix: its kernel is built and timed beside this lesson's
 from tourkit import Section
 
@@ -1215,21 +1397,30 @@ def kernel_steps(seq_len: int, dim: int, block_M: int, block_N: int, causal: boo
     return -(-seq_len // block_N), -(-seq_len // block_M), start, online_softmax, finish
 
 
+def shapes(batch: int, heads: int, seq_len: int, dim: int, kv_heads: int | None):
+    """Q and O (B, S, H, D); K and V (B, S, KVH, D), each K/V head shared by `groups` neighbouring query heads."""
+    kv_heads = kv_heads or heads
+    if heads % kv_heads:
+        raise ValueError(f"flash_attention: {heads} query heads do not split into groups of {kv_heads} KV heads")
+    return (batch, seq_len, heads, dim), (batch, seq_len, kv_heads, dim), heads // kv_heads
+
+
 def flash_attention_forward(batch: int, heads: int, seq_len: int, dim: int, causal: bool, *, block_M: int = 128,
                             block_N: int = 128, num_stages: int = 2, threads: int = 256, heavy_first: bool = False,
-                            dtype: str = "float16"):
+                            dtype: str = "float16", kv_heads: int | None = None):
     """The forward kernel for one problem and one tile configuration: T.Pipelined infers the software pipeline
     from `num_stages` (later K/V loads run ahead of this tile's math). heavy_first=True (causal): the last query
     blocks, which have the most key tiles, launch first, so that the short ones fill the tail of the grid."""
-    shape = (batch, seq_len, heads, dim)
+    shape, kv_shape, groups = shapes(batch, heads, seq_len, dim, kv_heads)
     n_tiles, n_query_blocks, start, online_softmax, finish = kernel_steps(seq_len, dim, block_M, block_N, causal,
                                                                           seq_len % block_N != 0)
 
     @T.prim_func
-    def flash_attention_fwd(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype), V: T.Tensor(shape, dtype),
+    def flash_attention_fwd(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
                             O: T.Tensor(shape, dtype)):
         with T.Kernel(n_query_blocks, heads, batch, threads=threads) as (launch_x, by, bz):
             bx = n_query_blocks - 1 - launch_x if heavy_first else launch_x
+            kv = by // groups  # the key/value head of query head by
             Q_s, K_s, V_s, O_s, scores, probs, acc_o, m, m_prev, rescale, row_sum, l = alloc_buffers(
                 block_M, block_N, dim, dtype)
 
@@ -1237,13 +1428,13 @@ def flash_attention_forward(batch: int, heads: int, seq_len: int, dim: int, caus
             # Causal: key tiles that start after this block's last query row are all masked: never visit them.
             last = T.min(n_tiles, T.ceildiv((bx + 1) * block_M, block_N)) if causal else n_tiles
             for k in T.Pipelined(last, num_stages=num_stages):
-                T.copy(K[bz, k * block_N:(k + 1) * block_N, by, :], K_s)
+                T.copy(K[bz, k * block_N:(k + 1) * block_N, kv, :], K_s)
                 T.gemm(Q_s, K_s, scores, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 online_softmax(scores, k, bx, m, m_prev, rescale, row_sum, l)
                 T.copy(scores, probs)
                 for i, j in T.Parallel(block_M, dim):
                     acc_o[i, j] *= rescale[i]
-                T.copy(V[bz, k * block_N:(k + 1) * block_N, by, :], V_s)
+                T.copy(V[bz, k * block_N:(k + 1) * block_N, kv, :], V_s)
                 T.gemm(probs, V_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
             finish(O, O_s, acc_o, l, bx, by, bz)
 
@@ -1252,21 +1443,22 @@ def flash_attention_forward(batch: int, heads: int, seq_len: int, dim: int, caus
 
 def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int, causal: bool, *,
                                   block_M: int = 128, block_N: int = 128, num_stages: int = 2, threads: int = 256,
-                                  heavy_first: bool = False, dtype: str = "float16"):
+                                  heavy_first: bool = False, dtype: str = "float16", kv_heads: int | None = None):
     """Hopper: the FlashAttention-3 schedule in the same T.Pipelined loop. `T.wgmma_gemm` issues a warpgroup MMA
     and does not wait; `T.wait_wgmma(n)` waits until at most n are in flight. Iteration k issues S(k) = Q·K(k)ᵀ
     and O += P(k-1)·V(k-1), waits for the first only, runs the softmax of S(k) while P·V still runs, then waits,
     rescales O and turns S(k) into the next P. TileLang splits the block into a TMA producer and consumers."""
-    shape = (batch, seq_len, heads, dim)
+    shape, kv_shape, groups = shapes(batch, heads, seq_len, dim, kv_heads)
     # mask_tail always: the ragged last tile, and the extra all-masked iteration k = n_tiles below
     n_tiles, n_query_blocks, start, online_softmax, finish = kernel_steps(seq_len, dim, block_M, block_N, causal,
                                                                           True)
 
     @T.prim_func
-    def flash_attention_fwd_async(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype), V: T.Tensor(shape, dtype),
-                                  O: T.Tensor(shape, dtype)):
+    def flash_attention_fwd_async(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype),
+                                  V: T.Tensor(kv_shape, dtype), O: T.Tensor(shape, dtype)):
         with T.Kernel(n_query_blocks, heads, batch, threads=threads) as (launch_x, by, bz):
             bx = n_query_blocks - 1 - launch_x if heavy_first else launch_x
+            kv = by // groups  # the key/value head of query head by
             Q_s, K_s, V_s, O_s, scores, probs, acc_o, m, m_prev, rescale, row_sum, l = alloc_buffers(
                 block_M, block_N, dim, dtype)
             touch = T.alloc_local((1,), dtype)
@@ -1278,8 +1470,8 @@ def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int
             # when it cannot prove which wait retires which MMA): at k = 0, P = 0 meets V(-1) (zeros), and at
             # k = last every score is masked, which leaves m and l unchanged.
             for k in T.Pipelined(last + 1, num_stages=num_stages):
-                T.copy(K[bz, k * block_N:(k + 1) * block_N, by, :], K_s)
-                T.copy(V[bz, (k - 1) * block_N:k * block_N, by, :], V_s)
+                T.copy(K[bz, k * block_N:(k + 1) * block_N, kv, :], K_s)
+                T.copy(V[bz, (k - 1) * block_N:k * block_N, kv, :], V_s)
                 T.wgmma_gemm(Q_s, K_s, scores, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 T.wgmma_gemm(probs, V_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
                 T.wait_wgmma(1)  # S(k) is ready; P(k-1)·V(k-1) may still run
@@ -1296,110 +1488,85 @@ def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int
     return flash_attention_fwd_async
 
 
-# Choosing a configuration: a table on Hopper, shared memory elsewhere
-
-# Hopper, keyed by (causal, head dim): the fastest of the kernels above in turns with SDPA. Full: 176-wide key
-# tiles (the async kernel's O reuses the K/V buffers, so two stages fit); causal: 128-wide tiles (a finer
-# diagonal), heaviest blocks first. Fast math: exp2f becomes a bare ex2.approx (no denormal fix-up).
-HOPPER_CONFIGS = {
-    (False, 128): dict(kind="async", block_M=128, block_N=176, num_stages=2, threads=256, fast_math=True),
-    (True, 128): dict(kind="async", block_M=128, block_N=128, num_stages=2, threads=256, fast_math=True,
-                      heavy_first=True),
-    (False, 64): dict(kind="pipelined", block_M=128, block_N=128, num_stages=2, threads=256),
-    (True, 64): dict(kind="async", block_M=128, block_N=128, num_stages=2, threads=256, fast_math=True,
-                     heavy_first=True),
-}
-# Ampere/Ada/Turing (or a Hopper budget too small for the table): no wgmma; the largest tiles that fit.
-OTHER_CANDIDATES = [(128, 128, 2), (128, 128, 1), (128, 64, 2), (128, 64, 1), (64, 64, 2), (64, 64, 1)]
-
-
-def smem_estimate(dim: int, block_M: int, block_N: int, num_stages: int, output_reuses_kv: bool = False) -> int:
-    """Bytes of shared memory (fp16): Q, `num_stages` K and V tiles, O. With `output_reuses_kv` O takes the
-    K/V buffers after the loop (TileLang's planner in its Hopper kernels); otherwise an upper bound."""
-    kv_tiles = 2 * num_stages * block_N
-    return 2 * dim * (block_M + kv_tiles + (max(0, block_M - kv_tiles) if output_reuses_kv else block_M))
-
-
-def choose_config(dim: int, causal: bool, family: str, smem_budget: int) -> dict:
-    """The lesson's kernel for a GPU: Hopper's table entry when it fits, else the first candidate that fits."""
-    cfg = HOPPER_CONFIGS.get((causal, dim)) if family == "hopper" else None
-    if cfg and smem_estimate(dim, cfg["block_M"], cfg["block_N"], cfg["num_stages"],
-                             cfg["kind"] == "async") <= smem_budget:
-        return dict(cfg)
-    for block_M, block_N, stages in OTHER_CANDIDATES:
-        if causal and stages > 1:
-            continue  # tilelang 0.1.15: a cp.async pipeline over the clamped (data-dependent) bound fails codegen
-        if smem_estimate(dim, block_M, block_N, stages) <= smem_budget:
-            return dict(kind="pipelined", block_M=block_M, block_N=block_N, num_stages=stages,
-                        threads=256 if block_M == 128 else 128)
-    raise ValueError(f"flash_attention: no tile configuration fits {smem_budget} bytes of shared memory "
-                     f"for head dim {dim}")
-
-
-def build(batch, heads, seq_len, dim, causal, cfg: dict):
+def build(problem: Problem, cfg: dict):
     """The prim_func of a configuration: this lesson's kernels, or the appendix's hand-written one ("ws")."""
     if cfg["kind"] == "ws":
-        return attention_ws.build(batch, heads, seq_len, dim, causal, cfg)
+        return attention_ws.build(problem, cfg)
     builder = {"pipelined": flash_attention_forward, "async": flash_attention_forward_async}[cfg["kind"]]
     kwargs = {k: v for k, v in cfg.items() if k not in ("kind", "fast_math")}
-    return builder(batch, heads, seq_len, dim, causal, **kwargs)
+    return builder(*problem.kernel_args(), **problem.kernel_kwargs(), **kwargs)
 
 
 def pass_configs(cfg: dict) -> dict:
     return {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True} if cfg.get("fast_math") else {}
 
 
-WORDS = {"pipelined": "compiler pipeline", "async": "FA3 async wgmma", "ws": "hand-written warp specialization",
-         "persistent": "persistent", "split_tail": "last wave split along the keys", "heavy_first": "heaviest first",
-         "stage_output": "O stored by TMA", "fast_math": "fast math"}
-
-
-def describe(cfg: dict) -> list:
-    """Table cells: tiles, stages, threads, schedule."""
-    notes = [WORDS[cfg["kind"]]] + [word for key, word in WORDS.items() if cfg.get(key) is True]
-    return [f"{cfg['block_M']}x{cfg['block_N']}", cfg["num_stages"], cfg["threads"], ", ".join(notes)]
-
-
 # The reference, the check, the benchmark
 
 
+def make_inputs(problem: Problem):
+    """Fresh random Q (B, S, H, D) and K, V (B, S, KVH, D) in the problem's dtype, and an output buffer."""
+    import torch
+
+    dtype = getattr(torch, problem.dtype)
+    q = tourkit.random_tensor((problem.batch, problem.seq_len, problem.heads, problem.dim), dtype)
+    k, v = (tourkit.random_tensor((problem.batch, problem.seq_len, problem.kv_heads, problem.dim), dtype)
+            for _ in range(2))
+    return q, k, v, torch.empty_like(q)
+
+
 def sdpa_bshd(q, k, v, causal: bool):
-    """PyTorch's scaled_dot_product_attention on BSHD tensors (it wants BHSD: transpose in and out)."""
+    """PyTorch's scaled_dot_product_attention on BSHD tensors (it wants BHSD: transpose in and out); fewer
+    key/value heads than query heads are repeated (each serves heads // kv_heads neighbouring query heads)."""
     import torch.nn.functional as F
 
+    groups = q.shape[2] // k.shape[2]
+    if groups > 1:
+        k, v = (t.repeat_interleave(groups, dim=2) for t in (k, v))
     return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                           is_causal=causal).transpose(1, 2)
 
 
-def check_attention(batch, heads, seq_len, dim, causal, kernels: dict) -> list:
-    """Each kernel's error against a float32 reference on fresh random inputs, within 2x of PyTorch's fp16."""
-    import torch
-
-    q, k, v = (tourkit.random_tensor((batch, seq_len, heads, dim), torch.float16) for _ in range(3))
-    ref = sdpa_bshd(q.float(), k.float(), v.float(), causal)
-    torch_error = tourkit.relative_error(sdpa_bshd(q, k, v, causal), ref)
-    o, mode = torch.empty_like(q), "causal" if causal else "full"
-    return [tourkit.validate(f"{name} B{batch} H{heads} S{seq_len} D{dim} {mode} (torch fp16: {torch_error:.2e})",
-                             lambda: attention(q, k, v, o), o, ref, 2.0 * torch_error)
-            for name, attention in kernels.items()]
+def check_attention(problem: Problem, kernels: dict) -> list:
+    """Each kernel's error against a float32 reference on fresh random inputs, within 2x of PyTorch's own
+    (fp16 or bf16) error (and at least 1e-4: a one-key problem is exact for both)."""
+    q, k, v, o = make_inputs(problem)
+    ref = sdpa_bshd(q.float(), k.float(), v.float(), problem.causal)
+    torch_error = tourkit.relative_error(sdpa_bshd(q, k, v, problem.causal), ref)
+    return [tourkit.validate(f"{name} {problem.name} (torch: {torch_error:.2e})", lambda: attention(q, k, v, o), o,
+                             ref, max(2.0 * torch_error, 1e-4)) for name, attention in kernels.items()]
 
 
-def attention_flops(batch, heads, seq_len, dim, causal) -> float:
-    return 4.0 * batch * heads * seq_len * seq_len * dim * (0.5 if causal else 1.0)
-
-
-def bench_attention(batch, heads, seq_len, dim, causal, kernels: dict, rounds: int = 2) -> dict:
-    """Median ms of each kernel and of SDPA ("sdpa"), timed in turns in one bench_interleaved call."""
-    import torch
+def sdpa_contenders(problem: Problem, q, k, v) -> dict:
+    """SDPA on its preferred contiguous BHSD layout, the strongest baseline whatever backend it picks; with
+    grouped-query attention both ways PyTorch offers: enable_gqa=True, and K/V heads expanded beforehand."""
     import torch.nn.functional as F
 
-    q, k, v = (tourkit.random_tensor((batch, seq_len, heads, dim), torch.float16) for _ in range(3))
-    o = torch.empty_like(q)
-    # SDPA timed on its preferred contiguous BHSD layout: the strongest baseline, whatever backend it picks.
     qh, kh, vh = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    if problem.kv_heads == problem.heads:
+        return {"sdpa": lambda: F.scaled_dot_product_attention(qh, kh, vh, is_causal=problem.causal)}
+    groups = problem.heads // problem.kv_heads
+    ke, ve = (t.repeat_interleave(groups, dim=1) for t in (kh, vh))
+    contenders = {"sdpa expanded": lambda: F.scaled_dot_product_attention(qh, ke, ve, is_causal=problem.causal),
+                  "sdpa enable_gqa": lambda: F.scaled_dot_product_attention(qh, kh, vh, is_causal=problem.causal,
+                                                                            enable_gqa=True)}
+    for name, fn in list(contenders.items()):
+        try:  # enable_gqa: PyTorch 2.5 or later, and a backend that takes it at this size
+            fn()
+        except Exception:
+            del contenders[name]
+    return contenders
+
+
+def bench_attention(problem: Problem, kernels: dict, rounds: int = 2) -> dict:
+    """Median ms of each kernel and of SDPA ("sdpa": the faster of its variants, named in "sdpa_kind"), timed
+    in turns in one bench_interleaved call."""
+    q, k, v, o = make_inputs(problem)
     contenders = {name: (lambda fn=fn: fn(q, k, v, o)) for name, fn in kernels.items()}
-    contenders["sdpa"] = lambda: F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal)
-    return tourkit.bench_interleaved(contenders, rounds=rounds)
+    baselines = sdpa_contenders(problem, q, k, v)
+    times = tourkit.bench_interleaved({**contenders, **baselines}, rounds=rounds)
+    best = min(baselines, key=times.get)
+    return {**{name: times[name] for name in kernels}, "sdpa": times[best], "sdpa_kind": best}
 
 
 def peak_memory(batch, heads, seq_len, dim, attention) -> tuple[int, int]:
@@ -1426,32 +1593,37 @@ def peak_memory(batch, heads, seq_len, dim, attention) -> tuple[int, int]:
 
 BENCH_SHAPES, QUICK_SHAPES = [(4, 32, 4096, 128)], [(2, 16, 2048, 128)]
 FULL_SHAPES = BENCH_SHAPES + [(1, 32, 16384, 128)]
-# Odd lengths (a ragged last key tile and query tile), both head dims: correctness only, small and quick.
-ODD_PROBLEMS = [(2, 4, 1000, 64, True), (2, 4, 1000, 64, False), (1, 3, 777, 128, True), (1, 3, 777, 128, False)]
+# Odd lengths (a ragged last key tile and query tile), both head dims, grouped-query attention: correctness only.
+ODD_SHAPES = [(2, 4, 1000, 64), (1, 3, 777, 128), (1, 8, 333, 64, 2)]
 
 
 def plan(ctx) -> list:
-    """(name, kernel, problem, configuration, timed) of each kernel built: the lesson's, on Hopper the appendix's."""
+    """(name, which, problem, configuration, why, timed) of each kernel built: the lesson's, on Hopper also the
+    appendix's where it takes the problem. With --shape: that problem alone, causal and full."""
     family = tourkit.ARCH_SPECS[ctx.arch].family
     sms = ctx.device.sm_count if ctx.device is not None and not ctx.compile_only else None
-    shapes = QUICK_SHAPES if ctx.quick else (FULL_SHAPES if ctx.full else BENCH_SHAPES)
-    problems = [((*shape, causal), True) for shape in shapes for causal in (False, True)]
+    if ctx.shape is not None:
+        timed, odd = [ctx.shape], []
+    else:
+        timed = QUICK_SHAPES if ctx.quick else (FULL_SHAPES if ctx.full else BENCH_SHAPES)
+        odd = ODD_SHAPES[1:] if ctx.quick else ODD_SHAPES
+    problems = [(plans.from_shape(dims, causal, ctx.dtype), is_timed)
+                for dims, is_timed in [(d, True) for d in timed] + [(d, False) for d in odd] for causal in (False, True)]
     items = []
-    for problem, timed in problems + [(p, False) for p in (ODD_PROBLEMS[::3] if ctx.quick else ODD_PROBLEMS)]:
-        (batch, heads, seq_len, dim, causal), mode = problem, "causal" if problem[4] else "full"
-        for which, cfg in (("lesson", choose_config(dim, causal, family, ctx.smem_budget)),
-                           ("appendix", attention_ws.choose_config(dim, causal, family, ctx.smem_budget, sms))):
-            if cfg is not None:
-                items.append((f"{which} B{batch} H{heads} S{seq_len} D{dim} {mode}", which, problem, cfg, timed))
+    for problem, is_timed in problems:
+        cfg, why = plans.choose_config(problem, family, ctx.smem_budget, sms)
+        items.append((f"lesson {problem.name}", "lesson", problem, cfg, why, is_timed))
+        if (cfg := attention_ws.choose_config(problem, family, ctx.smem_budget, sms)) is not None:
+            items.append((f"appendix {problem.name}", "appendix", problem, cfg, "", is_timed))
     return items
 
 
 def kernels(ctx) -> list:
     """The kernels run() launches (compile-only: the same list, nvcc on the timed ones)."""
     markers = tuple(tourkit.TENSOR_CORE_MARKERS[tourkit.ARCH_SPECS[ctx.arch].family])
-    return [tourkit.KernelDecl(name, (lambda p=problem, c=cfg: build(*p, c)), pass_configs=pass_configs(cfg),
+    return [tourkit.KernelDecl(name, (lambda p=problem, c=cfg: build(p, c)), pass_configs=pass_configs(cfg),
                                threads=cfg["threads"], nvcc=timed, markers=markers, smem_limit=ctx.smem_budget)
-            for name, _, problem, cfg, timed in plan(ctx)]
+            for name, _, problem, cfg, _, timed in plan(ctx)]
 
 
 def show_generated(ctx, source: str) -> None:
@@ -1463,8 +1635,16 @@ def show_generated(ctx, source: str) -> None:
             return
 
 
+def explain(ctx, items) -> None:
+    """Which configuration the rule chose for each timed problem, and why."""
+    for _, which, problem, cfg, why, timed in items:
+        if which == "lesson" and timed:
+            ctx.log(f"{problem.name}: {plans.describe(cfg)[0]} tiles, {why}")
+
+
 def run(ctx) -> None:
     items, decls = plan(ctx), kernels(ctx)
+    explain(ctx, items)
     if ctx.compile_only:
         reports = tourkit.inspect_declared(ctx, decls)
         if tourkit.ARCH_SPECS[ctx.arch].family == "hopper":
@@ -1475,31 +1655,31 @@ def run(ctx) -> None:
         return
     built = tourkit.build_declared(decls, log=ctx.log)
     fns = {name: attention_ws.launcher(built[name]) for name in built}  # split_tail: with its workspace
-    problems = list(dict.fromkeys(problem for _, _, problem, _, _ in items))
-    checks = [c for p in problems for c in check_attention(*p, {w: fns[n] for n, w, q, _, _ in items if q == p})]
+    problems = list(dict.fromkeys(item[2] for item in items))
+    checks = [c for p in problems
+              for c in check_attention(p, {which: fns[name] for name, which, q, *_ in items if q == p})]
     ctx.log("\n".join(check.line() for check in checks))
     tourkit.require(checks)
 
     rows = []
-    for problem in [p for p in problems if any(q == p and timed for _, _, q, _, timed in items)]:
-        batch, heads, seq_len, dim, causal = problem
-        mode, flops = "causal" if causal else "full", attention_flops(*problem)
-        suffix = "" if seq_len == BENCH_SHAPES[0][2] or ctx.quick else f"_S{seq_len}"
-        ours = [(which, cfg, fns[name]) for name, which, q, cfg, _ in items if q == problem]
-        times = bench_attention(*problem, {which: fn for which, _, fn in ours})
+    for problem in list(dict.fromkeys(item[2] for item in items if item[5])):
+        suffix = "" if ctx.shape or ctx.quick or problem.seq_len == BENCH_SHAPES[0][2] else f"_S{problem.seq_len}"
+        ours = [(which, cfg, fns[name]) for name, which, q, cfg, _, _ in items if q == problem]
+        times = bench_attention(problem, {which: fn for which, _, fn in ours})
         for which, cfg, _ in ours + [("sdpa", None, None)]:
-            ratio, rate = tourkit.speedup(times["sdpa"], times[which]), tourkit.tflops(flops, times[which])
-            ctx.metric(**{f"{which}_{mode}{suffix}_tflops": rate})
+            ratio, rate = tourkit.speedup(times["sdpa"], times[which]), tourkit.tflops(problem.flops, times[which])
+            ctx.metric(**{f"{which}_{problem.mode}{suffix}_tflops": rate})
             if cfg is not None:
-                ctx.headline(**{f"{which}_vs_sdpa_{mode}{suffix}": round(ratio, 3)})
-            cells = describe(cfg) if cfg else ["-", "-", "-", "PyTorch SDPA"]
-            rows.append([f"B{batch} H{heads} S{seq_len} D{dim}", mode, which, *cells, times[which], rate, f"{ratio:.2f}x"])
+                ctx.headline(**{f"{which}_vs_sdpa_{problem.mode}{suffix}": round(ratio, 3)})
+            cells = plans.describe(cfg) if cfg else ["-", "-", "-", f"PyTorch {times['sdpa_kind']}"]
+            rows.append([problem.size, problem.mode, which, *cells, times[which], rate, f"{ratio:.2f}x"])
     ctx.table(["shape", "mode", "kernel", "tiles", "stages", "threads", "schedule", "ms", "TFLOP/s", "vs SDPA"], rows)
     show_generated(ctx, built[decls[0].name].get_kernel_source())
 
-    if ctx.full:  # the memory argument: the S×S scores cost O(S²) bytes; the kernel nothing beyond its output
+    if ctx.full and ctx.shape is None:  # the memory argument: the S×S scores cost O(S²) bytes; the kernel its output
         batch, heads, seq_len, dim = FULL_SHAPES[-1]
-        naive, flash = peak_memory(batch, heads, seq_len, dim, fns[f"lesson B{batch} H{heads} S{seq_len} D{dim} full"])
+        lesson = fns[f"lesson {plans.from_shape(FULL_SHAPES[-1], False, ctx.dtype).name}"]
+        naive, flash = peak_memory(batch, heads, seq_len, dim, lesson)
         ctx.log(f"\npeak memory beyond the inputs at B{batch} H{heads} S{seq_len} D{dim}: naive attention "
                 f"{'ran out of memory' if naive < 0 else tourkit.format_bytes(naive)}, the lesson's kernel "
                 f"{tourkit.format_bytes(flash)} (the output). Doubling S quadruples the first, doubles the second.")
@@ -2380,7 +2560,7 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
                                block_N: int = 128, num_stages: int = 2, heavy_first: bool = False,
                                persistent: bool = False, sms: int = SM_COUNT_H100_H200,
                                stage_output: bool = False, q_stages: int = 1, split_tail: bool = False,
-                               dtype: str = "float16"):
+                               dtype: str = "float16", kv_heads: int | None = None):
     """The hand-written warp-specialized kernel (see the module docstring).
 
     persistent=False runs one tile per block (the same code, the work loop gone). stage_output=True stores O
@@ -2392,7 +2572,7 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
     semantics; the finisher spins on each contributor's flag (acquire), resets it, meets the consumers,
     fences and merges. Contributors never wait, and all blocks are resident at once (grid <= SMs): no cycle.
     """
-    shape = (batch, seq_len, heads, dim)
+    shape, kv_shape, groups = lesson.shapes(batch, heads, seq_len, dim, kv_heads)
     scale = lesson.LOG2E / math.sqrt(dim)
     accum = "float32"
     # the lesson's online softmax, unchanged (its start and finish steps are replaced here)
@@ -2447,11 +2627,11 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
             use = loads[0] + i  # the ring counts uses across tiles: its phases carry on
             k = k0 + i
             T.mbarrier_wait_parity(k_empty[use % num_stages], ((use // num_stages) & 1) ^ 1)
-            T.tma_copy(K[bz, k * block_N:(k + 1) * block_N, by, :], K_s[use % num_stages, :, :],
+            T.tma_copy(K[bz, k * block_N:(k + 1) * block_N, by // groups, :], K_s[use % num_stages, :, :],
                        barrier=k_full[use % num_stages])
             T.mbarrier_arrive(k_full[use % num_stages])
             T.mbarrier_wait_parity(v_empty[use % num_stages], ((use // num_stages) & 1) ^ 1)
-            T.tma_copy(V[bz, k * block_N:(k + 1) * block_N, by, :], V_s[use % num_stages, :, :],
+            T.tma_copy(V[bz, k * block_N:(k + 1) * block_N, by // groups, :], V_s[use % num_stages, :, :],
                        barrier=v_full[use % num_stages])
             T.mbarrier_arrive(v_full[use % num_stages])
         loads[0] = loads[0] + (k1 - k0)
@@ -2597,16 +2777,16 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
 
     if not split_tail:
         @T.prim_func
-        def flash_attention_fwd_ws(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype),
-                                   V: T.Tensor(shape, dtype), O: T.Tensor(shape, dtype)):
+        def flash_attention_fwd_ws(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype),
+                                   V: T.Tensor(kv_shape, dtype), O: T.Tensor(shape, dtype)):
             with T.Kernel(grid, threads=consumers + 128) as block_id:
                 body(Q, K, V, O, None, None, None, block_id)
 
         return flash_attention_fwd_ws
 
     @T.prim_func
-    def flash_attention_fwd_ws_split(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype),
-                                     V: T.Tensor(shape, dtype), O: T.Tensor(shape, dtype),
+    def flash_attention_fwd_ws_split(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype),
+                                     V: T.Tensor(kv_shape, dtype), O: T.Tensor(shape, dtype),
                                      Workspace_O: T.Tensor((grid, block_M, dim), accum),
                                      Workspace_ML: T.Tensor((grid, 2, block_M), accum),
                                      Flags: T.Tensor((grid,), "int32")):
@@ -2627,19 +2807,20 @@ def config_smem(dim: int, cfg: dict) -> int:
     return 2 * dim * (cfg.get("q_stages", 1) * cfg["block_M"] + 2 * cfg["num_stages"] * cfg["block_N"])
 
 
-def choose_config(dim: int, causal: bool, family: str, smem_budget: int, sm_count: int | None = None):
-    """The appendix kernel's configuration for a GPU, or None (not Hopper, a head dim without an entry, or
-    too little shared memory). A persistent grid gets one block per SM."""
-    cfg = HOPPER_CONFIGS.get((causal, dim)) if family == "hopper" else None
-    if cfg is None or config_smem(dim, cfg) > smem_budget:
+def choose_config(problem, family: str, smem_budget: int, sm_count: int | None = None):
+    """The appendix kernel's configuration for a problem (sections/attention_plans.Problem) on a GPU, or None
+    (not Hopper, a head dim without an entry, or too little shared memory). A persistent grid gets one block
+    per SM."""
+    cfg = HOPPER_CONFIGS.get((problem.causal, problem.dim)) if family == "hopper" else None
+    if cfg is None or config_smem(problem.dim, cfg) > smem_budget:
         return None
     return dict(cfg, sms=sm_count or SM_COUNT_H100_H200) if cfg.get("persistent") else dict(cfg)
 
 
-def build(batch, heads, seq_len, dim, causal, cfg: dict):
+def build(problem, cfg: dict):
     # the thread count is fixed (two consumer warp groups and a producer warp group)
     kwargs = {k: v for k, v in cfg.items() if k not in ("kind", "fast_math", "threads")}
-    return flash_attention_forward_ws(batch, heads, seq_len, dim, causal, **kwargs)
+    return flash_attention_forward_ws(*problem.kernel_args(), **problem.kernel_kwargs(), **kwargs)
 
 
 class SplitTailMemory:
