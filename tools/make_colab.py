@@ -181,6 +181,28 @@ def section_title(text: str, name: str) -> str:
     return name
 
 
+def module_constant(text: str, name: str):
+    """The value of a module-level `NAME = <literal>`, or None."""
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            try:
+                return ast.literal_eval(node.value)
+            except ValueError:
+                return None
+    return None
+
+
+def shape_hint(name: str, files: dict[str, str]) -> str:
+    """A comment line for the run cell: how to run the lesson on one's own problem (sections/shapes.py)."""
+    shapes = files.get("sections/shapes.py", "")
+    forms = (module_constant(shapes, "FORMS") or {}).get(name)
+    if not forms:
+        return ""
+    dtype = ', bf16: add "--dtype", "bfloat16"' if name in (module_constant(shapes, "DTYPE_SECTIONS") or ()) else ""
+    more = f" (or {' or '.join(forms[1:])})" if len(forms) > 1 else ""
+    return f'# Your own problem: main(["--only", "{name}", "--shape", "{forms[0]}"]){more}{dtype}\n'
+
+
 def imported_modules(text: str, files: dict[str, str]) -> list[str]:
     """The sections/ files that `text` imports (at the top or inside a function), in the order they appear."""
     found: list[str] = []
@@ -256,7 +278,8 @@ def notebook(files: dict[str, str]) -> str:
                                    f"## {number}. {section_title(text, name)}\n\n{module_doc(text)}\n\n"
                                    f"The lesson's {SAVES_EDITS}, then the run:"))
         cells.append(code_cell(cell_id(path, "code"), code_shown(path, text)))
-        cells.append(code_cell(cell_id(path, "run"), f'{name}_run = main(["--only", "{name}"])'))
+        run = f'{name}_run = main(["--only", "{name}"])'
+        cells.append(code_cell(cell_id(path, "run"), shape_hint(name, files) + run))
         for helper in imported_modules(text, files):
             if helper not in shown:
                 shown.add(helper)
