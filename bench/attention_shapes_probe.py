@@ -15,6 +15,7 @@ import json
 import multiprocessing
 import os
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,22 +32,29 @@ PROBLEMS = [
     ((2, 8, 8192, 64), "float16", True),
     ((1, 32, 3000, 128), "float16", True),
     ((8, 32, 512, 128), "float16", True),
-    ((1, 32, 4096, 128, 8), "float16", False),
+    ((1, 32, 4096, 128, 8), "float16", True),
     ((4, 32, 4096, 128), "bfloat16", False),
     ((4, 32, 4096, 128), "float16", False),
-    ((16, 16, 1024, 64), "float16", False),
-    ((2, 16, 2048, 64, 2), "float16", False),
-    ((2, 24, 4999, 128), "float16", False),
+    ((16, 16, 1024, 64), "float16", True),
+    ((2, 16, 2048, 64, 2), "float16", True),
+    ((2, 24, 4999, 128), "float16", True),
     ((1, 8, 128, 64), "float16", False),
     ((1, 64, 1, 128), "float16", False),
-    ((3, 12, 1537, 64), "bfloat16", False),
+    ((3, 12, 1537, 64), "bfloat16", True),
     ((1, 4, 7, 64), "float16", False),
+    ((32, 16, 256, 128), "float16", True),
     ((1, 32, 32768, 128), "float16", False),
 ]
 
 
-def A(bm, bn, **kw):
-    return dict(kind="async", block_M=bm, block_N=bn, num_stages=2, threads=2 * bm, fast_math=True, **kw)
+# Correctness only, after the timed problems: odd lengths, one query row, grouped-query attention, bf16, with
+# the rule's choice, the appendix, and each schedule the rule may pick.
+CHECKED = [(2, 4, 1000, 64), (1, 3, 777, 128), (1, 2, 129, 128), (1, 2, 5, 64), (1, 16, 1, 128), (1, 8, 333, 64, 2),
+           (2, 8, 1000, 128, 4, "bfloat16"), (3, 4, 1537, 64, 1, "bfloat16"), (8, 4, 300, 128), (1, 6, 3000, 128, 3)]
+
+
+def A(bm, bn, num_stages=2, **kw):
+    return dict(kind="async", block_M=bm, block_N=bn, num_stages=num_stages, threads=2 * bm, fast_math=True, **kw)
 
 
 def P(bm, bn, stages=2, **kw):
@@ -73,28 +81,48 @@ def candidates(problem, wide):
     small = plans.key_tiles(problem.seq_len, 128) * problem.heads * problem.batch < SMS
     d, causal = problem.dim, problem.causal
     if small:
-        alts = {"pipe 128x128": P(128, 128, **hf), "async 64x128": A(64, 128, **hf)}
+        alts = {"pipe 128x128": P(128, 128, **hf), "async 64x128": A(64, 128, **hf), "pipe 64x64": P(64, 64, **hf)}
     elif not wide:
-        alts = {(128, False): {"async 128x176": A(128, 176)}, (128, True): {"pipe 128x128": P(128, 128, **hf)},
-                (64, False): {"async 192x128": A(192, 128), "pipe 128x128": P(128, 128)},
-                (64, True): {"async 192x128": A(192, 128, **hf), "pipe 128x128": P(128, 128, **hf)}}[(d, causal)]
+        alts = {(128, False): {"async 128x176": A(128, 176)}, (128, True): {},
+                (64, False): {"async 192x128": A(192, 128)}, (64, True): {"async 192x128": A(192, 128, **hf)}}[(d, causal)]
     elif d == 128 and not causal:
         alts = {"async 128x176": A(128, 176), "async 128x160": A(128, 160), "async 128x128": A(128, 128),
-                "pipe 128x128": P(128, 128)}
+                "async 128x144": A(128, 144)}
     elif d == 128:
-        alts = {"async 128x128": A(128, 128, **hf), "async 128x128 nohf": A(128, 128),
-                "pipe 128x128": P(128, 128, **hf), "async 128x176": A(128, 176, **hf)}
+        alts = {"async 128x128 nohf": A(128, 128), "async 128x176": A(128, 176, **hf),
+                "async 128x64": A(128, 64, **hf)}
     elif not causal:
-        alts = {"async 128x128": A(128, 128), "async 128x176": A(128, 176), "async 192x128": A(192, 128),
-                "pipe 128x128": P(128, 128), "ws 128x176": WS(176, False),
+        alts = {"async 128x176": A(128, 176), "async 192x128": A(192, 128), "async 128x192": A(128, 192),
+                "async 128x128 s3": A(128, 128, num_stages=3), "ws 128x176": WS(176, False),
                 "ws 128x128": WS(128, False)}
     else:
-        alts = {"async 128x128": A(128, 128, **hf), "async 192x128": A(192, 128, **hf),
-                "pipe 128x128": P(128, 128, **hf), "async 128x64": A(128, 64, **hf), "ws 128x128": WS(128, True)}
+        alts = {"async 192x128": A(192, 128, **hf), "async 128x64": A(128, 64, **hf),
+                "async 128x128 s3": A(128, 128, num_stages=3, **hf), "ws 128x128": WS(128, True)}
+    if not small:  # the other kernel kind at 128x128 always
+        alts.setdefault("async 128x128", A(128, 128, **hf))
+        alts.setdefault("pipe 128x128", P(128, 128, **hf))
     for label, cfg in alts.items():
         if cfg not in out.values():
             out[label] = cfg
     return out, why
+
+
+def check_jobs():
+    """[(problem, {label: cfg}, "")] of CHECKED: the rule, the appendix, every schedule below on two of them."""
+    from sections.hopper import attention_ws
+
+    schedules = {"pipe 64x64": P(64, 64), "pipe 128x128": P(128, 128), "async 64x128": A(64, 128),
+                 "async 128x176": A(128, 176), "async 192x128": A(192, 128), "async 128x128 s3": A(128, 128, 3)}
+    for i, dims in enumerate(CHECKED):
+        for causal in (False, True):
+            problem = plans.Problem(*dims[:4], causal, *dims[4:])
+            cands = {"rule": plans.choose_config(problem, "hopper", HOPPER_SMEM, SMS)[0]}
+            if (appendix := attention_ws.choose_config(problem, "hopper", HOPPER_SMEM, SMS)) is not None:
+                cands["appendix"] = appendix
+            if i in (1, 5):
+                hf = dict(heavy_first=True) if causal else {}
+                cands.update({label: dict(cfg, **hf) for label, cfg in schedules.items()})
+            yield problem, cands, ""
 
 
 def jobs():
@@ -133,6 +161,14 @@ def log(*a):
     print(*a, flush=True)
 
 
+WATCHDOG_S = 90  # compiling, loading and checking one problem's kernels takes seconds: this is a hang
+
+
+def hang(name):
+    log(f"HANG? {name} did not finish its checks within {WATCHDOG_S} s; exiting")
+    os._exit(3)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -141,7 +177,8 @@ def main(argv=None):
     ap.add_argument("--filter", default="")
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args(argv)
-    work = [(p, c, w) for p, c, w in jobs() if args.filter in p.name]
+    timed = [(p, c, w) for p, c, w in jobs() if args.filter in p.name]
+    work = timed + [(p, c, w) for p, c, w in check_jobs() if args.filter in p.name]
     if args.list:
         for p, c, w in work:
             log(p.name, "|", w)
@@ -160,10 +197,12 @@ def main(argv=None):
     from sections.hopper import attention_ws
 
     results, rows = [], []
-    for (problem, cands, why), futs in zip(work, futures):
+    for n, ((problem, cands, why), futs) in enumerate(zip(work, futures)):
         if time.time() - START > args.budget:
             log(f"budget spent: skipping {problem.name} and after")
             break
+        watchdog = threading.Timer(WATCHDOG_S, hang, args=(problem.name,))
+        watchdog.start()
         ok = {}
         for label, cfg, fut in futs:
             err, secs = fut.result()
@@ -187,6 +226,10 @@ def main(argv=None):
             else:
                 log(f"  WRONG {check.line()}")
                 results.append(dict(problem=problem.name, label=label, error=check.line()))
+        watchdog.cancel()
+        if n >= len(timed):
+            log(f"checked {problem.name}: {', '.join(good)} ok")
+            continue
         if not good:
             continue
         q, k, v, o = FA.make_inputs(problem)
@@ -199,7 +242,8 @@ def main(argv=None):
         ratios = {label: sdpa / times[label] for label in good}
         best = max(ratios, key=ratios.get)
         line = "  ".join(f"{label}={ratios[label]:.3f}" for label in good)
-        log(f"{problem.name}: {sdpa_name} {sdpa:.4f} ms | {line} | best {best} | rule: {why}")
+        sdpas = " ".join(f"{b} {times[b]:.4f} ms" for b in baselines)
+        log(f"{problem.name}: {sdpas} | {line} | best {best} | rule: {why}")
         for label in good:
             results.append(dict(problem=problem.name, label=label, cfg=cands[label], ms=times[label], sdpa_ms=sdpa,
                                 sdpa_kind=sdpa_name, ratio=ratios[label],
