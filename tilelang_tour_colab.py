@@ -28,10 +28,6 @@ def _tour_file(path, text):
     _TOUR_FILES[path] = text[1:]
 
 
-def _tour_in_notebook():
-    return "ipykernel" in sys.modules or "google.colab" in sys.modules
-
-
 def _tour_root():
     """~/.cache/tilelang_tour (under $XDG_CACHE_HOME if set), else a folder of this user's under the temp
     folder: its files are imported, so only a folder that this user owns and others cannot write."""
@@ -6297,13 +6293,15 @@ class Supervisor:
         return "timed out"
 ''')
 
-if __name__ == "__main__" and not _tour_in_notebook():
-    _tour_run_script(_tour_extract(_TOUR_FILES), _TOUR_FILES)  # exits with the tour's exit code
-else:
+if __name__ != "__main__":  # imported: set the tour up and define main, run nothing
     TOUR_DIR = _tour_extract(_TOUR_FILES)
     main = _tour_main(TOUR_DIR, _TOUR_FILES)
-    if __name__ == "__main__":  # pasted into a cell: run the tour now
-        _tour_ensure_tilelang()
-        tour_run = main()
-        sys.stdout.flush()
-        sys.stderr.flush()
+elif "__file__" in globals():  # python tilelang_tour_colab.py ARGS
+    _tour_run_script(_tour_extract(_TOUR_FILES), _TOUR_FILES)  # exits with the tour's exit code
+else:  # pasted into a notebook cell (or an interactive prompt): run the tour, never exit
+    TOUR_DIR = _tour_extract(_TOUR_FILES)
+    main = _tour_main(TOUR_DIR, _TOUR_FILES)
+    _tour_ensure_tilelang()
+    tour_run = main()
+    sys.stdout.flush()
+    sys.stderr.flush()

@@ -23,10 +23,6 @@ def _tour_file(path, text):
     _TOUR_FILES[path] = text[1:]
 
 
-def _tour_in_notebook():
-    return "ipykernel" in sys.modules or "google.colab" in sys.modules
-
-
 def _tour_root():
     """~/.cache/tilelang_tour (under $XDG_CACHE_HOME if set), else a folder of this user's under the temp
     folder: its files are imported, so only a folder that this user owns and others cannot write."""
