@@ -34,159 +34,36 @@ import tilelang
 import tilelang.language as T
 
 import tourkit
-from sections.gemm_epilogue import ACTIVATIONS, activation_macro, epilogue_pass_configs
+from sections.gemm_epilogue import epilogue_pass_configs
+from sections.gemm_plans import (PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher, check_problem,  # noqa: F401
+                                 consumer_registers, epilogue_macro, fits, gemm_flops, gemm_prim_func, lesson_schedules,
+                                 plan_problem, wave_traffic)
 from tourkit import KernelDecl, Section, SectionSkip
 
-# ---- The schedule --------------------------------------------------------------------------------------
-WARP_POLICIES = ("Square", "FullRow", "FullCol")
-
-
-@dataclass(frozen=True)
-class GemmConfig:
-    """One schedule: tile, stages, threads, swizzle (panel: tile rows), T.GemmWarpPolicy, C through shared."""
-
-    block_M: int
-    block_N: int
-    block_K: int
-    num_stages: int
-    threads: int
-    swizzle: bool
-    panel: int = 10
-    policy: str = "Square"
-    staged_store: bool = True
-
-    def smem_bytes(self, dtype_bytes: int = 2) -> int:
-        """An upper bound of the kernel's shared memory: `num_stages` copies of the A and B tiles, or the C tile
-        staging the store if larger (it reuses the A/B buffers once the K loop ends), a bias tile, alignment."""
-        pipeline = max(1, self.num_stages) * (self.block_M * self.block_K + self.block_K * self.block_N) * dtype_bytes
-        c_tile = self.block_M * self.block_N * dtype_bytes if self.staged_store else 0
-        return max(pipeline, c_tile) + self.block_N * dtype_bytes + 1024
-
-    def columns(self) -> dict:
-        """The schedule as the table shows it."""
-        return {"kernel": "T.Pipelined", "tile": f"{self.block_M}x{self.block_N}x{self.block_K}",
-                "stages": self.num_stages, "threads": self.threads,
-                "swizzle": f"panel {self.panel}" if self.swizzle else "off",
-                "policy": self.policy + ("" if self.staged_store else ", direct store")}
-
-    def label(self) -> str:
-        c = self.columns()
-        return f"{c['kernel']} {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}" + (
-            f", {c['policy']}" if c["policy"] != "Square" else "")
-
-
-def fits(config, smem_budget: int) -> bool:
-    """Whether a schedule's shared memory fits what one block may use on the device."""
-    return config.smem_bytes() <= smem_budget
-
-
-def gemm_flops(M: int, N: int, K: int) -> int:
-    return 2 * M * N * K
-
-
-def lesson_schedules(family: str) -> list[GemmConfig]:
-    """The lesson's schedules for an architecture family: the default first, then neighbours that each
-    change one knob. The section's headline kernel is whichever of them is fastest in the same run."""
-    if family == "hopper":
-        return [
-            GemmConfig(128, 256, 64, 4, 256, True),  # two consumer warpgroups share a 128x256 tile
-            # three consumer warpgroups, each a 256x64 column strip (FullCol), 160 registers a thread
-            GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol"),
-            GemmConfig(128, 256, 64, 3, 256, True),   # one stage less: less latency hidden
-            GemmConfig(128, 256, 64, 4, 256, False),  # no L2 swizzle
-        ]
-    if family in ("ampere", "ada"):
-        return [GemmConfig(128, 256, 32, 3, 256, True), GemmConfig(128, 128, 32, 4, 256, True),
-                GemmConfig(128, 256, 32, 3, 256, False), GemmConfig(64, 128, 32, 4, 128, True)]
-    if family == "turing":
-        return [GemmConfig(128, 128, 32, 2, 128, True), GemmConfig(128, 128, 32, 2, 256, True),
-                GemmConfig(128, 128, 32, 2, 128, False), GemmConfig(64, 128, 32, 2, 128, True)]
-    raise ValueError(f"no GEMM schedules for architecture family {family!r}")
-
-
-default_schedules = lesson_schedules  # the older name
-
-PRODUCER_REGISTERS = 24  # a thread of the TMA producer warpgroup (Hopper warp specialization)
-
-
-def consumer_registers(threads: int) -> int:
-    """Registers a consumer thread may take (setmaxnreg) beside one producer warpgroup: 65536 shared out."""
-    return min(240, (65536 - 128 * PRODUCER_REGISTERS) // threads // 8 * 8)
-
-
-def wave_traffic(M: int, N: int, K: int, config, wave: int = 132, dtype_bytes: int = 2) -> tuple[int, int]:
-    """Bytes of A and B one wave of `wave` blocks reads from memory, launched row by row and swizzled:
-    each tile row reads a block_M x K panel of A, each tile column a K x block_N panel of B."""
-    m_tiles, n_tiles = -(-M // config.block_M), -(-N // config.block_N)
-
-    def traffic(rows: int, cols: int) -> int:
-        return (rows * config.block_M + cols * config.block_N) * K * dtype_bytes
-
-    rows = min(m_tiles, config.panel)
-    return traffic(-(-wave // n_tiles), min(wave, n_tiles)), traffic(rows, min(n_tiles, -(-wave // rows)))
-
-
-# ---- The kernel ----------------------------------------------------------------------------------------
-
-
-def check_problem(M: int, N: int, K: int, activation, dtype: str) -> None:
-    """Sizes any of the GEMM kernels can take (tails in M, N and K are fine)."""
-    for name, value in (("M", M), ("N", N), ("K", K)):
-        if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"GEMM size {name}={value!r} must be a positive integer")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation {activation!r} is not one of {ACTIVATIONS}")
-    # Rows of A (K elements) and of B and C (N elements) must start 16-byte aligned: TMA descriptors and
-    # vectorized copies need it.
-    elem = 2 if dtype in ("float16", "bfloat16") else 4
-    if (K * elem) % 16 or (N * elem) % 16:
-        raise ValueError(f"GEMM with N={N}, K={K}: rows must be multiples of 16 bytes "
-                         f"(N and K multiples of {16 // elem} for {dtype}); pad the operands")
-
-
-def gemm_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str):
-    """The prim_func around a kernel body(A, B, Bias, C): with or without the Bias[N] argument; C is last."""
-    if bias:
-        @T.prim_func
-        def gemm_bias(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), Bias: T.Tensor((N,), dtype),
-                      C: T.Tensor((M, N), dtype)):
-            body(A, B, Bias, C)
-
-        return gemm_bias
-
-    @T.prim_func
-    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
-        body(A, B, None, C)
-
-    return gemm
-
+# ---- The schedule: a GemmConfig (sections/gemm_plans.py), chosen per problem by choose_schedule ----------
 
 def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = False, activation: str | None = None,
                  dtype: str = "float16", accum_dtype: str = "float32"):
-    """C = activation(A @ B + Bias) over A[M, K], B[K, N], (Bias[N],) C[M, N]: T.Pipelined + T.gemm."""
+    """C = activation(A @ B + Bias) over A[M, K], B[K, N], (Bias[N],) C[M, N]: T.Pipelined + T.gemm.
+    With config.split_k > 1, block z of the grid takes the z-th run of K steps and C is W[split_k, M, N],
+    fp32 partials that gemm_plans.splitk_reduce_program adds up (and applies the epilogue to)."""
     check_problem(M, N, K, activation, dtype)
     if config.policy not in WARP_POLICIES:
         raise ValueError(f"warp policy {config.policy!r} is not one of {WARP_POLICIES}")
-    bM, bN, bK = config.block_M, config.block_N, config.block_K
+    bM, bN, bK, splits = config.block_M, config.block_N, config.block_K, config.split_k
     policy = getattr(T.GemmWarpPolicy, config.policy)
-    activate = activation_macro(bM, bN, activation)  # the fusion lesson's epilogue (sections/gemm_epilogue.py)
-
-    @T.macro
-    def epilogue(C_local, Bias_shared):
-        """Bias and GELU on the register-resident accumulator, before the single store."""
-        if bias:
-            for i, j in T.Parallel(bM, bN):
-                C_local[i, j] = C_local[i, j] + Bias_shared[j]
-        activate(C_local)
+    steps = T.ceildiv(T.ceildiv(K, bK), splits)  # K steps of one block (the last run may read past K: zeros)
+    out_dtype = "float32" if splits > 1 else dtype
+    epilogue = epilogue_macro(bM, bN, bias, activation)  # bias and GELU on the accumulator (the fusion lesson)
 
     @T.macro
     def body(A, B, Bias, C):
-        with T.Kernel(T.ceildiv(N, bN), T.ceildiv(M, bM), threads=config.threads) as (bx, by):
+        with T.Kernel(T.ceildiv(N, bN), T.ceildiv(M, bM), splits, threads=config.threads) as (bx, by, bz):
             A_shared = T.alloc_shared((bM, bK), dtype)
             B_shared = T.alloc_shared((bK, bN), dtype)
             C_local = T.alloc_fragment((bM, bN), accum_dtype)  # the accumulator: registers, never global
             Bias_shared = T.alloc_shared((bN,), dtype) if bias else None
-            C_shared = T.alloc_shared((bM, bN), dtype) if config.staged_store else None
+            C_shared = T.alloc_shared((bM, bN), out_dtype) if config.staged_store else None
             if config.threads > 256:  # Hopper: say how the 64K registers split (TileLang warns otherwise)
                 T.annotate_producer_reg_dealloc(PRODUCER_REGISTERS)
                 T.annotate_consumer_reg_alloc(consumer_registers(config.threads))
@@ -195,19 +72,21 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
                 T.copy(Bias[bx * bN], Bias_shared)
             T.clear(C_local)
             # num_stages buffers of A and B: the copies for step k + num_stages - 1 fly while step k computes.
-            for k in T.Pipelined(T.ceildiv(K, bK), num_stages=config.num_stages):
-                T.copy(A[by * bM, k * bK], A_shared)
-                T.copy(B[k * bK, bx * bN], B_shared)
+            for k in T.Pipelined(steps, num_stages=config.num_stages):
+                T.copy(A[by * bM, (bz * steps + k) * bK], A_shared)
+                T.copy(B[(bz * steps + k) * bK, bx * bN], B_shared)
                 T.gemm(A_shared, B_shared, C_local, policy=policy)
 
             epilogue(C_local, Bias_shared)
+            out = C[by * bM, bx * bN] if splits == 1 else C[bz, by * bM, bx * bN]
             if config.staged_store:  # registers -> shared -> global: coalesced stores (TMA on Hopper)
                 T.copy(C_local, C_shared)
-                T.copy(C_shared, C[by * bM, bx * bN])
+                T.copy(C_shared, out)
             else:
-                T.copy(C_local, C[by * bM, bx * bN])
+                T.copy(C_local, out)
 
-    return gemm_prim_func(M, N, K, body, bias, dtype)
+    c_shape = (M, N) if splits == 1 else (splits, M, N)
+    return gemm_prim_func(M, N, K, body, bias, dtype, c_shape, out_dtype)
 
 
 def compile_gemm(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = False, activation: str | None = None,

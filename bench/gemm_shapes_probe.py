@@ -1,0 +1,180 @@
+"""Probe for the GEMM on users' problems: for many shapes (the targets, skinny, tiny, ragged, unaligned, huge,
+bfloat16) build the rule's pick (gemm_plans.plan_problem) and the next candidates by the cost model, validate
+each against a float32 reference, then time them in turns with cuBLAS (torch.matmul). Also the fused
+bias + GELU pick against eager PyTorch on two shapes. Prints one table per shape and a summary.
+
+    python bench/gemm_shapes_probe.py [--shapes 64x8192x8192,8192x8192x8192:bfloat16] [--budget-s 220]
+    python bench/gemm_shapes_probe.py --list       # the plans and estimates per shape, no GPU
+    (on the device: bash .device/run python bench/gemm_shapes_probe.py)
+
+Kernels compile in background threads, shape by shape in the list's order, while the main thread times the
+shapes whose kernels are ready; the probe stops starting shapes at its time budget.
+"""
+
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from sections import gemm_plans as P  # noqa: E402
+
+SHAPES = ["64x8192x8192", "128x4096x11008", "2000x3000x4000", "1536x1536x1536", "4096x4096x1024",
+          "8192x2048x8192", "5120x13824x5120", "8192x8192x8192", "8192x8192x8192:bfloat16", "fused:5120x13824x5120",
+          "fused:2000x3000x4000", "1x4096x4096", "16x5120x5120", "256x1024x8192", "777x4097x1234", "3000x3000x3000",
+          "4096x14336x4096", "33x4097x65", "7x13x5", "512x512x512", "2000x3000x4000:bfloat16", "12288x12288x12288"]
+ALTERNATIVES = 4  # candidates timed beside the pick, by estimate
+
+
+def parse(text: str):
+    fused = text.startswith("fused:")
+    text = text.removeprefix("fused:")
+    dims, _, dtype = text.partition(":")
+    M, N, K = (int(v) for v in dims.lower().split("x"))
+    return M, N, K, dtype or "float16", fused
+
+
+def plans_for(M, N, K, dtype, fused, family, sms, smem):
+    """The pick; per candidate tile its best split by the model (within 2x of the pick's estimate); the pick's
+    tile with twice or half its split; the lesson's default."""
+    pick = P.plan_problem(M, N, K, family, sms, smem, dtype)
+    if fused:
+        return [pick]
+    Na, Ka = P.aligned(N), P.aligned(K)
+    options = P.candidate_schedules(M, Na, Ka, family, sms, smem)
+    est = {c: P.estimate_seconds(M, Na, Ka, c, family, sms, smem) for c in options}
+    configs = [pick.config]
+    for base in P.CANDIDATES[family]:
+        same = [c for c in options if replace(c, split_k=1) == base]
+        if same:
+            best = min(same, key=est.get)
+            if best not in configs and est[best] < 2 * est[pick.config]:
+                configs.append(best)
+    for split in (pick.config.split_k * 2, pick.config.split_k // 2):
+        other = replace(pick.config, split_k=split)
+        if split >= 1 and other in options and other not in configs:
+            configs.append(other)
+    default = P.lesson_schedules(family)[0]
+    if default not in configs and P.fits(default, smem):
+        configs.append(default)
+    return [replace(pick, config=c) for c in configs]
+
+
+def estimate_us(plan, family, sms, smem):
+    return P.estimate_seconds(plan.M, P.aligned(plan.N), P.aligned(plan.K), plan.config, family, sms, smem) * 1e6
+
+
+def short(config):
+    split = f" /{config.split_k}" if config.split_k > 1 else ""
+    return f"{config.block_M}x{config.block_N}x{config.block_K} s{config.num_stages} t{config.threads}{split}"
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--budget-s", type=float, default=195)
+    ap.add_argument("--list", action="store_true")
+    args = ap.parse_args()
+    started = time.perf_counter()
+    shapes = [parse(s) for s in args.shapes.split(",")]
+
+    if args.list:
+        for M, N, K, dtype, fused in shapes:
+            for plan in plans_for(M, N, K, dtype, fused, "hopper", 132, 232448):
+                log(f"{M}x{N}x{K} {dtype}{' fused' if fused else ''}: {short(plan.config)} "
+                    f"est {estimate_us(plan, 'hopper', 132, 232448):.0f} us")
+            log("   ", P.plan_problem(M, N, K, "hopper", 132, 232448, dtype).describe())
+        return
+
+    import tilelang
+    import torch
+
+    import tourkit
+    from sections import fusion
+    from sections.gemm_epilogue import epilogue_pass_configs
+    from sections.gemm_schedules import TOLERANCE, reference
+
+    tourkit.quiet_tilelang()
+    device = tourkit.detect_device()
+    family, sms, smem = device.family, device.sm_count, device.smem_per_block_optin
+    log(f"{device.name}: {sms} SMs, {smem} B shared memory a block, family {family}")
+
+    def build(plan, fused):
+        act = "gelu" if fused else None
+        progs = plan.programs(bias=fused, activation=act)
+        return {k: tilelang.compile(f, out_idx=None, target="cuda", pass_configs=epilogue_pass_configs(act))
+                for k, f in progs.items()}
+
+    pool = ThreadPoolExecutor(max_workers=16)
+    jobs = []
+    for M, N, K, dtype, fused in shapes:
+        plans = plans_for(M, N, K, dtype, fused, family, sms, smem)
+        jobs.append(((M, N, K, dtype, fused), [(plan, pool.submit(build, plan, fused)) for plan in plans]))
+
+    summary = []
+    for (M, N, K, dtype, fused), plans in jobs:
+        if time.perf_counter() - started > args.budget_s:
+            log(f"budget reached: {M}x{N}x{K} and later not timed")
+            break
+        tdt = getattr(torch, dtype)
+        name = f"{M}x{N}x{K} {dtype}{' fused bias+gelu' if fused else ''}"
+        try:
+            a = tourkit.random_tensor((M, K), tdt, seed=1)
+            b = tourkit.random_tensor((K, N), tdt, seed=2, scale=K ** -0.5 if fused else 1.0)
+            bias = tourkit.random_tensor((N,), tdt, seed=3) if fused else None
+            c = torch.empty((M, N), dtype=tdt, device="cuda")
+            ref = reference(a, b, bias, "gelu" if fused else None)
+            fns, rows = {}, {}
+            for plan, fut in plans:
+                label = short(plan.config)
+                try:
+                    launcher = P.GemmLauncher(plan, fut.result())
+                    call = (lambda L=launcher: L(a, b, bias, c)) if fused else (lambda L=launcher: L(a, b, c))
+                    check = tourkit.validate(label, call, c, ref, TOLERANCE)
+                    rows[label] = [estimate_us(plan, family, sms, smem), check.rel_error, plan]
+                    if check.passed:
+                        fns[label] = call
+                    else:
+                        log(f"  {name} {label}: FAILED {check.line()}")
+                except Exception as exc:
+                    log(f"  {name} {label}: ERROR {tourkit.one_line(exc)}")
+            c_ref = torch.empty_like(c)
+            if fused:
+                fns["eager"] = lambda: fusion.eager(a, b, bias)
+            else:
+                fns["cuBLAS"] = lambda: torch.matmul(a, b, out=c_ref)
+            ms = tourkit.bench_interleaved(fns, rounds=2, settle_ms=400)
+            base = ms["eager" if fused else "cuBLAS"]
+            log(f"\n{name}: {'eager' if fused else 'cuBLAS'} {base * 1e3:.1f} us "
+                f"({tourkit.tflops(2 * M * N * K, base):.0f} TFLOP/s)")
+            for label, (est, err, plan) in rows.items():
+                if label in ms:
+                    log(f"  {label:<28} est {est:8.1f} us  got {ms[label] * 1e3:8.1f} us  "
+                        f"{base / ms[label]:.3f}x  err {err:.1e}{'  <- pick' if plan is plans[0][0] else ''}")
+            pick = short(plans[0][0].config)
+            ours = {k: v for k, v in ms.items() if k in rows}
+            best = min(ours, key=ours.get) if ours else "-"
+            summary.append(f"{name:<34} pick {pick:<26} {base / ms[pick] if pick in ms else 0:.3f}x   best {best:<26} "
+                           f"{base / ms[best] if best in ms else 0:.3f}x")
+            del a, b, c, ref, c_ref
+            torch.cuda.empty_cache()
+        except Exception as exc:
+            log(f"{name}: ERROR {tourkit.one_line(exc)}")
+    log("\nsummary (ratio = torch time / ours; fused rows against eager)")
+    for line in summary:
+        log(line)
+    log(f"done in {time.perf_counter() - started:.0f} s")
+    os._exit(0)  # do not wait for compiles of shapes not reached
+
+
+if __name__ == "__main__":
+    main()
