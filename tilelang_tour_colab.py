@@ -2005,6 +2005,429 @@ def activation_macro(bM: int, bN: int, activation: str | None):
     return activate
 ''')
 
+_tour_file('sections/gemm_plans.py', r'''
+"""The GEMM's schedules, and the rules that choose one for a problem (imported by the GEMM lessons).
+
+A schedule (`GemmConfig`) is a handful of numbers: the block_M x block_N tile of C a block owns, the block_K
+step of its K loop, the pipeline stages, the threads, the L2 swizzle, and split_k: how many blocks share one
+tile's K loop (each writes an fp32 partial; a second small kernel adds them up, `splitk_reduce_program`).
+
+`choose_schedule(M, N, K, family, sm_count, smem_budget)` picks one for a problem with a cost model a reader
+can redo by hand: for each candidate tile (and split of K) count the blocks, the waves they take on the SMs,
+and the time a block needs (its tensor-core work, or the bytes it loads if that takes longer), against the
+time the whole problem needs to stream its operands from memory; the least estimate wins. Big problems get
+the big 128x256 tile; skinny and small ones, whose few big tiles would leave SMs idle, smaller tiles and a
+split K.
+
+Problems whose rows are not 16-byte aligned (N or K not a multiple of 8 two-byte elements: TMA descriptors
+and cp.async need aligned rows) run on zero-padded copies of A and B (`GemmLauncher`); the zeros add nothing
+to the sums, and C comes back out of a padded buffer. The copies are part of what is timed.
+"""
+
+# No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
+from dataclasses import dataclass, replace
+
+import tilelang.language as T
+
+from sections.gemm_epilogue import ACTIVATIONS, activation_macro
+
+WARP_POLICIES = ("Square", "FullRow", "FullCol")
+DTYPES = ("float16", "bfloat16")
+ALIGN = 8  # elements of a 16-byte row segment (2-byte types)
+PRODUCER_REGISTERS = 24  # a thread of the TMA producer warpgroup (Hopper warp specialization)
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One schedule: tile, stages, threads, swizzle (panel: tile rows), T.GemmWarpPolicy, C through shared,
+    split_k (blocks sharing one tile's K loop; 1: none)."""
+
+    block_M: int
+    block_N: int
+    block_K: int
+    num_stages: int
+    threads: int
+    swizzle: bool
+    panel: int = 10
+    policy: str = "Square"
+    staged_store: bool = True
+    split_k: int = 1
+
+    def smem_bytes(self, dtype_bytes: int = 2) -> int:
+        """An upper bound of the kernel's shared memory: `num_stages` copies of the A and B tiles, or the C tile
+        staging the store if larger (it reuses the A/B buffers once the K loop ends; fp32 partials with a
+        split K), a bias tile, alignment."""
+        pipeline = max(1, self.num_stages) * (self.block_M * self.block_K + self.block_K * self.block_N) * dtype_bytes
+        c_bytes = 4 if self.split_k > 1 else dtype_bytes
+        c_tile = self.block_M * self.block_N * c_bytes if self.staged_store else 0
+        return max(pipeline, c_tile) + self.block_N * dtype_bytes + 1024
+
+    def columns(self) -> dict:
+        """The schedule as the table shows it."""
+        split = f", K split {self.split_k}" if self.split_k > 1 else ""
+        return {"kernel": "T.Pipelined", "tile": f"{self.block_M}x{self.block_N}x{self.block_K}",
+                "stages": self.num_stages, "threads": self.threads,
+                "swizzle": f"panel {self.panel}" if self.swizzle else "off",
+                "policy": self.policy + ("" if self.staged_store else ", direct store") + split}
+
+    def label(self) -> str:
+        c = self.columns()
+        return f"{c['kernel']} {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}" + (
+            f", {c['policy']}" if c["policy"] != "Square" else "")
+
+
+def fits(config, smem_budget: int) -> bool:
+    """Whether a schedule's shared memory fits what one block may use on the device."""
+    return config.smem_bytes() <= smem_budget
+
+
+def gemm_flops(M: int, N: int, K: int) -> int:
+    return 2 * M * N * K
+
+
+def lesson_schedules(family: str) -> list[GemmConfig]:
+    """The lesson's schedules for an architecture family: the default first, then neighbours that each
+    change one knob. The section's headline kernel is whichever of them is fastest in the same run."""
+    if family == "hopper":
+        return [
+            GemmConfig(128, 256, 64, 4, 256, True),  # two consumer warpgroups share a 128x256 tile
+            # three consumer warpgroups, each a 256x64 column strip (FullCol), 160 registers a thread
+            GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol"),
+            GemmConfig(128, 256, 64, 3, 256, True),   # one stage less: less latency hidden
+            GemmConfig(128, 256, 64, 4, 256, False),  # no L2 swizzle
+        ]
+    if family in ("ampere", "ada"):
+        return [GemmConfig(128, 256, 32, 3, 256, True), GemmConfig(128, 128, 32, 4, 256, True),
+                GemmConfig(128, 256, 32, 3, 256, False), GemmConfig(64, 128, 32, 4, 128, True)]
+    if family == "turing":
+        return [GemmConfig(128, 128, 32, 2, 128, True), GemmConfig(128, 128, 32, 2, 256, True),
+                GemmConfig(128, 128, 32, 2, 128, False), GemmConfig(64, 128, 32, 2, 128, True)]
+    raise ValueError(f"no GEMM schedules for architecture family {family!r}")
+
+
+def consumer_registers(threads: int) -> int:
+    """Registers a consumer thread may take (setmaxnreg) beside one producer warpgroup: 65536 shared out."""
+    return min(240, (65536 - 128 * PRODUCER_REGISTERS) // threads // 8 * 8)
+
+
+def wave_traffic(M: int, N: int, K: int, config, wave: int = 132, dtype_bytes: int = 2) -> tuple[int, int]:
+    """Bytes of A and B one wave of `wave` blocks reads from memory, launched row by row and swizzled:
+    each tile row reads a block_M x K panel of A, each tile column a K x block_N panel of B."""
+    m_tiles, n_tiles = -(-M // config.block_M), -(-N // config.block_N)
+
+    def traffic(rows: int, cols: int) -> int:
+        return (rows * config.block_M + cols * config.block_N) * K * dtype_bytes
+
+    rows = min(m_tiles, config.panel)
+    return traffic(-(-wave // n_tiles), min(wave, n_tiles)), traffic(rows, min(n_tiles, -(-wave // rows)))
+
+
+# ---- The rule ------------------------------------------------------------------------------------------
+
+# The candidate tiles per family, biggest first (ties in the estimate go to the earlier). Small tiles take
+# more stages: they are there for problems that stream their operands, where bytes in flight decide.
+CANDIDATES = {
+    "hopper": [GemmConfig(128, 256, 64, 4, 256, True), GemmConfig(128, 128, 64, 4, 256, True),
+               GemmConfig(64, 256, 64, 4, 128, True), GemmConfig(64, 128, 64, 6, 128, True),
+               GemmConfig(64, 64, 64, 8, 128, True)],
+    "ampere": [GemmConfig(128, 256, 32, 3, 256, True), GemmConfig(128, 128, 32, 4, 256, True),
+               GemmConfig(64, 128, 32, 4, 128, True), GemmConfig(64, 64, 32, 6, 128, True)],
+    "turing": [GemmConfig(128, 128, 32, 2, 128, True), GemmConfig(64, 128, 32, 2, 128, True),
+               GemmConfig(64, 64, 32, 3, 128, True)],
+}
+CANDIDATES["ada"] = CANDIDATES["ampere"]
+SPLITS = (1, 2, 3, 4, 6, 8)  # K splits tried where a problem's tiles leave SMs idle
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the cost model knows of a GPU family, per SM: dense fp16 tensor-core FLOP/s a big tile sustains,
+    bytes/s one SM's loads can take; and the whole GPU's memory bandwidth."""
+
+    flops_per_sm: float
+    load_per_sm: float
+    memory: float
+    block_overhead: float = 2e-6  # a block's prologue (first loads in flight) and epilogue (the store)
+    launch: float = 4e-6  # one kernel launch, as the timing sees it
+
+
+MACHINES = {"hopper": Machine(6.0e12, 95e9, 4.0e12), "ampere": Machine(2.4e12, 60e9, 1.6e12),
+            "ada": Machine(1.3e12, 50e9, 0.8e12), "turing": Machine(0.5e12, 40e9, 0.5e12)}
+MEMORY_LATENCY = 1.2e-6  # a load's round trip under load: bytes in flight / latency bounds a block's stream
+
+
+def tile_efficiency(config: GemmConfig) -> float:
+    """The share of a big tile's tensor-core rate a smaller one keeps (fewer, shorter MMAs per operand byte)."""
+    return {128: 1.0, 64: 0.8}.get(config.block_M, 1.0) * (1.0 if config.block_N >= 128 else 0.8)
+
+
+def k_steps(K: int, config: GemmConfig) -> int:
+    """K-loop steps of one block: the K range split into split_k equal runs of whole block_K steps."""
+    return -(-(-(-K // config.block_K)) // config.split_k)
+
+
+def blocks_per_sm(config: GemmConfig, smem_budget: int) -> int:
+    return max(1, min(2, smem_budget // config.smem_bytes(), 1024 // config.threads))
+
+
+def estimate_seconds(M: int, N: int, K: int, config: GemmConfig, family: str, sm_count: int,
+                     smem_budget: int) -> float:
+    """The cost model: waves of blocks x the time of a wave, or streaming the operands from memory once,
+    whichever is longer; plus the launch and, with a split K, the fp32 partials' round trip and a second launch.
+    A block's time is its tensor-core work or its loads, whichever is longer; the loads of one SM are capped
+    by what it takes per second and by the bytes its pipelines keep in flight (stages - 1 tiles each)."""
+    machine = MACHINES[family]
+    blocks = -(-M // config.block_M) * -(-N // config.block_N) * config.split_k
+    together = min(blocks_per_sm(config, smem_budget), -(-blocks // sm_count))  # blocks sharing an SM in a wave
+    waves = -(-blocks // (sm_count * together))
+    depth = k_steps(K, config) * config.block_K
+    in_flight = (config.num_stages - 1) * (config.block_M + config.block_N) * config.block_K * 2
+    stream = min(machine.load_per_sm, together * in_flight / MEMORY_LATENCY)
+    math_s = 2 * config.block_M * config.block_N * depth / (machine.flops_per_sm * tile_efficiency(config))
+    load_s = depth * (config.block_M + config.block_N) * 2 / stream
+    wave_s = max(together * math_s, together * load_s) + machine.block_overhead
+    memory_s = (M * K + K * N + M * N) * 2 / machine.memory
+    total = max(waves * wave_s, memory_s) + machine.launch
+    if config.split_k > 1:
+        total += 2 * config.split_k * M * N * 4 / machine.memory + machine.launch
+    return total
+
+
+def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int) -> list[GemmConfig]:
+    """Every candidate tile that fits, each with every split of K that leaves a split at least 4 steps deep
+    and does not make more blocks than two waves."""
+    out = []
+    for base in CANDIDATES[family]:
+        if not fits(base, smem_budget):
+            continue
+        tiles = -(-M // base.block_M) * -(-N // base.block_N)
+        steps = -(-K // base.block_K)
+        for split in SPLITS:
+            if split == 1 or (steps // split >= 4 and tiles * split <= 2 * sm_count):
+                config = replace(base, split_k=split)
+                if fits(config, smem_budget):
+                    out.append(config)
+    return out
+
+
+def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int):
+    """(GemmConfig, reason): the candidate with the least estimated time (see `estimate_seconds`)."""
+    options = candidate_schedules(M, N, K, family, sm_count, smem_budget)
+    if not options:
+        raise ValueError(f"no GEMM tile fits the {smem_budget} B of shared memory a block may use")
+    times = [estimate_seconds(M, N, K, c, family, sm_count, smem_budget) for c in options]
+    order = sorted(range(len(options)), key=lambda i: (times[i], i))
+    pick = options[order[0]]
+    return pick, explain(M, N, K, pick, times[order[0]], options, times, sm_count, smem_budget)
+
+
+def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget) -> str:
+    """One or two lines: the blocks the pick makes against the SMs; what the biggest tile (or, when the pick
+    is the biggest, the next best candidate) would make and take."""
+    def said(c):
+        blocks = -(-M // c.block_M) * -(-N // c.block_N) * c.split_k
+        split = f" with K split {c.split_k} ways ({k_steps(K, c)} steps each)" if c.split_k > 1 else ""
+        waves = blocks / (sm_count * blocks_per_sm(c, smem_budget))
+        return f"{c.block_M}x{c.block_N} tiles{split}: {blocks} blocks on {sm_count} SMs ({waves:.2f} waves)"
+
+    biggest = options[0]
+    other = min((i for i, c in enumerate(options) if c != pick), key=lambda i: times[i], default=None)
+    if pick != biggest:
+        other = 0
+    line = f"{said(pick)}, estimated {pick_s * 1e6:.0f} us"
+    if other is None:
+        return line
+    why = "leaving SMs idle or streaming less per SM" if pick != biggest else "the biggest tile reads the fewest bytes a FLOP"
+    return f"{line}; {said(options[other])} would take {times[other] * 1e6:.0f} us ({why})"
+
+
+# ---- The problem, padded where its rows are not 16-byte aligned ----------------------------------------
+
+
+def aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def check_problem(M: int, N: int, K: int, activation, dtype: str) -> None:
+    """Sizes any of the GEMM kernels can take (tails in M, N and K are fine; rows must be 16-byte aligned)."""
+    for name, value in (("M", M), ("N", N), ("K", K)):
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"GEMM size {name}={value!r} must be a positive integer")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation {activation!r} is not one of {ACTIVATIONS}")
+    if dtype not in DTYPES:
+        raise ValueError(f"GEMM dtype {dtype!r} is not one of {DTYPES}")
+    # Rows of A (K elements) and of B and C (N elements) must start 16-byte aligned: TMA descriptors and
+    # vectorized copies need it. GemmLauncher pads other problems.
+    if K % ALIGN or N % ALIGN:
+        raise ValueError(f"GEMM with N={N}, K={K}: rows must be multiples of 16 bytes (N and K multiples of "
+                         f"{ALIGN}); pad the operands (GemmLauncher does)")
+
+
+def gemm_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str, c_shape=None, c_dtype=None):
+    """The prim_func around a kernel body(A, B, Bias, C): with or without the Bias[N] argument; C is last
+    (c_shape/c_dtype: the split-K partials instead of C)."""
+    c_shape, c_dtype = c_shape or (M, N), c_dtype or dtype
+    if bias:
+        @T.prim_func
+        def gemm_bias(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), Bias: T.Tensor((N,), dtype),
+                      C: T.Tensor(c_shape, c_dtype)):
+            body(A, B, Bias, C)
+
+        return gemm_bias
+
+    @T.prim_func
+    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor(c_shape, c_dtype)):
+        body(A, B, None, C)
+
+    return gemm
+
+
+def epilogue_macro(bM: int, bN: int, bias: bool, activation):
+    """Bias and the activation on a register-resident bM x bN fp32 tile, before its one store."""
+    activate = activation_macro(bM, bN, activation)  # the fusion lesson's epilogue (sections/gemm_epilogue.py)
+
+    @T.macro
+    def epilogue(C_local, Bias_shared):
+        if bias:
+            for i, j in T.Parallel(bM, bN):
+                C_local[i, j] = C_local[i, j] + Bias_shared[j]
+        activate(C_local)
+
+    return epilogue
+
+
+REDUCE_TILE = (32, 256)  # a 128-thread block sums 32 x 256 fp32 partials: 64 a thread, vectorized
+
+
+def splitk_reduce_program(M: int, N: int, splits: int, *, bias: bool = False, activation=None,
+                          dtype: str = "float16"):
+    """C = activation(sum over s of W[s] + Bias): the second kernel of a split-K GEMM."""
+    bM, bN = REDUCE_TILE
+    epilogue = epilogue_macro(bM, bN, bias, activation)
+
+    @T.macro
+    def body(W, Bias, C):
+        with T.Kernel(T.ceildiv(N, bN), T.ceildiv(M, bM), threads=128) as (bx, by):
+            acc = T.alloc_fragment((bM, bN), "float32")
+            part = T.alloc_fragment((bM, bN), "float32")
+            Bias_shared = T.alloc_shared((bN,), dtype) if bias else None
+            if bias:
+                T.copy(Bias[bx * bN], Bias_shared)
+            T.clear(acc)
+            for s in T.serial(splits):
+                T.copy(W[s, by * bM, bx * bN], part)
+                for i, j in T.Parallel(bM, bN):
+                    acc[i, j] = acc[i, j] + part[i, j]
+            epilogue(acc, Bias_shared)
+            T.copy(acc, C[by * bM, bx * bN])
+
+    if bias:
+        @T.prim_func
+        def splitk_reduce_bias(W: T.Tensor((splits, M, N), "float32"), Bias: T.Tensor((N,), dtype),
+                               C: T.Tensor((M, N), dtype)):
+            body(W, Bias, C)
+
+        return splitk_reduce_bias
+
+    @T.prim_func
+    def splitk_reduce(W: T.Tensor((splits, M, N), "float32"), C: T.Tensor((M, N), dtype)):
+        body(W, None, C)
+
+    return splitk_reduce
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """A user's problem and the schedule chosen for it; the kernels run at the aligned sizes (N and K rounded
+    up to multiples of 8) when the problem's own are not."""
+
+    M: int
+    N: int
+    K: int
+    config: GemmConfig
+    dtype: str = "float16"
+    reason: str = ""
+
+    @property
+    def padded(self) -> bool:
+        return (self.N, self.K) != (aligned(self.N), aligned(self.K))
+
+    @property
+    def kernel_shape(self) -> tuple[int, int, int]:
+        return self.M, aligned(self.N), aligned(self.K)
+
+    def programs(self, bias: bool = False, activation=None) -> dict:
+        """{"gemm": prim_func} and, with a split K, {"reduce": prim_func}: what the launcher runs."""
+        from sections.gemm_schedules import gemm_program  # the lesson's kernel (it imports this module)
+
+        M, N, K = self.kernel_shape
+        split = self.config.split_k > 1
+        out = {"gemm": gemm_program(M, N, K, self.config, bias=bias and not split,
+                                    activation=None if split else activation, dtype=self.dtype)}
+        if split:
+            out["reduce"] = splitk_reduce_program(M, N, self.config.split_k, bias=bias, activation=activation,
+                                                  dtype=self.dtype)
+        return out
+
+    def describe(self) -> str:
+        pad = (f"; run at {self.M}x{aligned(self.N)}x{aligned(self.K)} on zero-padded copies (rows of N={self.N} "
+               f"or K={self.K} elements are not 16-byte aligned)" if self.padded else "")
+        return self.reason + pad
+
+
+def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int,
+                 dtype: str = "float16") -> GemmPlan:
+    """The rule's schedule for a problem, at its aligned sizes."""
+    config, reason = choose_schedule(M, aligned(N), aligned(K), family, sm_count, smem_budget)
+    return GemmPlan(M, N, K, config, dtype, reason)
+
+
+class GemmLauncher:
+    """Runs a plan's kernels as one call, launcher(a, b, c) or launcher(a, b, bias, c): copies A and B into
+    zero-padded buffers where the problem is not aligned (and C out of one), and with a split K runs the GEMM
+    into fp32 partials and the reduction into C. Buffers are allocated at the first call and kept."""
+
+    def __init__(self, plan: GemmPlan, kernels: dict):
+        self.plan, self.kernels, self.buffers = plan, kernels, None
+
+    def _buffers(self, a):
+        import torch
+
+        M, N, K = self.plan.kernel_shape
+        zeros = dict(dtype=a.dtype, device=a.device)
+        return {"a": torch.zeros((M, K), **zeros) if K != self.plan.K else None,
+                "b": torch.zeros((K, N), **zeros) if self.plan.padded else None,
+                "bias": torch.zeros((N,), **zeros) if N != self.plan.N else None,
+                "c": torch.empty((M, N), **zeros) if N != self.plan.N else None,
+                "w": (torch.empty((self.plan.config.split_k, M, N), dtype=torch.float32, device=a.device)
+                      if self.plan.config.split_k > 1 else None)}
+
+    def __call__(self, a, b, *rest):
+        bias, c = rest if len(rest) == 2 else (None, rest[0])
+        buf = self.buffers = self.buffers or self._buffers(a)
+        K, N = self.plan.K, self.plan.N
+        if buf["a"] is not None:
+            buf["a"][:, :K].copy_(a)
+            a = buf["a"]
+        if buf["b"] is not None:
+            buf["b"][:K, :N].copy_(b)
+            b = buf["b"]
+        if bias is not None and buf["bias"] is not None:
+            buf["bias"][:N].copy_(bias)
+            bias = buf["bias"]
+        out = c if buf["c"] is None else buf["c"]
+        epilogue_args = () if bias is None else (bias,)
+        if buf["w"] is not None:
+            self.kernels["gemm"](a, b, buf["w"])
+            self.kernels["reduce"](buf["w"], *epilogue_args, out)
+        else:
+            self.kernels["gemm"](a, b, *epilogue_args, out)
+        if buf["c"] is not None:
+            c.copy_(out[:, :N])
+        return c
+''')
+
 _tour_file('sections/gemm_schedules.py', r'''
 """gemm_schedules: a fast fp16 tensor-core GEMM in about forty lines of TileLang, timed against cuBLAS.
 
@@ -2042,159 +2465,36 @@ import tilelang
 import tilelang.language as T
 
 import tourkit
-from sections.gemm_epilogue import ACTIVATIONS, activation_macro, epilogue_pass_configs
+from sections.gemm_epilogue import epilogue_pass_configs
+from sections.gemm_plans import (PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher, check_problem,  # noqa: F401
+                                 consumer_registers, epilogue_macro, fits, gemm_flops, gemm_prim_func, lesson_schedules,
+                                 plan_problem, wave_traffic)
 from tourkit import KernelDecl, Section, SectionSkip
 
-# ---- The schedule --------------------------------------------------------------------------------------
-WARP_POLICIES = ("Square", "FullRow", "FullCol")
-
-
-@dataclass(frozen=True)
-class GemmConfig:
-    """One schedule: tile, stages, threads, swizzle (panel: tile rows), T.GemmWarpPolicy, C through shared."""
-
-    block_M: int
-    block_N: int
-    block_K: int
-    num_stages: int
-    threads: int
-    swizzle: bool
-    panel: int = 10
-    policy: str = "Square"
-    staged_store: bool = True
-
-    def smem_bytes(self, dtype_bytes: int = 2) -> int:
-        """An upper bound of the kernel's shared memory: `num_stages` copies of the A and B tiles, or the C tile
-        staging the store if larger (it reuses the A/B buffers once the K loop ends), a bias tile, alignment."""
-        pipeline = max(1, self.num_stages) * (self.block_M * self.block_K + self.block_K * self.block_N) * dtype_bytes
-        c_tile = self.block_M * self.block_N * dtype_bytes if self.staged_store else 0
-        return max(pipeline, c_tile) + self.block_N * dtype_bytes + 1024
-
-    def columns(self) -> dict:
-        """The schedule as the table shows it."""
-        return {"kernel": "T.Pipelined", "tile": f"{self.block_M}x{self.block_N}x{self.block_K}",
-                "stages": self.num_stages, "threads": self.threads,
-                "swizzle": f"panel {self.panel}" if self.swizzle else "off",
-                "policy": self.policy + ("" if self.staged_store else ", direct store")}
-
-    def label(self) -> str:
-        c = self.columns()
-        return f"{c['kernel']} {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}" + (
-            f", {c['policy']}" if c["policy"] != "Square" else "")
-
-
-def fits(config, smem_budget: int) -> bool:
-    """Whether a schedule's shared memory fits what one block may use on the device."""
-    return config.smem_bytes() <= smem_budget
-
-
-def gemm_flops(M: int, N: int, K: int) -> int:
-    return 2 * M * N * K
-
-
-def lesson_schedules(family: str) -> list[GemmConfig]:
-    """The lesson's schedules for an architecture family: the default first, then neighbours that each
-    change one knob. The section's headline kernel is whichever of them is fastest in the same run."""
-    if family == "hopper":
-        return [
-            GemmConfig(128, 256, 64, 4, 256, True),  # two consumer warpgroups share a 128x256 tile
-            # three consumer warpgroups, each a 256x64 column strip (FullCol), 160 registers a thread
-            GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol"),
-            GemmConfig(128, 256, 64, 3, 256, True),   # one stage less: less latency hidden
-            GemmConfig(128, 256, 64, 4, 256, False),  # no L2 swizzle
-        ]
-    if family in ("ampere", "ada"):
-        return [GemmConfig(128, 256, 32, 3, 256, True), GemmConfig(128, 128, 32, 4, 256, True),
-                GemmConfig(128, 256, 32, 3, 256, False), GemmConfig(64, 128, 32, 4, 128, True)]
-    if family == "turing":
-        return [GemmConfig(128, 128, 32, 2, 128, True), GemmConfig(128, 128, 32, 2, 256, True),
-                GemmConfig(128, 128, 32, 2, 128, False), GemmConfig(64, 128, 32, 2, 128, True)]
-    raise ValueError(f"no GEMM schedules for architecture family {family!r}")
-
-
-default_schedules = lesson_schedules  # the older name
-
-PRODUCER_REGISTERS = 24  # a thread of the TMA producer warpgroup (Hopper warp specialization)
-
-
-def consumer_registers(threads: int) -> int:
-    """Registers a consumer thread may take (setmaxnreg) beside one producer warpgroup: 65536 shared out."""
-    return min(240, (65536 - 128 * PRODUCER_REGISTERS) // threads // 8 * 8)
-
-
-def wave_traffic(M: int, N: int, K: int, config, wave: int = 132, dtype_bytes: int = 2) -> tuple[int, int]:
-    """Bytes of A and B one wave of `wave` blocks reads from memory, launched row by row and swizzled:
-    each tile row reads a block_M x K panel of A, each tile column a K x block_N panel of B."""
-    m_tiles, n_tiles = -(-M // config.block_M), -(-N // config.block_N)
-
-    def traffic(rows: int, cols: int) -> int:
-        return (rows * config.block_M + cols * config.block_N) * K * dtype_bytes
-
-    rows = min(m_tiles, config.panel)
-    return traffic(-(-wave // n_tiles), min(wave, n_tiles)), traffic(rows, min(n_tiles, -(-wave // rows)))
-
-
-# ---- The kernel ----------------------------------------------------------------------------------------
-
-
-def check_problem(M: int, N: int, K: int, activation, dtype: str) -> None:
-    """Sizes any of the GEMM kernels can take (tails in M, N and K are fine)."""
-    for name, value in (("M", M), ("N", N), ("K", K)):
-        if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"GEMM size {name}={value!r} must be a positive integer")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation {activation!r} is not one of {ACTIVATIONS}")
-    # Rows of A (K elements) and of B and C (N elements) must start 16-byte aligned: TMA descriptors and
-    # vectorized copies need it.
-    elem = 2 if dtype in ("float16", "bfloat16") else 4
-    if (K * elem) % 16 or (N * elem) % 16:
-        raise ValueError(f"GEMM with N={N}, K={K}: rows must be multiples of 16 bytes "
-                         f"(N and K multiples of {16 // elem} for {dtype}); pad the operands")
-
-
-def gemm_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str):
-    """The prim_func around a kernel body(A, B, Bias, C): with or without the Bias[N] argument; C is last."""
-    if bias:
-        @T.prim_func
-        def gemm_bias(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), Bias: T.Tensor((N,), dtype),
-                      C: T.Tensor((M, N), dtype)):
-            body(A, B, Bias, C)
-
-        return gemm_bias
-
-    @T.prim_func
-    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
-        body(A, B, None, C)
-
-    return gemm
-
+# ---- The schedule: a GemmConfig (sections/gemm_plans.py), chosen per problem by choose_schedule ----------
 
 def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = False, activation: str | None = None,
                  dtype: str = "float16", accum_dtype: str = "float32"):
-    """C = activation(A @ B + Bias) over A[M, K], B[K, N], (Bias[N],) C[M, N]: T.Pipelined + T.gemm."""
+    """C = activation(A @ B + Bias) over A[M, K], B[K, N], (Bias[N],) C[M, N]: T.Pipelined + T.gemm.
+    With config.split_k > 1, block z of the grid takes the z-th run of K steps and C is W[split_k, M, N],
+    fp32 partials that gemm_plans.splitk_reduce_program adds up (and applies the epilogue to)."""
     check_problem(M, N, K, activation, dtype)
     if config.policy not in WARP_POLICIES:
         raise ValueError(f"warp policy {config.policy!r} is not one of {WARP_POLICIES}")
-    bM, bN, bK = config.block_M, config.block_N, config.block_K
+    bM, bN, bK, splits = config.block_M, config.block_N, config.block_K, config.split_k
     policy = getattr(T.GemmWarpPolicy, config.policy)
-    activate = activation_macro(bM, bN, activation)  # the fusion lesson's epilogue (sections/gemm_epilogue.py)
-
-    @T.macro
-    def epilogue(C_local, Bias_shared):
-        """Bias and GELU on the register-resident accumulator, before the single store."""
-        if bias:
-            for i, j in T.Parallel(bM, bN):
-                C_local[i, j] = C_local[i, j] + Bias_shared[j]
-        activate(C_local)
+    steps = T.ceildiv(T.ceildiv(K, bK), splits)  # K steps of one block (the last run may read past K: zeros)
+    out_dtype = "float32" if splits > 1 else dtype
+    epilogue = epilogue_macro(bM, bN, bias, activation)  # bias and GELU on the accumulator (the fusion lesson)
 
     @T.macro
     def body(A, B, Bias, C):
-        with T.Kernel(T.ceildiv(N, bN), T.ceildiv(M, bM), threads=config.threads) as (bx, by):
+        with T.Kernel(T.ceildiv(N, bN), T.ceildiv(M, bM), splits, threads=config.threads) as (bx, by, bz):
             A_shared = T.alloc_shared((bM, bK), dtype)
             B_shared = T.alloc_shared((bK, bN), dtype)
             C_local = T.alloc_fragment((bM, bN), accum_dtype)  # the accumulator: registers, never global
             Bias_shared = T.alloc_shared((bN,), dtype) if bias else None
-            C_shared = T.alloc_shared((bM, bN), dtype) if config.staged_store else None
+            C_shared = T.alloc_shared((bM, bN), out_dtype) if config.staged_store else None
             if config.threads > 256:  # Hopper: say how the 64K registers split (TileLang warns otherwise)
                 T.annotate_producer_reg_dealloc(PRODUCER_REGISTERS)
                 T.annotate_consumer_reg_alloc(consumer_registers(config.threads))
@@ -2203,19 +2503,21 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
                 T.copy(Bias[bx * bN], Bias_shared)
             T.clear(C_local)
             # num_stages buffers of A and B: the copies for step k + num_stages - 1 fly while step k computes.
-            for k in T.Pipelined(T.ceildiv(K, bK), num_stages=config.num_stages):
-                T.copy(A[by * bM, k * bK], A_shared)
-                T.copy(B[k * bK, bx * bN], B_shared)
+            for k in T.Pipelined(steps, num_stages=config.num_stages):
+                T.copy(A[by * bM, (bz * steps + k) * bK], A_shared)
+                T.copy(B[(bz * steps + k) * bK, bx * bN], B_shared)
                 T.gemm(A_shared, B_shared, C_local, policy=policy)
 
             epilogue(C_local, Bias_shared)
+            out = C[by * bM, bx * bN] if splits == 1 else C[bz, by * bM, bx * bN]
             if config.staged_store:  # registers -> shared -> global: coalesced stores (TMA on Hopper)
                 T.copy(C_local, C_shared)
-                T.copy(C_shared, C[by * bM, bx * bN])
+                T.copy(C_shared, out)
             else:
-                T.copy(C_local, C[by * bM, bx * bN])
+                T.copy(C_local, out)
 
-    return gemm_prim_func(M, N, K, body, bias, dtype)
+    c_shape = (M, N) if splits == 1 else (splits, M, N)
+    return gemm_prim_func(M, N, K, body, bias, dtype, c_shape, out_dtype)
 
 
 def compile_gemm(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = False, activation: str | None = None,

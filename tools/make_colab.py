@@ -163,7 +163,26 @@ def colab_file(files: dict[str, str]) -> str:
 
 
 def module_doc(text: str) -> str:
-    return ast.get_docstring(ast.parse(text)) or ""
+    """The module's docstring as markdown. It is written to be read as plain text, which markdown mostly
+    is, but for its indented code blocks: after a list they would join the list's last item, so they
+    become fenced blocks."""
+    lines, out = (ast.get_docstring(ast.parse(text)) or "").splitlines(), []
+    index = 0
+    while index < len(lines):
+        if not (lines[index].startswith("    ") and (index == 0 or not lines[index - 1].strip())):
+            out.append(lines[index])
+            index += 1
+            continue
+        block = []
+        while index < len(lines) and (lines[index].startswith("    ") or not lines[index].strip()):
+            block.append(lines[index][4:])
+            index += 1
+        blank = 0
+        while not block[-1].strip():
+            block.pop()
+            blank += 1
+        out += ["```", *block, "```"] + [""] * blank
+    return "\n".join(out)
 
 
 def section_names(files: dict[str, str]) -> list[str]:
