@@ -3,34 +3,36 @@
 You will learn:
 * a row in a *fragment* (a tile spread over the threads' registers): `T.reduce_max` / `T.reduce_sum`
   become warp shuffles plus one small shared-memory exchange; `exp2` with log2(e) folded into one FMA;
-* odd widths (padding, masks) and rows too long for registers (the online softmax, row in shared memory);
+* any shape: narrow rows several to a block, odd widths (padding, masks), rows too long for registers or
+  even shared memory (the online softmax); float16 or bfloat16 in memory, float32 in registers;
 * judging a memory-bound kernel: GB/s against a device copy of the same bytes, timed in turns.
 
-Per row x (fp16 in memory, float32 in registers):
+Per row x:
 
     m    = max_j x[j]                          # T.reduce_max
     e[j] = 2^(x[j]·log2e − m·log2e)            # T.exp2: one FMA and one exp2 per element
     s    = Σ_j e[j]                            # T.reduce_sum
     y[j] = e[j] · (1 / s)                      # one division per row
 
-A row too long to hold in registers is staged in shared memory and walked twice, in chunks:
+A row too long to hold in registers is walked twice, in chunks (the online softmax):
 
     m, s = −inf, 0
     for each chunk c:  m' = max(m, max(c));  s = s·2^(m − m') + Σ 2^(c − m');  m = m'    # online rescale
     for each chunk c:  y[c] = 2^(c − m) / s
 
-Three kernels, simple to fast, each checked against torch.softmax before it is timed (choose_plan picks one
-per shape and GPU): 1. rows_in_registers, 2. rows_staged_in_shared, 3. long_rows_online.
+Four kernels, each checked against torch.softmax before it is timed (choose_plan, in softmax_plans.py, picks
+one per shape and GPU by rules it prints): 1. rows_in_registers, 2. rows_staged_in_shared, 3. long_rows_online
+(the row in shared memory), 4. long_rows_streamed (rows longer than shared memory: a vocabulary).
 """
 
 import functools
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import tilelang
 import tilelang.language as T
 
 import tourkit
+from sections.softmax_plans import SoftmaxPlan, choose_plan, vector_width  # noqa: F401  (the rules, in plain Python)
 
 LOG2E = 1.4426950408889634
 BENCH_SHAPES = [(32768, 4096), (16384, 8192), (8192, 32768), (4096, 1823)]
@@ -57,15 +59,17 @@ def exponentials_and_reciprocal_sums(x, row_max, row_sum, rows: int, width: int)
 def rows_in_registers(M: int, N: int, rows_per_block: int, threads: int, dtype: str = "float16",
                       min_blocks_per_sm: int = 0):
     """Version 1, the simple one: a block reads `rows_per_block` whole rows from global memory into a float32
-    fragment (T.copy in 16-byte vectors when a row splits evenly over its threads, else masked loads into a
-    padded fragment, the pad -inf: any (M, N)). min_blocks_per_sm > 0: __launch_bounds__' resident blocks."""
+    fragment. One wide row a block: T.copy in 16-byte vectors. Otherwise (narrow rows, several a block, or a
+    width that does not split evenly): each row over threads // rows_per_block threads, loads as wide as the
+    rows' alignment allows (vector_width), masked where the fragment is padded or past the last row (the pad
+    -inf): any (M, N). min_blocks_per_sm > 0: __launch_bounds__' resident blocks."""
     R = rows_per_block
     if threads % R:
         raise ValueError(f"softmax: {R} rows per block must divide {threads} threads")
     per_row = threads // R
-    vec = 8 if N % 8 == 0 else 1
-    aligned = vec == 8 and N % per_row == 0  # what T.copy's layout inference splits (TileLang 0.1.15)
-    width = N if aligned else -(-N // (per_row * vec)) * per_row * vec
+    vec = vector_width(N)
+    simple = R == 1 and vec == 8 and N % (per_row * vec) == 0  # what T.copy's layout inference splits
+    width = -(-N // (per_row * vec)) * per_row * vec
 
     @T.prim_func
     def softmax_rows_in_registers(X: T.Tensor((M, N), dtype), Y: T.Tensor((M, N), dtype)):
@@ -75,20 +79,21 @@ def rows_in_registers(M: int, N: int, rows_per_block: int, threads: int, dtype: 
             x = T.alloc_fragment((R, width), "float32")
             row_max = T.alloc_fragment((R,), "float32")
             row_sum = T.alloc_fragment((R,), "float32")
-            if aligned:
+            if simple:
                 T.copy(X[bx * R, 0], x)  # the one read: 16-byte vectors, converted to float32 in registers
             else:
                 T.annotate_layout({x: row_split_layout(R, width, per_row, vec)})
                 for i, j in T.Parallel(R, width):
-                    x[i, j] = T.if_then_else(j < N, T.cast(X[bx * R + i, j], "float32"), -T.infinity("float32"))
+                    x[i, j] = T.if_then_else(j < N and bx * R + i < M, T.cast(X[bx * R + i, j], "float32"),
+                                             -T.infinity("float32"))
             exponentials_and_reciprocal_sums(x, row_max, row_sum, R, width)
-            if aligned:
+            if simple:
                 for i, j in T.Parallel(R, width):
                     x[i, j] = x[i, j] * row_sum[i]
                 T.copy(x, Y[bx * R, 0])  # the one write
             else:
                 for i, j in T.Parallel(R, width):
-                    if j < N:
+                    if j < N and bx * R + i < M:
                         Y[bx * R + i, j] = T.cast(x[i, j] * row_sum[i], dtype)
 
     return softmax_rows_in_registers
@@ -192,82 +197,101 @@ def long_rows_online(M: int, N: int, chunk: int, threads: int, dtype: str = "flo
     return softmax_long_rows_online
 
 
-# --- Choosing a kernel for a shape and a GPU ----------------------------------------------------------
-@dataclass(frozen=True)
-class SoftmaxPlan:
-    kind: str  # "registers" | "staged" | "online"
-    rows_per_block: int  # or the chunk length for "online"
-    threads: int
-    min_blocks_per_sm: int = 0  # registers / staged: __launch_bounds__' resident blocks per SM (0: not set)
-
-    def describe(self) -> str:
-        if self.kind == "online":
-            return f"online two-pass over a row in shared memory, chunks of {self.rows_per_block}, {self.threads} threads"
-        rows = f"{self.rows_per_block} row{'s' if self.rows_per_block > 1 else ''}/block"
-        where = "staged in shared memory" if self.kind == "staged" else "registers"
-        bound = f", >= {self.min_blocks_per_sm} blocks/SM" if self.min_blocks_per_sm else ""
-        return f"{where}, {rows}, {self.threads} threads{bound}"
+@T.macro
+def running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads: int, per_thread: int):
+    """Fold one step x (threads, per_thread) of x·log2e into each thread's running (max, sum): the online
+    rescale of the docstring, thread by thread (each row of x belongs to one thread: no exchange)."""
+    T.copy(part_max, new_max)
+    T.reduce_max(x, new_max, dim=1, clear=False)
+    for i, e in T.Parallel(threads, per_thread):
+        x[i, e] = T.exp2(x[i, e] - new_max[i])
+    T.reduce_sum(x, step_sum, dim=1)
+    for i in T.Parallel(threads):
+        part_sum[i] = part_sum[i] * T.exp2(part_max[i] - new_max[i]) + step_sum[i]
+        part_max[i] = new_max[i]
 
 
-REGISTER_ROW_LIMIT = 8192  # float32 elements of a row kept in registers by one block (16 per thread at 512)
-LONG_REGISTER_ROW_LIMIT = 32768  # 32 per thread at 1024 threads: only where shared memory cannot hold the row
-PER_THREAD_LIMIT = 64  # float32 elements per thread in the odd-width kernels
-SMALL_ODD_ROWS, SMALL_ODD_THREADS = 4, 128  # odd widths up to 32 · PER_THREAD_LIMIT = 2048 (see choose_plan)
+def long_rows_streamed(M: int, N: int, per_thread: int, threads: int, dtype: str = "float16", staged: int = 0,
+                       bulk_copy: bool = True):
+    """Version 4, rows longer than shared memory holds (a vocabulary: 128256 columns). The first `staged`
+    columns are copied into shared memory at once (one bulk copy: many bytes in flight); the rest of the row is
+    streamed from global memory twice, in steps of threads · per_thread elements: pass 1 for the max and sum,
+    pass 2 for y (its reads mostly hit the L2 cache). Each thread keeps its OWN running (max, sum) over its
+    elements, so no block-wide exchange stalls the loads; the block merges the threads' pairs once. Any
+    width: loads as wide as the rows' alignment allows, masked past the end."""
+    vec = vector_width(N)
+    if per_thread % vec or staged % 8 or staged > N or (staged and N % 8):
+        raise ValueError(f"streamed softmax: {per_thread} elements a thread must be whole vectors of {vec}; the "
+                         f"staged head ({staged}) a multiple of 8 within a 16-byte aligned row of {N}")
+    step = threads * per_thread
+    head_steps, tail_steps = -(-staged // step), -(-(N - staged) // step)
+    low = -1.0e38  # a finite start for the running max: exp2(low - low) never meets inf - inf
+
+    def column(c, i, e):  # thread i's e-th element of step c: runs of `vec` in consecutive threads coalesce
+        return c * step + (e // vec) * (threads * vec) + i * vec + e % vec
+
+    @T.prim_func
+    def softmax_long_rows_streamed(X: T.Tensor((M, N), dtype), Y: T.Tensor((M, N), dtype)):
+        with T.Kernel(M, threads=threads) as bx:
+            head = T.alloc_shared((max(staged, 8),), dtype)
+            x = T.alloc_fragment((threads, per_thread), "float32")  # row i of x: thread i's elements
+            part_max = T.alloc_fragment((threads,), "float32")  # thread i's running max of x·log2e
+            part_sum = T.alloc_fragment((threads,), "float32")  # ... and its sum of 2^(x·log2e - max)
+            new_max = T.alloc_fragment((threads,), "float32")
+            step_sum = T.alloc_fragment((threads,), "float32")
+            row_max = T.alloc_fragment((1,), "float32")
+            row_sum = T.alloc_fragment((1,), "float32")
+            T.annotate_layout({x: row_split_layout(threads, per_thread, 1, per_thread)})
+            if staged and bulk_copy:
+                T.copy(X[bx, 0:staged], head, prefer_instruction="tma")
+            elif staged:
+                T.copy(X[bx, 0:staged], head)
+            T.fill(part_max, low)
+            T.fill(part_sum, 0.0)
+            for c in T.serial(head_steps):  # pass 1 over the staged head (none when staged == 0) ...
+                for i, e in T.Parallel(threads, per_thread):
+                    x[i, e] = T.if_then_else(column(c, i, e) < staged, T.cast(head[column(c, i, e)], "float32") * LOG2E,
+                                             -T.infinity("float32"))
+                running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads, per_thread)
+            for c in T.serial(tail_steps):  # ... and over the rest, from global memory
+                for i, e in T.Parallel(threads, per_thread):
+                    col = staged + column(c, i, e)
+                    x[i, e] = T.if_then_else(col < N, T.cast(X[bx, col], "float32") * LOG2E, -T.infinity("float32"))
+                running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads, per_thread)
+            T.reduce_max(part_max, row_max, dim=0)  # the block's one exchange for the max ...
+            for i in T.Parallel(threads):
+                part_sum[i] = part_sum[i] * T.exp2(part_max[i] - row_max[0])
+            T.reduce_sum(part_sum, row_sum, dim=0)  # ... and one for the sum
+            for i in T.Parallel(1):
+                row_sum[i] = 1.0 / row_sum[i]
+            for c in T.serial(head_steps):
+                for i, e in T.Parallel(threads, per_thread):
+                    if column(c, i, e) < staged:
+                        Y[bx, column(c, i, e)] = T.cast(
+                            T.exp2(T.cast(head[column(c, i, e)], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
+            for c in T.serial(tail_steps):
+                for i, e in T.Parallel(threads, per_thread):
+                    if staged + column(c, i, e) < N:
+                        Y[bx, staged + column(c, i, e)] = T.cast(T.exp2(
+                            T.cast(X[bx, staged + column(c, i, e)], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
+
+    return softmax_long_rows_streamed
 
 
-def choose_plan(M: int, N: int, smem_budget: int, family: str = "hopper") -> SoftmaxPlan:
-    """The kernel for (M, N) fp16 with `smem_budget` bytes of shared memory per block, as bench/softmax_probe.py
-    found timing every plan in turns with a copy of the same bytes: up to 4096 wide, staged (bulk copies) on
-    Hopper, registers elsewhere; 8192, registers; longer, online. Odd widths up to 2048 (tens of MB: all
-    latency): 4 rows a block of 128 threads, registers capped so the grid is resident in one wave; longer
-    odd rows staged 8 at a time (8·N halves start 16-byte aligned). A row shared memory cannot hold (64 KiB
-    on Turing) stays in registers, 32 floats on each of 1024 threads: slower than staging, but it fits."""
-    if M < 1 or N < 1:
-        raise ValueError(f"softmax: shape ({M}, {N}) must be positive")
-    row_bytes = N * 2
-    aligned = N % 8 == 0
-    if aligned and N <= REGISTER_ROW_LIMIT:
-        if N <= 4096:
-            return SoftmaxPlan("staged" if family == "hopper" else "registers", 1, 256)
-        return SoftmaxPlan("registers", 1, 512)
-    if aligned:
-        if N % 8192 == 0 and row_bytes + 8192 <= smem_budget:
-            return SoftmaxPlan("online", 8192, 512)
-        if N % 4096 == 0 and row_bytes + 8192 <= smem_budget:
-            return SoftmaxPlan("online", 4096, 256)
-        if row_bytes + 8192 <= smem_budget and N <= 1024 * PER_THREAD_LIMIT:
-            return SoftmaxPlan("staged", 1, 1024)
-        if N <= LONG_REGISTER_ROW_LIMIT:
-            return SoftmaxPlan("registers", 1, 1024)
-    else:
-        if M % SMALL_ODD_ROWS == 0 and -(-N // (SMALL_ODD_THREADS // SMALL_ODD_ROWS)) <= PER_THREAD_LIMIT:
-            # every row a block touches exists (M % 4 == 0): the kernel indexes rows without a bound
-            return SoftmaxPlan("registers", SMALL_ODD_ROWS, SMALL_ODD_THREADS, min_blocks_per_sm=8)
-        per_row = 1
-        while per_row < 128 and -(-N // per_row) > PER_THREAD_LIMIT:
-            per_row *= 2
-        fits = -(-N // per_row) <= PER_THREAD_LIMIT
-        if fits and M % 8 == 0 and 8 * row_bytes + 8192 <= smem_budget:
-            return SoftmaxPlan("staged", 8, 8 * per_row)  # 8 rows: a 16-byte aligned flat range
-        if N <= REGISTER_ROW_LIMIT:
-            return SoftmaxPlan("registers", 1, 256)  # any M: masked single-half loads
-    raise ValueError(f"softmax: rows of {N} halves are beyond this tour's kernels on this GPU (a row must fit "
-                     f"in {smem_budget} bytes of shared memory; odd widths up to {REGISTER_ROW_LIMIT} or "
-                     f"{128 * PER_THREAD_LIMIT} with rows a multiple of 8)")
-
-
-def build(M: int, N: int, plan: SoftmaxPlan, family: str = "hopper"):
+# --- Building the plan (the rules that choose it: sections/softmax_plans.py) ------------------------------
+def build(M: int, N: int, plan: SoftmaxPlan, family: str = "hopper", dtype: str = "float16"):
     if plan.kind == "registers":
-        return rows_in_registers(M, N, plan.rows_per_block, plan.threads, min_blocks_per_sm=plan.min_blocks_per_sm)
+        return rows_in_registers(M, N, plan.rows_per_block, plan.threads, dtype, plan.min_blocks_per_sm)
     bulk = family == "hopper"
+    if plan.kind == "streamed":
+        return long_rows_streamed(M, N, plan.rows_per_block, plan.threads, dtype, plan.staged, bulk)
     if plan.kind == "staged":
-        return rows_staged_in_shared(M, N, plan.rows_per_block, plan.threads, bulk_copy=bulk,
-                                     min_blocks_per_sm=plan.min_blocks_per_sm)
-    return long_rows_online(M, N, plan.rows_per_block, plan.threads, bulk_copy=bulk)
+        return rows_staged_in_shared(M, N, plan.rows_per_block, plan.threads, dtype, bulk, plan.min_blocks_per_sm)
+    return long_rows_online(M, N, plan.rows_per_block, plan.threads, dtype, bulk)
 
 
 def launcher(kernel, plan: SoftmaxPlan):
-    """softmax(x, y) -> y for fp16 (M, N) tensors, from a compiled kernel of `plan`."""
+    """softmax(x, y) -> y for (M, N) tensors, from a compiled kernel of `plan`."""
     flat = plan.kind == "staged"  # its blocks are flat ranges of the tensor
 
     def softmax(x, y):
@@ -278,9 +302,9 @@ def launcher(kernel, plan: SoftmaxPlan):
     return softmax
 
 
-def compile_softmax(M: int, N: int, plan: SoftmaxPlan, family: str = "hopper"):
+def compile_softmax(M: int, N: int, plan: SoftmaxPlan, family: str = "hopper", dtype: str = "float16"):
     """The plan compiled for the GPU in use, as softmax(x, y) -> y."""
-    return launcher(tilelang.compile(build(M, N, plan, family), out_idx=None, target="cuda"), plan)
+    return launcher(tilelang.compile(build(M, N, plan, family, dtype), out_idx=None, target="cuda"), plan)
 
 
 # --- What the section builds, declared once -------------------------------------------------------------
@@ -293,40 +317,51 @@ class Problem(NamedTuple):
 
 
 def problems(ctx) -> list[Problem]:
-    """The benchmark shapes (timed) and the odd shapes (checked only; compile-only and quick: one of them)."""
+    """The benchmark shapes (timed) and the odd shapes (checked only; compile-only and quick: one of them), or
+    with --shape the user's problem alone (checked, then timed)."""
     family = tourkit.ARCH_SPECS[ctx.arch].family
-    timed = QUICK_SHAPES if ctx.quick and not ctx.compile_only else BENCH_SHAPES
-    checked = ODD_SHAPES[:1] if ctx.quick or ctx.compile_only else ODD_SHAPES
+    if ctx.shape:
+        timed, checked = [tuple(ctx.shape)], []
+    else:
+        timed = QUICK_SHAPES if ctx.quick and not ctx.compile_only else BENCH_SHAPES
+        checked = ODD_SHAPES[:1] if ctx.quick or ctx.compile_only else ODD_SHAPES
     plans = [(M, N, choose_plan(M, N, ctx.smem_budget, family)) for M, N in timed + checked]
-    return [Problem(M, N, plan, (M, N) in timed, f"softmax {M}x{N} {plan.kind}") for M, N, plan in plans]
+    return [Problem(M, N, plan, (M, N) in timed, f"softmax {M}x{N} {ctx.dtype} {plan.kind}") for M, N, plan in plans]
 
 
 def kernels(ctx) -> list[tourkit.KernelDecl]:
     family = tourkit.ARCH_SPECS[ctx.arch].family
     bulk = ("tma_load", "mbarrier") if family == "hopper" else ()  # Hopper stages rows with TMA under mbarriers
-    return [tourkit.KernelDecl(p.name, functools.partial(build, p.M, p.N, p.plan, family), threads=p.plan.threads,
-                               smem_limit=ctx.smem_budget, markers=bulk if p.plan.kind != "registers" else ())
+    return [tourkit.KernelDecl(p.name, functools.partial(build, p.M, p.N, p.plan, family, ctx.dtype),
+                               threads=p.plan.threads, smem_limit=ctx.smem_budget,
+                               markers=bulk if p.plan.kind in ("staged", "online") else ())
             for p in problems(ctx)]
 
 
 # --- The reference, the check, the benchmark ------------------------------------------------------------
 def reference(x):
-    """torch.softmax in float32: the higher-precision reference for an fp16 kernel."""
+    """torch.softmax in float32: the higher-precision reference for a float16 or bfloat16 kernel."""
     import torch
 
     return torch.softmax(x.float(), dim=-1)
 
 
-def check_shape(M: int, N: int, plan: SoftmaxPlan, softmax=None, family: str = "hopper") -> "tourkit.Check":
+def tolerance(dtype: str) -> float:
+    return 5e-3 if dtype == "float16" else 1e-2  # bfloat16 rounds y to 8 bits of mantissa, float16 to 11
+
+
+def check_shape(M: int, N: int, plan: SoftmaxPlan, softmax=None, family: str = "hopper",
+                dtype: str = "float16") -> "tourkit.Check":
     import torch
 
-    softmax = softmax or compile_softmax(M, N, plan, family)
-    x = tourkit.random_tensor((M, N), torch.float16, scale=3.0)
+    softmax = softmax or compile_softmax(M, N, plan, family, dtype)
+    x = tourkit.random_tensor((M, N), getattr(torch, dtype), scale=3.0)
     y = torch.empty_like(x)
-    return tourkit.validate(f"softmax {M}x{N} [{plan.describe()}]", lambda: softmax(x, y), y, reference(x), 5e-3)
+    return tourkit.validate(f"softmax {M}x{N} {dtype} [{plan.describe()}]", lambda: softmax(x, y), y, reference(x),
+                            tolerance(dtype))
 
 
-def bench_table(cases: dict) -> dict:
+def bench_table(cases: dict, dtype: str = "float16") -> dict:
     """{label: (M, N, softmax)} -> {label: (ms, torch.softmax ms, copy ms)}: every shape's kernel, torch.softmax
     and y.copy_(x) (the same bytes: the ceiling) in ONE bench_interleaved call. The shapes are independent,
     so they share one settling of the GPU and take turns together."""
@@ -334,7 +369,7 @@ def bench_table(cases: dict) -> dict:
 
     contenders = {}
     for label, (M, N, softmax) in cases.items():
-        x = tourkit.random_tensor((M, N), torch.float16, scale=3.0)
+        x = tourkit.random_tensor((M, N), getattr(torch, dtype), scale=3.0)
         y = torch.empty_like(x)
         contenders[(label, "ours")] = functools.partial(softmax, x, y)
         contenders[(label, "torch")] = functools.partial(torch.softmax, x, dim=-1)
@@ -347,12 +382,19 @@ def bench_table(cases: dict) -> dict:
 # --- The lesson -----------------------------------------------------------------------------------------
 def show_generated(ctx, source: str) -> None:
     excerpt = tourkit.source_excerpt(source, r"AllReduce<tl::MaxOp", context=5, limit=14)
+    if not excerpt:  # a row on one thread: T.reduce_max is a loop in registers, nothing to exchange
+        return
     ctx.log("\ngenerated CUDA around T.reduce_max (per-thread max, then shuffles + a shared-memory exchange):")
     ctx.log(tourkit.indent(excerpt, "  "))
 
 
 def run(ctx) -> None:
     todo, decls = problems(ctx), kernels(ctx)
+    if ctx.shape:  # the user's problem: which kernel, and why
+        M, N = ctx.shape
+        ctx.log(f"softmax {M}x{N} {ctx.dtype}: {todo[0].plan.describe()}\n  why: {todo[0].plan.why}")
+        tourkit.require_device_memory(ctx, 40 * M * N, f"softmax {M}x{N} (input, output, float32 and float64 "
+                                                       "references)")
     if ctx.compile_only:
         for p in todo:
             ctx.log(f"{p.M}x{p.N}: {p.plan.describe()}")
@@ -364,18 +406,18 @@ def run(ctx) -> None:
     checks, timed = [], {}
     for p in todo:
         softmax = launcher(built[p.name], p.plan)
-        checks.append(check_shape(p.M, p.N, p.plan, softmax))
+        checks.append(check_shape(p.M, p.N, p.plan, softmax, dtype=ctx.dtype))
         ctx.log(checks[-1].line())
         if p.timed:
             timed[f"{p.M}x{p.N}"] = (p, softmax)
     tourkit.require(checks)  # a wrong kernel fails the section before any speed is reported
     copy = tourkit.device_copy_gbps()
     ctx.log(f"device-to-device copy of 1 GiB: {copy:.0f} GB/s (read + write: softmax's own traffic)")
-    results = bench_table({label: (p.M, p.N, softmax) for label, (p, softmax) in timed.items()})
+    results = bench_table({label: (p.M, p.N, softmax) for label, (p, softmax) in timed.items()}, ctx.dtype)
     rows, of_copy, of_same_size = [], [], []
     for label, (p, _) in timed.items():
         ours, torch_ms, copy_ms = results[label]
-        gbps, nbytes = tourkit.gbps(4 * p.M * p.N, ours), 4 * p.M * p.N  # one fp16 read and one write
+        gbps, nbytes = tourkit.gbps(4 * p.M * p.N, ours), 4 * p.M * p.N  # one 2-byte read and one write
         of_copy.append(gbps / copy)
         of_same_size.append(copy_ms / ours)
         rows.append([label, p.plan.describe(), f"{1000 * ours:.1f}", gbps, f"{100 * of_copy[-1]:.0f}%",

@@ -6,6 +6,8 @@ import pytest
 
 import tourkit
 from sections import softmax as S
+from sections import softmax_plans as P
+from sections.shapes import SOFTMAX_MAX_WIDTH
 
 HOPPER = tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin
 AMPERE_86 = tourkit.ARCH_SPECS["sm_86"].smem_per_block_optin
@@ -22,34 +24,64 @@ def test_plans_for_the_benchmark_shapes_on_hopper():
                      (4096, 1823): "registers"}
 
 
-def test_odd_width_needs_rows_in_groups_of_eight_for_the_staged_kernel():
-    assert S.choose_plan(1000, 4001, HOPPER).kind == "staged"
-    assert S.choose_plan(1000, 4001, HOPPER).rows_per_block == 8
-    assert S.choose_plan(1004, 4001, HOPPER) == S.SoftmaxPlan("registers", 1, 256)  # 1004 rows: masked loads, any M
+ARCHS = ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90a"]
 
 
-def test_short_odd_rows_take_four_rows_per_block_only_when_every_row_exists():
-    """Up to 2048 halves (57 floats a thread at 32 threads a row), four rows a block of 128 threads, registers
-    capped for 8 resident blocks per SM; the kernel indexes rows without a bound, so M must be a multiple of 4."""
-    assert S.choose_plan(4096, 1823, HOPPER) == S.SoftmaxPlan("registers", 4, 128, min_blocks_per_sm=8)
-    assert S.choose_plan(1000, 1823, AMPERE_86, "ampere") == S.SoftmaxPlan("registers", 4, 128, min_blocks_per_sm=8)
-    assert S.choose_plan(1000, 2047, HOPPER).rows_per_block == 4
-    assert S.choose_plan(1002, 1823, HOPPER) == S.SoftmaxPlan("registers", 1, 256)  # a partial last block of rows
-    assert S.choose_plan(1000, 2049, HOPPER).kind == "staged"  # 65 floats a thread: over PER_THREAD_LIMIT
-    source = tourkit.lower_for_arch(S.build(4096, 1823, S.choose_plan(4096, 1823, HOPPER)), "sm_90a").kernel_source
-    assert "__launch_bounds__(128, 8)" in source
+def plan_fits(M, N, plan, smem):
+    """What each kernel needs of a plan: a thread's share of the row within its registers, shared memory
+    within the budget, rows that divide the threads, whole vectors."""
+    if plan.kind in ("registers", "staged"):
+        per_row = plan.threads // plan.rows_per_block
+        assert plan.threads % plan.rows_per_block == 0 and per_row & (per_row - 1) == 0
+        assert P.per_thread(N, per_row) <= 64
+        assert plan.threads <= 1024
+        if plan.kind == "staged":
+            assert 2 * plan.rows_per_block * N + P.SMEM_SLACK <= smem and (plan.rows_per_block * N) % 8 == 0
+    elif plan.kind == "online":
+        assert N % plan.rows_per_block == 0 and 2 * N + P.SMEM_SLACK <= smem
+    else:
+        assert plan.kind == "streamed" and plan.rows_per_block % P.vector_width(N) == 0
+        assert plan.staged % 8 == 0 and plan.staged <= N and 2 * plan.staged + P.SMEM_SLACK <= smem
+        assert plan.staged == 0 or N % 8 == 0
+    assert plan.why
+    return True
 
 
-def test_staged_odd_width_keeps_per_thread_work_bounded():
-    plan = S.choose_plan(64, 8191, HOPPER)
-    per_row = plan.threads // plan.rows_per_block
-    assert plan.kind == "staged" and -(-8191 // per_row) <= S.PER_THREAD_LIMIT
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_width_gets_a_plan_that_fits_the_gpu(arch):
+    """Every width from 1 to the widest --shape accepts, on every architecture the tour supports."""
+    spec = tourkit.ARCH_SPECS[arch]
+    seen = {}
+    for N in range(1, SOFTMAX_MAX_WIDTH + 1):
+        plan = S.choose_plan(3, N, spec.smem_per_block_optin, spec.family)
+        key = (plan.kind, plan.rows_per_block, plan.threads, plan.staged > 0, P.vector_width(N))
+        if key not in seen or N % 4099 == 0:  # each distinct plan shape once, and a sample of the rest
+            seen[key] = N
+            assert plan_fits(3, N, plan, spec.smem_per_block_optin), (arch, N, plan)
 
 
-def test_long_rows_are_filtered_by_shared_memory():
+def test_narrow_rows_share_a_block():
+    """A narrow row on a few threads (about 16 floats each), several rows a block of 256 threads."""
+    assert S.choose_plan(131072, 64, HOPPER) == S.SoftmaxPlan("registers", 64, 256)  # 4 threads a row
+    assert S.choose_plan(65536, 256, HOPPER) == S.SoftmaxPlan("registers", 16, 256)
+    assert S.choose_plan(4096, 7, HOPPER) == S.SoftmaxPlan("registers", 256, 256)  # a row a thread
+    assert S.choose_plan(1, 1, AMPERE_86, "ampere").kind == "registers"
+    assert "rows a block" in S.choose_plan(100000, 100, HOPPER).why
+
+
+def test_vector_width_follows_the_rows_alignment():
+    assert [P.vector_width(n) for n in (64, 100, 50257, 6, 32000)] == [8, 4, 1, 2, 8]
+    assert P.per_thread(5000, 512) == 16 and P.per_thread(7, 1) == 7
+
+
+def test_long_rows_stream_what_shared_memory_cannot_hold():
     assert S.choose_plan(100, 65536, HOPPER).kind == "online"  # 128 KiB row fits 227 KiB
-    with pytest.raises(ValueError, match="shared memory"):
-        S.choose_plan(100, 65536, AMPERE_86)  # 128 KiB row does not fit 99 KiB
+    plan = S.choose_plan(100, 65536, AMPERE_86, "ampere")  # 128 KiB row does not fit 99 KiB
+    assert plan.kind == "streamed" and 0 < plan.staged < 65536
+    vocab = S.choose_plan(1024, 128256, HOPPER)
+    assert vocab.kind == "streamed" and vocab.staged == P.staged_head(128256, HOPPER) and "L2" in vocab.why
+    assert S.choose_plan(2048, 50257, HOPPER).staged == 0  # odd rows: no 16-byte aligned bulk copy
+    assert S.choose_plan(8192, 32000, HOPPER).staged == 32000  # fits, but no chunk divides it
 
 
 def test_non_hopper_uses_registers_for_short_rows():
@@ -71,55 +103,85 @@ def test_staged_kernel_rejects_unaligned_row_groups():
 # Lowering and nvcc (no GPU): each kernel variant once per arch
 # ---------------------------------------------------------------------------------------------------------
 
-VARIANTS = {"registers": (16384, 8192), "staged": (4096, 3999), "online": (8192, 32768)}
+VARIANTS = {  # kind: (M, N, plan); nvcc compiles the first three, the others are lowered (quicker)
+    "registers": (16384, 8192, S.SoftmaxPlan("registers", 1, 512)),
+    "online": (8192, 32768, S.SoftmaxPlan("online", 8192, 512)),
+    "streamed": (1000, 128256, S.SoftmaxPlan("streamed", 16, 512, staged=24576)),  # a head that fits sm_75
+    "staged": (4096, 1999, S.SoftmaxPlan("staged", 8, 256)),
+    "narrow": (1001, 64, S.SoftmaxPlan("registers", 64, 256)),  # a partial last block of rows
+    "odd narrow": (4097, 7, S.SoftmaxPlan("registers", 256, 256)),
+    "odd streamed": (3, 50257, S.SoftmaxPlan("streamed", 16, 512)),
+}
+NVCC = ("registers", "online", "streamed")
 
 
-@pytest.fixture(scope="module", params=["sm_80", "sm_90a"])
+@pytest.fixture(scope="module", params=["sm_75", "sm_80", "sm_90a"])
 def reports(request):
     arch = request.param
     family = tourkit.ARCH_SPECS[arch].family
     out = {}
-    for kind, (M, N) in VARIANTS.items():
-        plan = S.choose_plan(M, N, tourkit.ARCH_SPECS[arch].smem_per_block_optin, family)
-        assert plan.kind == kind
-        out[kind] = tourkit.inspect_kernel(f"softmax {kind}", S.build(M, N, plan, family), arch)
+    for kind, (M, N, plan) in VARIANTS.items():
+        if kind == "online" and arch == "sm_75":
+            continue  # a 64 KiB row does not fit Turing's 64 KiB
+        dtype = "bfloat16" if kind in ("streamed", "narrow") and arch != "sm_75" else "float16"
+        out[kind] = tourkit.inspect_kernel(f"softmax {kind}", S.build(M, N, plan, family, dtype), arch,
+                                           nvcc=kind in NVCC)
     return arch, out
 
 
 def test_kernels_compile_with_nvcc(reports):
     arch, reps = reports
     for kind, rep in reps.items():
-        if tourkit.find_nvcc() is not None:
+        if tourkit.find_nvcc() is not None and kind in NVCC:
             assert rep.nvcc == "compiled", (arch, kind, rep.nvcc)
+        assert rep.smem_bytes <= tourkit.ARCH_SPECS[arch].smem_per_block_optin
 
 
 def test_reductions_are_in_registers_and_exponentials_use_exp2(reports):
     _, reps = reports
-    for rep in reps.values():
-        assert "AllReduce" in rep.source  # T.reduce_* over fragments: shuffles + a small exchange
+    for kind, rep in reps.items():
+        if kind != "odd narrow":  # a row a thread: its max is a loop in registers, nothing to exchange
+            assert "AllReduce" in rep.source  # T.reduce_* over fragments: shuffles + a small exchange
         assert "exp2f" in rep.source or "ex2" in rep.source
+
+
+def test_bfloat16_flows_into_the_kernels(reports):
+    arch, reps = reports
+    if arch != "sm_75":
+        assert "bfloat16_t* __restrict__ X" in reps["streamed"].source
+        assert "half_t" not in reps["narrow"].source
 
 
 def test_hopper_stages_rows_with_bulk_copies(reports):
     arch, reps = reports
     if arch == "sm_90a":
-        tourkit.require_markers(reps["staged"], ["tma_load", "mbarrier"])
-        tourkit.require_markers(reps["online"], ["tma_load", "mbarrier"])
+        for kind in ("staged", "online", "streamed"):
+            tourkit.require_markers(reps[kind], ["tma_load", "mbarrier"])
     else:
-        assert reps["staged"].markers["tma_load"] == 0
+        assert reps["staged"].markers["tma_load"] == 0 and reps["streamed"].markers["tma_load"] == 0
 
 
 def test_odd_width_fragment_is_padded_not_whole_row_per_thread(reports):
-    # 8 rows of 3999 over 512 threads: 64 threads per row, 63 floats each (not 3999 per thread).
+    # 8 rows of 1999 over 256 threads: 32 threads per row, 63 floats each (not 1999 per thread).
     _, reps = reports
     assert "float x[63];" in reps["staged"].source
 
 
+def test_narrow_rows_load_whole_vectors_and_mask_the_last_block(reports):
+    _, reps = reports
+    narrow = reps["narrow"].source  # 1001 rows of 64: 16 rows a block of 256 threads... 64 here; 4 threads a row
+    assert "uint4" in narrow and "< 1001" in narrow
+    assert "AllReduce<tl::MaxOp, 4," in narrow  # the row's 4 threads exchange, not the block
+    streamed = reps["odd streamed"].source  # odd width: single-element loads, masked past the row's end
+    assert "< 50257" in streamed and streamed.count("AllReduce<") == 2  # two block exchanges per row, not per step
+
+
 def test_turing_plans_fit_its_64_kib_and_hopper_plans_stay():
-    """sm_75 holds 64 KiB per block: the 32768-wide row (64 KiB) cannot be staged, so it stays in registers;
-    the plans for sm_90a are the ones measured."""
+    """sm_75 holds 64 KiB per block: the 32768-wide row (64 KiB) cannot be staged whole, so it is streamed with
+    what fits staged; the plans for sm_90a are the ones measured."""
     turing = tourkit.ARCH_SPECS["sm_75"].smem_per_block_optin
-    assert S.choose_plan(8192, 32768, turing, "turing") == S.SoftmaxPlan("registers", 1, 1024)
+    plan = S.choose_plan(8192, 32768, turing, "turing")
+    assert plan.kind == "streamed" and 2 * plan.staged + P.SMEM_SLACK <= turing
     assert S.choose_plan(8192, 32768, HOPPER, "hopper") == S.SoftmaxPlan("online", 8192, 512)
     assert S.choose_plan(16384, 16384, turing, "turing").kind == "online"  # 32 KiB rows still fit
     ctx = tourkit.TourContext(arch="sm_75", compile_only=True, echo=False)
@@ -152,25 +214,31 @@ def test_kernels_declared_for_a_run_are_what_it_checks_and_times():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(256, 4096), (64, 8192), (16, 32768), (1000, 1823), (1001, 1823), (37, 4096),
-                                   (999, 3000), (37, 32768), (64, 2047), (1000, 4001)])
-def test_softmax_matches_torch(shape):
+                                   (999, 3000), (37, 32768), (64, 2047), (1000, 4001), (1, 1), (3, 2), (5, 9),
+                                   (4097, 7), (1001, 64), (999, 100), (7, 8193), (3, 100000), (2, 50257),
+                                   (1, 262144), (5, 128256), (33, 1000), (2, 65536)])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_softmax_matches_torch(shape, dtype):
     device = tourkit.detect_device()
+    if dtype == "bfloat16" and device.capability < (8, 0):
+        pytest.skip("bfloat16 needs sm_80")
     M, N = shape
     plan = S.choose_plan(M, N, device.smem_per_block_optin, device.family)
-    check = S.check_shape(M, N, plan, family=device.family)
+    check = S.check_shape(M, N, plan, family=device.family, dtype=dtype)
     assert check.passed, check.line()
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind,args", [("registers", (1001, 1823, 1, 256)), ("registers", (1000, 1823, 4, 128)),
-                                       ("registers", (999, 3000, 1, 256)), ("registers", (999, 4000, 1, 512)),
-                                       ("staged", (1000, 1823, 8, 256)), ("registers", (37, 32768, 1, 1024)),
-                                       ("online", (37, 32768, 4096, 512))])
-def test_each_kernel_variant_matches_torch(kind, args):
+@pytest.mark.parametrize("plan, shape", [
+    (S.SoftmaxPlan("registers", 1, 256), (1001, 1823)), (S.SoftmaxPlan("registers", 4, 128), (1000, 1823)),
+    (S.SoftmaxPlan("registers", 1, 256), (999, 3000)), (S.SoftmaxPlan("registers", 1, 512), (999, 4000)),
+    (S.SoftmaxPlan("staged", 8, 256), (1000, 1823)), (S.SoftmaxPlan("registers", 1, 1024), (37, 32768)),
+    (S.SoftmaxPlan("online", 4096, 512), (37, 32768)), (S.SoftmaxPlan("registers", 128, 256), (1001, 32)),
+    (S.SoftmaxPlan("streamed", 16, 512), (5, 40000)), (S.SoftmaxPlan("streamed", 16, 1024, staged=8192), (5, 40000)),
+    (S.SoftmaxPlan("streamed", 32, 256, staged=40000), (5, 40000)), (S.SoftmaxPlan("streamed", 8, 512), (3, 9001))])
+def test_each_kernel_variant_matches_torch(plan, shape):
     device = tourkit.detect_device()
-    M, N, p, t = args
-    plan = S.SoftmaxPlan(kind, p, t)
-    check = S.check_shape(M, N, plan, family=device.family)
+    check = S.check_shape(*shape, plan, family=device.family)
     assert check.passed, check.line()
 
 
@@ -214,7 +282,7 @@ def test_section_judges_each_shape_against_its_own_copy(monkeypatch):
         def get_kernel_source(self):
             return "AllReduce<tl::MaxOp"
 
-    def fake_bench_table(cases):
+    def fake_bench_table(cases, dtype="float16"):
         timed_calls.append(sorted(cases))
         out = {}
         for label, (M, N, _) in cases.items():
@@ -226,7 +294,7 @@ def test_section_judges_each_shape_against_its_own_copy(monkeypatch):
     monkeypatch.setattr(S, "BENCH_SHAPES", list(rates))
     monkeypatch.setattr(tourkit, "build_declared", lambda decls, log=None: {d.name: FakeKernel() for d in decls})
     monkeypatch.setattr(S, "bench_table", fake_bench_table)
-    monkeypatch.setattr(S, "check_shape", lambda M, N, plan, softmax=None, family="hopper":
+    monkeypatch.setattr(S, "check_shape", lambda M, N, plan, softmax=None, family="hopper", dtype="float16":
                         tourkit.Check(f"softmax {M}x{N}", 1e-4, 5e-3))
     monkeypatch.setattr(tourkit, "device_copy_gbps", lambda: 4200.0)
     ctx = tourkit.TourContext(device=device, echo=False)
@@ -244,8 +312,8 @@ def test_a_wrong_kernel_fails_before_any_timing(monkeypatch):
     device = tourkit.DeviceInfo("fake H200", (9, 0), "sm_90a", 132, 141 * 2**30, 232448, 60 * 2**20)
     monkeypatch.setattr(tourkit, "build_declared", lambda decls, log=None: {d.name: None for d in decls})
     monkeypatch.setattr(S, "launcher", lambda kernel, plan: None)
-    monkeypatch.setattr(S, "check_shape", lambda M, N, plan, softmax=None, family="hopper":
+    monkeypatch.setattr(S, "check_shape", lambda M, N, plan, softmax=None, family="hopper", dtype="float16":
                         tourkit.Check(f"softmax {M}x{N}", 1.0 if N == 1823 else 1e-4, 5e-3))
-    monkeypatch.setattr(S, "bench_table", lambda cases: pytest.fail("timed a wrong kernel"))
+    monkeypatch.setattr(S, "bench_table", lambda cases, dtype="float16": pytest.fail("timed a wrong kernel"))
     with pytest.raises(tourkit.ValidationError, match="1823"):
         S.run(tourkit.TourContext(device=device, echo=False))

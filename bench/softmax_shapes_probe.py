@@ -1,0 +1,225 @@
+"""Probe for softmax on users' problems: for many shapes (narrow, odd, mid, vocabulary-wide, float16 and
+bfloat16) build the section's plan (choose_plan) and its alternatives with the lesson's own builders, validate
+each against torch.softmax in float32, then time the valid ones in turns with torch.softmax and a device copy
+of the same bytes. Prints one table per shape and a summary: the pick against torch and the copy, and the best
+plan where it beat the pick.
+
+    python bench/softmax_shapes_probe.py [--shapes 8192x32000,1024x128256:bfloat16] [--budget-s 220] [--out DIR]
+    python bench/softmax_shapes_probe.py --list          # the plans per shape, no GPU
+    (on the device: bash .device/run python bench/softmax_shapes_probe.py --out $OUT)
+
+Shapes run in groups, each in a child process (a kernel that faults spoils only its group's CUDA context); all
+kernels are compiled first, at once, in the parent (the children load them from TileLang's cache).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from sections import softmax as S  # noqa: E402
+from sections import softmax_plans as P  # noqa: E402
+
+# The targets first (the probe stops at its time budget), then other users' problems, then the section's own.
+SHAPES = ["8192x32000", "1024x128256", "65536x256", "16384x3072", "4097x5000", "131072x64", "8192x32000:bfloat16",
+          "1x262144", "3x100000", "2048x50257", "100000x100", "32x151936", "1000000x32", "4096x7", "512x65536",
+          "32768x4096", "16384x8192", "8192x32768", "4096x1823", "65536x1024:bfloat16", "16384x16384",
+          "4096x2048", "32768x1000", "256x262144"]
+GROUP = 4  # shapes per child process
+
+
+def parse(text: str):
+    dims, _, dtype = text.partition(":")
+    M, N = (int(v) for v in dims.lower().split("x"))
+    return M, N, dtype or "float16"
+
+
+def alternatives(M: int, N: int, smem: int, family: str) -> list:
+    """The section's pick first, then the plans it chose among: rows split over fewer or more threads, blocks
+    of 128..512 threads, the staged and online kernels where they apply, the streamed kernel's step shapes."""
+    pick = P.choose_plan(M, N, smem, family)
+    plans = [pick]
+
+    def add(plan):
+        if plan not in plans:
+            plans.append(plan)
+
+    vec = P.vector_width(N)
+    if N <= 32768:
+        t0 = P.threads_per_row(N)
+        for t in (t0 // 2, t0, 2 * t0):
+            if 1 <= t <= 1024 and P.per_thread(N, t) <= 64:
+                for block in (128, 256, 512, 1024):
+                    if block >= t and block // t <= 256 and (block < 1024 or t == 1024):
+                        add(P.SoftmaxPlan("registers", block // t, block))
+    if N % 8 == 0 and 1024 < N <= 32768 and 2 * N + P.SMEM_SLACK <= smem:
+        for threads in (128, 256, 512, 1024):
+            if 8 <= N // threads <= 64:
+                add(P.SoftmaxPlan("staged", 1, threads))
+    for chunk, threads in ((8192, 512), (8192, 1024), (4096, 256), (4096, 512)):
+        if N > 8192 and N % chunk == 0 and 2 * N + P.SMEM_SLACK <= smem:
+            add(P.SoftmaxPlan("online", chunk, threads))
+    if N > 8192:
+        head = P.staged_head(N, smem)
+        for per_thread, threads in ((16, 512), (16, 1024), (32, 256)):
+            for staged in sorted({0, head, head // 2 // 8 * 8}):
+                if per_thread % vec == 0:
+                    add(P.SoftmaxPlan("streamed", per_thread, threads, staged=staged))
+    if len(plans) > 10:  # keep the compile and the timing short: the pick, then a spread
+        plans = plans[:1] + plans[1:][:: -(-(len(plans) - 1) // 9)]
+    return plans
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def compile_all(shapes, device) -> None:
+    import tourkit
+
+    programs = []
+    for M, N, dtype in shapes:
+        for plan in alternatives(M, N, device.smem_per_block_optin, device.family):
+            programs.append(S.build(M, N, plan, device.family, dtype))
+    tourkit.compile_many(programs, log=log)
+
+
+def run_shape(M: int, N: int, dtype: str, device) -> dict:
+    import torch
+    import tilelang
+    import tourkit
+
+    plans = alternatives(M, N, device.smem_per_block_optin, device.family)
+    rec = {"shape": [M, N], "dtype": dtype, "pick": plans[0].describe(), "why": plans[0].why, "plans": []}
+    contenders, described = {}, {}
+    x = tourkit.random_tensor((M, N), getattr(torch, dtype), scale=3.0)
+    y = torch.empty_like(x)
+    for k, plan in enumerate(plans):
+        label = ("* " if k == 0 else "  ") + plan.describe()
+        try:
+            kernel = tilelang.compile(S.build(M, N, plan, device.family, dtype), out_idx=None, target="cuda")
+            softmax = S.launcher(kernel, plan)
+            check = S.check_shape(M, N, plan, softmax, device.family, dtype)
+        except Exception as exc:
+            log(f"  FAILED {label}: {tourkit.one_line(exc)}")
+            rec["plans"].append({"plan": label, "error": tourkit.one_line(exc)})
+            continue
+        if not check.passed:
+            log(f"  FAILED {check.line()}")
+            rec["plans"].append({"plan": label, "error": check.line()})
+            continue
+        contenders[label] = (lambda f: lambda: f(x, y))(softmax)
+        described[label] = check.rel_error
+    contenders["torch.softmax"] = lambda: torch.softmax(x, dim=-1)
+    contenders["copy"] = lambda: y.copy_(x)
+    ms = tourkit.bench_interleaved(contenders, rounds=2, settle_ms=300.0, warmup_ms=5.0, rep_ms=20.0, max_reps=200)
+    copy_ms, torch_ms = ms["copy"], ms["torch.softmax"]
+    rows = []
+    for label, t in sorted(ms.items(), key=lambda kv: kv[1]):
+        rows.append([label, f"{1e3 * t:.1f}", f"{100 * copy_ms / t:.0f}%", f"{torch_ms / t:.2f}x"])
+        if label in described:
+            rec["plans"].append({"plan": label, "us": 1e3 * t, "of_copy": copy_ms / t, "vs_torch": torch_ms / t,
+                                 "rel_error": described[label]})
+    mb = 4 * M * N / 1e6
+    log(f"\nsoftmax {M}x{N} {dtype} ({mb:.1f} MB moved); pick: {plans[0].describe()}\n  why: {plans[0].why}")
+    log(tourkit.format_table(["plan", "µs", "of copy", "vs torch"], rows))
+    rec.update(copy_us=1e3 * copy_ms, torch_us=1e3 * torch_ms, mb=mb)
+    return rec
+
+
+def child(shapes: list, out: str) -> None:
+    import tourkit
+
+    device = tourkit.detect_device()
+    records = []
+    for M, N, dtype in shapes:
+        try:
+            records.append(run_shape(M, N, dtype, device))
+        except Exception as exc:
+            log(f"softmax {M}x{N} {dtype}: FAILED {tourkit.one_line(exc)}")
+            records.append({"shape": [M, N], "dtype": dtype, "error": tourkit.one_line(exc)})
+        with open(out, "w") as fh:
+            json.dump(records, fh, indent=1)
+
+
+def summary(records: list) -> None:
+    import tourkit
+
+    rows = []
+    for rec in records:
+        shape = f"{rec['shape'][0]}x{rec['shape'][1]}{' bf16' if rec['dtype'] == 'bfloat16' else ''}"
+        timed = [p for p in rec.get("plans", []) if "us" in p]
+        pick = next((p for p in timed if p["plan"].startswith("*")), None)
+        if pick is None:
+            rows.append([shape, "PICK FAILED OR NOT TIMED", "", "", "", ""])
+            continue
+        best = min(timed, key=lambda p: p["us"])
+        better = "" if best is pick else f"{best['plan'].strip()} ({best['vs_torch']:.2f}x, {100 * best['of_copy']:.0f}%)"
+        rows.append([shape, pick["plan"][2:][:60], f"{pick['us']:.1f}", f"{pick['vs_torch']:.2f}x",
+                     f"{100 * pick['of_copy']:.0f}%", better])
+    log("\nSUMMARY (pick = the section's plan; copy = a same-size device copy)")
+    log(tourkit.format_table(["shape", "pick", "µs", "vs torch", "of copy", "best other, if faster"], rows))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--budget-s", type=float, default=220.0, help="stop starting groups after this many seconds")
+    ap.add_argument("--list", action="store_true", help="print each shape's plans (no GPU)")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    started = time.time()
+    shapes = [parse(s) for s in args.shapes.split(",") if s.strip()]
+    if args.list:
+        import tourkit
+
+        spec = tourkit.ARCH_SPECS["sm_90a"]
+        for M, N, dtype in shapes:
+            log(f"{M}x{N} {dtype}:")
+            for plan in alternatives(M, N, spec.smem_per_block_optin, spec.family):
+                log(f"  {plan.describe()}")
+        return 0
+    if args.child:
+        child(shapes, args.child)
+        return 0
+    import tourkit
+
+    device = tourkit.detect_device()
+    if device is None:
+        log("no CUDA GPU here: use --list")
+        return 2
+    log(f"{device.name}: {device.sm_count} SMs, {device.smem_per_block_optin // 1024} KiB shared memory per block")
+    compile_all(shapes, device)
+    os.makedirs(args.out, exist_ok=True)
+    records = []
+    for g in range(0, len(shapes), GROUP):
+        if time.time() - started > args.budget_s:
+            log(f"time budget spent: {len(shapes) - g} shapes not run")
+            break
+        group = shapes[g:g + GROUP]
+        part = os.path.join(args.out, f"softmax_shapes_{g // GROUP}.json")
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", part,
+               "--shapes", ",".join(f"{M}x{N}:{d}" for M, N, d in group)]
+        try:
+            subprocess.run(cmd, timeout=max(10.0, args.budget_s + 15 - (time.time() - started)), check=False)
+        except subprocess.TimeoutExpired:
+            log(f"group {g // GROUP} ran out of time")
+        if os.path.exists(part):
+            with open(part) as fh:
+                records += json.load(fh)
+    summary(records)
+    with open(os.path.join(args.out, "softmax_shapes_probe.json"), "w") as fh:
+        json.dump({"device": device.name, "records": records}, fh, indent=1)
+    log(f"done in {time.time() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""How the softmax lesson picks a kernel for a problem of M rows by N columns on a GPU: rules, not tables.
+
+Softmax reads every element once and writes it once, so a good plan keeps enough bytes in flight on every SM
+and never holds more of a row than the registers or shared memory can take:
+
+* a thread holds about REGISTER_FLOATS floats of a row (16-byte vectors where rows start 16-byte aligned,
+  i.e. N % 8 == 0; otherwise the widest access the width allows);
+* a row is split over the fewest threads (a power of two) that keeps that per-thread share; a block of
+  BLOCK_THREADS threads then holds several narrow rows (64 columns: 64 rows a block), a wide row alone;
+* a row longer than REGISTER_ROW_LIMIT is walked in chunks with the online max and sum: staged in shared
+  memory when it fits (one read of global memory), else streamed from global memory twice (the second
+  pass mostly hits the L2 cache, which holds the rows the resident blocks are working on).
+
+Pure Python (no torch, no tilelang): the tests check these rules for every width on every architecture.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+REGISTER_FLOATS = 16  # float32 elements of a row one thread holds in the register kernel (2 16-byte vectors)
+ODD_REGISTER_FLOATS = 32  # ... when loads are single elements (odd widths): more loads in flight per thread
+BLOCK_THREADS = 256  # a block of narrow rows: enough rows to move a few KB per block
+REGISTER_ROW_LIMIT = 8192  # widest row kept in registers (16 floats on each of 512 threads)
+ONLINE_CHUNKS = ((8192, 512), (4096, 256))  # (chunk, threads) of the staged online kernel, widest first
+STREAM_THREADS, STREAM_PER_THREAD = 512, 16  # streamed kernel: 8192 columns a step, two vectors a thread
+SMEM_SLACK = 8192  # bytes of shared memory a staged kernel keeps for barriers and the reductions
+
+
+@dataclass(frozen=True)
+class SoftmaxPlan:
+    kind: str  # "registers" | "staged" | "online" | "streamed"
+    rows_per_block: int  # registers/staged: rows a block; online: the chunk; streamed: elements a thread per step
+    threads: int
+    min_blocks_per_sm: int = 0  # registers / staged: __launch_bounds__' resident blocks per SM (0: not set)
+    staged: int = 0  # streamed: the columns at the start of a row staged in shared memory
+    why: str = field(default="", compare=False)  # one line a learner can follow
+
+    def describe(self) -> str:
+        if self.kind == "online":
+            return f"online two-pass over a row in shared memory, chunks of {self.rows_per_block}, {self.threads} threads"
+        if self.kind == "streamed":
+            head = f", the first {self.staged} columns staged in shared memory" if self.staged else ""
+            return (f"online two-pass streamed from global memory, {self.rows_per_block} elements a thread a step, "
+                    f"{self.threads} threads{head}")
+        rows = f"{self.rows_per_block} row{'s' if self.rows_per_block > 1 else ''}/block"
+        where = "staged in shared memory" if self.kind == "staged" else "registers"
+        bound = f", >= {self.min_blocks_per_sm} blocks/SM" if self.min_blocks_per_sm else ""
+        return f"{where}, {rows}, {self.threads} threads{bound}"
+
+
+def vector_width(N: int) -> int:
+    """Elements per load: rows of N 2-byte elements start 16-byte aligned when N % 8 == 0 (8 at a time),
+    8-byte aligned when N % 4 == 0, and so on."""
+    return math.gcd(N, 8)
+
+
+def per_thread(N: int, threads_per_row: int) -> int:
+    """Floats of a row one thread holds: whole vectors, the row padded up to threads_per_row · vector."""
+    vec = vector_width(N)
+    return -(-N // (threads_per_row * vec)) * vec
+
+
+def threads_per_row(N: int) -> int:
+    """The fewest threads (a power of two, at most 1024) that split a row into shares of at most
+    REGISTER_FLOATS floats (ODD_REGISTER_FLOATS with single-element loads)."""
+    limit = REGISTER_FLOATS if vector_width(N) > 1 else ODD_REGISTER_FLOATS
+    t = 1
+    while t < 1024 and per_thread(N, t) > limit:
+        t *= 2
+    return t
+
+
+def register_plan(M: int, N: int) -> SoftmaxPlan:
+    t = threads_per_row(N)
+    rows = max(1, BLOCK_THREADS // t)
+    share = per_thread(N, t)
+    why = (f"a row of {N} fits in registers: {t} thread{'s' if t > 1 else ''} a row, {share} floats each; "
+           + (f"{rows} rows a block so that a block moves {rows * N * 4 // 1024 or 1} KB" if rows > 1
+              else "one row a block"))
+    return SoftmaxPlan("registers", rows, rows * t, why=why)
+
+
+def choose_plan(M: int, N: int, smem_budget: int, family: str = "hopper") -> SoftmaxPlan:
+    """The kernel for (M, N) 2-byte elements (float16 or bfloat16) with `smem_budget` bytes of shared memory
+    per block on a GPU of `family`. Every width from 1 up has a plan on every GPU."""
+    if M < 1 or N < 1:
+        raise ValueError(f"softmax: shape ({M}, {N}) must be positive")
+    row_bytes = 2 * N
+    if family == "hopper" and N % 8 == 0 and 2048 < N <= 4096:
+        return SoftmaxPlan("staged", 1, 256, why=f"a row of {N} (16-byte aligned) is one TMA bulk copy into shared "
+                           "memory, 16 floats a thread in registers")
+    if N <= REGISTER_ROW_LIMIT:
+        return register_plan(M, N)
+    for chunk, threads in ONLINE_CHUNKS:
+        if N % chunk == 0 and row_bytes + SMEM_SLACK <= smem_budget:
+            return SoftmaxPlan("online", chunk, threads,
+                               why=f"a row of {N} is too long for registers but its {row_bytes // 1024} KB fit "
+                                   f"shared memory: read once, walked twice in chunks of {chunk}")
+    head = staged_head(N, smem_budget)
+    fits = head == N
+    why = (f"a row of {N} is too long for registers" + (" and not a multiple of a chunk" if fits else "")
+           + (f"; its first {head} columns are staged in shared memory at once" if head else "")
+           + f"{'' if fits else ', the rest streamed'} twice" + ("" if fits else " from global memory (the second pass "
+                                                                 "mostly hits the L2 cache)"))
+    return SoftmaxPlan("streamed", STREAM_PER_THREAD, STREAM_THREADS, staged=head, why=why)
+
+
+def staged_head(N: int, smem_budget: int) -> int:
+    """Columns of a long row the streamed kernel stages in shared memory: as many as fit (a multiple of 8, so
+    that the bulk copy moves whole 16-byte units), none when rows are not 16-byte aligned."""
+    if N % 8:
+        return 0
+    return min(N, (smem_budget - SMEM_SLACK) // 2 // 8 * 8)
