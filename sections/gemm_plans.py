@@ -351,9 +351,15 @@ class GemmPlan:
 
     def programs(self, bias: bool = False, activation=None) -> dict:
         """{"gemm": prim_func} and, with a split K, {"reduce": prim_func}: what the launcher runs."""
+        M, N, K = self.kernel_shape
+        if not isinstance(self.config, GemmConfig):  # an appendix kernel (sections/hopper/): its own builder
+            from sections.hopper import gemm_pingpong, gemm_ws
+
+            module = gemm_ws if isinstance(self.config, gemm_ws.WsConfig) else gemm_pingpong
+            return {"gemm": module.appendix_program(M, N, K, self.config, bias=bias, activation=activation,
+                                                    dtype=self.dtype)}
         from sections.gemm_schedules import gemm_program  # the lesson's kernel (it imports this module)
 
-        M, N, K = self.kernel_shape
         split = self.config.split_k > 1
         out = {"gemm": gemm_program(M, N, K, self.config, bias=bias and not split,
                                     activation=None if split else activation, dtype=self.dtype)}
@@ -393,7 +399,7 @@ class GemmLauncher:
                 "bias": torch.zeros((N,), **zeros) if N != self.plan.N else None,
                 "c": torch.empty((M, N), **zeros) if N != self.plan.N else None,
                 "w": (torch.empty((self.plan.config.split_k, M, N), dtype=torch.float32, device=a.device)
-                      if self.plan.config.split_k > 1 else None)}
+                      if getattr(self.plan.config, "split_k", 1) > 1 else None)}
 
     def __call__(self, a, b, *rest):
         bias, c = rest if len(rest) == 2 else (None, rest[0])

@@ -28,7 +28,7 @@ row shows what that is worth; `wave_traffic` computes these numbers for the sect
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
-from dataclasses import dataclass
+from dataclasses import replace
 
 import tilelang
 import tilelang.language as T
@@ -36,8 +36,8 @@ import tilelang.language as T
 import tourkit
 from sections.gemm_epilogue import epilogue_pass_configs
 from sections.gemm_plans import (PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher, check_problem,  # noqa: F401
-                                 consumer_registers, epilogue_macro, fits, gemm_flops, gemm_prim_func, lesson_schedules,
-                                 plan_problem, wave_traffic)
+                                 GemmPlan, candidate_schedules, consumer_registers, epilogue_macro, estimate_seconds,
+                                 fits, gemm_flops, gemm_prim_func, lesson_schedules, plan_problem, wave_traffic)
 from tourkit import KernelDecl, Section, SectionSkip
 
 # ---- The schedule: a GemmConfig (sections/gemm_plans.py), chosen per problem by choose_schedule ----------
@@ -99,20 +99,21 @@ def compile_gemm(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
 
 # ---- The PyTorch reference and the check ---------------------------------------------------------------
 
-TOLERANCE = 5e-3  # fp16 output: one rounding (~3e-4 relative) on top of fp32 accumulation in another order
-ODD_SHAPES = [(1000, 1000, 1000), (1001, 1032, 1000)]  # tails in M, N and K
+TOLERANCE = 5e-3  # fp16/bf16 output: one rounding on top of fp32 accumulation in another order
+ODD_SHAPES = [(1000, 1000, 1000), (1001, 1032, 1000), (77, 1001, 999)]  # tails; skinny with N, K unaligned
 
 
-def gemm_inputs(M: int, N: int, K: int, *, seed: int = 0):
+def gemm_inputs(M: int, N: int, K: int, *, seed: int = 0, dtype: str = "float16"):
     import torch
 
-    a = tourkit.random_tensor((M, K), torch.float16, seed=seed)
-    b = tourkit.random_tensor((K, N), torch.float16, seed=seed + 1)
-    return a, b, torch.empty((M, N), dtype=torch.float16, device="cuda")
+    dt = getattr(torch, dtype)
+    a = tourkit.random_tensor((M, K), dt, seed=seed)
+    b = tourkit.random_tensor((K, N), dt, seed=seed + 1)
+    return a, b, torch.empty((M, N), dtype=dt, device="cuda")
 
 
 def reference(a, b, bias=None, activation=None):
-    """The same computation in float32 (no TF32) from the same fp16 inputs."""
+    """The same computation in float32 (no TF32) from the same fp16/bf16 inputs."""
     import torch
 
     prev, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, False
@@ -128,46 +129,72 @@ def reference(a, b, bias=None, activation=None):
 
 
 def sm_count(ctx) -> int:
-    """The GPU's SM count (the appendix's persistent grid); 132 (H100 SXM / H200) when compiling without one."""
+    """The GPU's SM count (the rule's waves, the appendix's persistent grid); 132 (H100/H200) with no GPU."""
     return ctx.device.sm_count if ctx.device is not None else 132
 
 
+def rule(ctx, M: int, N: int, K: int) -> GemmPlan:
+    """The schedule gemm_plans.choose_schedule picks for a problem on this GPU, with its reason."""
+    return plan_problem(M, N, K, tourkit.ARCH_SPECS[ctx.arch].family, sm_count(ctx), ctx.smem_budget, ctx.dtype)
+
+
+def appendix_plan(ctx, M: int, N: int, K: int):
+    """The appendix's hand-written kernel (sm_90a, rows aligned) as a GemmPlan, or None."""
+    if ctx.arch != "sm_90a" or N % 8 or K % 8:
+        return None
+    from sections.hopper import gemm_ws
+
+    return GemmPlan(M, N, K, gemm_ws.appendix_schedule(M, N, K, sm_count(ctx)), ctx.dtype, "the appendix")
+
+
 def plan(ctx):
-    """(the lesson's schedules that fit, the appendix's kernel on sm_90a or None, the problem size)."""
+    """(the plans timed at the section's problem, the appendix's plan or None, the plans only checked).
+    The tour's own problem times the lesson's schedules; a user's (--shape) the rule's pick, its runner-up
+    with another tile and the lesson's default."""
+    if ctx.shape is not None:
+        M, N, K = ctx.shape
+        pick = rule(ctx, M, N, K)
+        family = tourkit.ARCH_SPECS[ctx.arch].family
+        others = [c for c in candidate_schedules(M, pick.kernel_shape[1], pick.kernel_shape[2], family,
+                                                 sm_count(ctx), ctx.smem_budget) if c.block_N != pick.config.block_N
+                  or c.block_M != pick.config.block_M]
+        runner_up = min(others, key=lambda c: estimate_seconds(M, pick.kernel_shape[1], pick.kernel_shape[2], c,
+                        family, sm_count(ctx), ctx.smem_budget), default=None)
+        rows = [pick] + [replace(pick, config=c, reason="") for c in (runner_up, lesson_schedules(family)[0])
+                         if c is not None and c != pick.config and fits(c, ctx.smem_budget)]
+        return list(dict.fromkeys(rows)), appendix_plan(ctx, M, N, K), []
     size = 2048 if ctx.quick or ctx.compile_only else 8192
-    rows = [c for c in lesson_schedules(tourkit.ARCH_SPECS[ctx.arch].family) if fits(c, ctx.smem_budget)]
-    if ctx.arch != "sm_90a":
-        return rows, None, size
-    from sections.hopper import gemm_ws
-
-    return rows, gemm_ws.appendix_schedule(size, size, size, sm_count(ctx)), size
-
-
-def program(config, M: int, N: int, K: int):
-    """The lesson's kernel for a GemmConfig, the appendix's (sections/hopper/gemm_ws.py) for its WsConfig."""
-    if isinstance(config, GemmConfig):
-        return gemm_program(M, N, K, config)
-    from sections.hopper import gemm_ws
-
-    return gemm_ws.appendix_program(M, N, K, config)
+    configs = [c for c in lesson_schedules(tourkit.ARCH_SPECS[ctx.arch].family) if fits(c, ctx.smem_budget)]
+    rows = [GemmPlan(size, size, size, c, ctx.dtype) for c in configs]
+    odd = [rule(ctx, *shape) for shape in ODD_SHAPES]
+    ws = appendix_plan(ctx, size, size, size)
+    return rows, ws, odd + ([replace(ws, M=ODD_SHAPES[1][0], N=ODD_SHAPES[1][1], K=ODD_SHAPES[1][2])] if ws else [])
 
 
-def kernel_name(config, M: int, N: int, K: int) -> str:
-    return f"{config.label()} @{M}x{N}x{K}"
+def kernel_name(p: GemmPlan, part: str = "gemm") -> str:
+    return f"{p.config.label()} @{p.M}x{p.N}x{p.K} {p.dtype}" + ("" if part == "gemm" else f" ({part})")
 
 
 def kernels(ctx) -> list[KernelDecl]:
-    """The lesson's schedules at the section's size and the default at the odd sizes; on sm_90a the
-    appendix kernel at the section's size and one odd size. Compile-only runs nvcc on the lesson default,
-    one ragged size and the appendix kernel, and only lowers the rest."""
+    """Every program of the timed plans, the appendix's and the checked ones. Compile-only runs nvcc on the
+    first timed plan, the first checked one and the appendix's, and only lowers the rest."""
     markers = tuple(tourkit.TENSOR_CORE_MARKERS[tourkit.ARCH_SPECS[ctx.arch].family])
-    rows, ws, size = plan(ctx)
-    jobs = [(c, (size, size, size), i == 0) for i, c in enumerate(rows)]
-    jobs += [(rows[0], shape, i == 0) for i, shape in enumerate(ODD_SHAPES)] if rows else []
-    jobs += [(ws, (size, size, size), True), (ws, ODD_SHAPES[-1], False)] if ws else []
-    return [KernelDecl(kernel_name(c, *shape), (lambda c=c, s=shape: program(c, *s)), nvcc=nvcc, markers=markers,
-                       threads=getattr(c, "block_threads", c.threads), smem_limit=c.smem_bytes())
-            for c, shape, nvcc in jobs]
+    rows, ws, odd = plan(ctx)
+    jobs = [(p, i == 0) for i, p in enumerate(rows)] + [(p, i == 0) for i, p in enumerate(odd)]
+    jobs += [(ws, True)] if ws else []
+    return [KernelDecl(kernel_name(p, part), (lambda p=p, part=part: p.programs()[part]), nvcc=nvcc,
+                       markers=markers if part == "gemm" else (), smem_limit=p.config.smem_bytes(),
+                       threads=getattr(p.config, "block_threads", p.config.threads) if part == "gemm" else 128)
+            for p, nvcc in dict.fromkeys(jobs) for part in (("gemm", "reduce") if split(p) else ("gemm",))]
+
+
+def split(p: GemmPlan) -> bool:
+    return getattr(p.config, "split_k", 1) > 1
+
+
+def launcher(built: dict, p: GemmPlan) -> GemmLauncher:
+    """The plan's kernels as one call, launcher(a, b, c): pads, split-K partials and reduction included."""
+    return GemmLauncher(p, {part: built[kernel_name(p, part)] for part in ("gemm", "reduce") if kernel_name(p, part) in built})
 
 
 # ---- The benchmark and the report ----------------------------------------------------------------------
@@ -183,12 +210,12 @@ def table_row(config, ms: float, cublas_ms: float, flops: int) -> list:
             f"{tourkit.speedup(cublas_ms, ms):.3f}x"]
 
 
-def time_against_cublas(M: int, N: int, K: int, contenders: dict, rounds: int):
+def time_against_cublas(M: int, N: int, K: int, contenders: dict, rounds: int, dtype: str = "float16"):
     """{label: kernel(a, b, c)} validated against a float32 reference on fresh random inputs, then timed in
     turns with cuBLAS. Returns each label's median ms, cuBLAS's ms and the relative errors."""
     import torch
 
-    a, b, c = gemm_inputs(M, N, K)
+    a, b, c = gemm_inputs(M, N, K, dtype=dtype)
     ref, c_cublas = reference(a, b), torch.empty_like(c)
     checks = {label: tourkit.validate(label, lambda k=k: k(a, b, c), c, ref, TOLERANCE) for label, k in contenders.items()}
     tourkit.require(checks.values())
@@ -200,20 +227,16 @@ def time_against_cublas(M: int, N: int, K: int, contenders: dict, rounds: int):
     return ms, ms.pop("cuBLAS"), errors
 
 
-def check_odd_shapes(ctx, built: dict, configs) -> None:
-    """Sizes that are not multiples of the tile: TMA / predicated copies handle the ragged edges."""
+def check_odd_shapes(ctx, built: dict, plans) -> None:
+    """Sizes that are not multiples of the tile (TMA / predicated copies handle the ragged edges), and a
+    skinny one whose rows are not 16-byte aligned (zero-padded copies), each on the rule's schedule."""
     checks = []
-    for config, (M, N, K) in configs:
-        kernel = built[kernel_name(config, M, N, K)]
-        a, b, c = gemm_inputs(M, N, K, seed=7)
-        checks.append(tourkit.validate(kernel_name(config, M, N, K), lambda: kernel(a, b, c), c, reference(a, b),
-                                       TOLERANCE))
-        ctx.log(checks[-1].line())
+    for p in plans:
+        a, b, c = gemm_inputs(p.M, p.N, p.K, seed=7, dtype=p.dtype)
+        run = launcher(built, p)
+        checks.append(tourkit.validate(kernel_name(p), lambda: run(a, b, c), c, reference(a, b), TOLERANCE))
+        ctx.log(checks[-1].line() + (f"\n    rule: {p.describe()}" if p.reason != "the appendix" else ""))
     tourkit.require(checks)
-    try:
-        gemm_program(1000, 1001, 1000, configs[0][0])
-    except ValueError as exc:
-        ctx.log(f"1000x1001x1000 is rejected: {exc}")
 
 
 def show_generated_code(ctx, source: str, family: str) -> None:
@@ -229,9 +252,13 @@ def show_generated_code(ctx, source: str, family: str) -> None:
 
 def run(ctx) -> None:
     family = tourkit.ARCH_SPECS[ctx.arch].family
-    decls, (rows, ws, size) = kernels(ctx), plan(ctx)
+    decls, (rows, ws, odd) = kernels(ctx), plan(ctx)
     if not rows:
         raise SectionSkip(f"no schedule fits the {ctx.smem_budget} B of shared memory a block may use here")
+    M, N, K = rows[0].M, rows[0].N, rows[0].K
+    if ctx.shape is not None:
+        ctx.log(f"C[{M}x{N}] = A[{M}x{K}] @ B, {ctx.dtype}: the rule's schedule, {rows[0].config.label()}:\n  "
+                f"{rows[0].describe()}")
     if ctx.compile_only:  # lower (and nvcc a few), check markers and shared memory, show the K loop
         first = tourkit.inspect_declared(ctx, decls)[decls[0].name]
         if family == "hopper":
@@ -240,33 +267,39 @@ def run(ctx) -> None:
         show_generated_code(ctx, first.source, family)
         ctx.headline(arch=ctx.arch, kernels=len(decls), markers=",".join(tourkit.TENSOR_CORE_MARKERS[family]))
         return
+    tourkit.require_device_memory(ctx, 10 * (M * K + K * N + M * N) + 4 * rows[0].config.split_k * M * N,
+                                  f"the {M}x{N}x{K} GEMM with its float32 reference")
     built = tourkit.build_declared(decls, log=ctx.log)
     timed, rounds = rows + ([ws] if ws else []), 2 if ctx.quick else ROUNDS
-    ms, cublas_ms, errors = time_against_cublas(
-        size, size, size, {c.label(): built[kernel_name(c, size, size, size)] for c in timed}, rounds)
-    check_odd_shapes(ctx, built, [(rows[0], shape) for shape in ODD_SHAPES] + ([(ws, ODD_SHAPES[-1])] if ws else []))
+    ms, cublas_ms, errors = time_against_cublas(M, N, K, {kernel_name(p): launcher(built, p) for p in timed},
+                                                rounds, ctx.dtype)
+    if odd:
+        check_odd_shapes(ctx, built, odd)
 
-    flops = gemm_flops(size, size, size)
-    best = min(rows, key=lambda c: ms[c.label()])  # the lesson's headline: its fastest schedule in this run
-    ctx.log(f"\nC[{size}x{size}] = A @ B, fp16 in, fp32 accumulation, fp16 out; timed in turns with cuBLAS after "
-            f"{tourkit.SETTLE_MS / 1e3:.1f} s of untimed load ({rounds // 2} forward/backward pairs)")
-    table = [table_row(c, ms[c.label()], cublas_ms, flops) + [tourkit.format_error(errors[c.label()]),
-             "<- lesson's fastest" if c == best else ("appendix" if c == ws else "")] for c in timed]
+    flops = gemm_flops(M, N, K)
+    best = rows[0] if ctx.shape is not None else min(rows, key=lambda p: ms[kernel_name(p)])
+    ctx.log(f"\nC[{M}x{N}] = A @ B, {ctx.dtype} in, fp32 accumulation, {ctx.dtype} out; timed in turns with cuBLAS "
+            f"after {tourkit.SETTLE_MS / 1e3:.1f} s of untimed load ({rounds // 2} forward/backward pairs)"
+            + (f"; padding copies included" if rows[0].padded else ""))
+    mark = "<- the rule's pick" if ctx.shape is not None else "<- lesson's fastest"
+    table = [table_row(p.config, ms[kernel_name(p)], cublas_ms, flops) + [tourkit.format_error(errors[kernel_name(p)]),
+             mark if p == best else ("appendix" if p == ws else "")] for p in timed]
     table.append(["cuBLAS (torch.matmul)", "", "", "", "", "", "", f"{cublas_ms:.3f}",
                   f"{tourkit.tflops(flops, cublas_ms):.0f}", "1.000x", tourkit.format_error(errors["cuBLAS"]), ""])
     ctx.table(TABLE + ["rel. error", ""], table)
-    row_major, swizzled = wave_traffic(size, size, size, rows[0], sm_count(ctx))
-    ctx.log(f"one wave of {sm_count(ctx)} {rows[0].block_M}x{rows[0].block_N} tiles reads "
+    row_major, swizzled = wave_traffic(M, N, K, best.config, sm_count(ctx))
+    ctx.log(f"one wave of {sm_count(ctx)} {best.config.block_M}x{best.config.block_N} tiles reads "
             f"{tourkit.format_bytes(row_major)} of A and B launched row by row, "
-            f"{tourkit.format_bytes(swizzled)} swizzled in panels of {rows[0].panel} tile rows")
-    show_generated_code(ctx, built[kernel_name(best, size, size, size)].get_kernel_source(), family)
+            f"{tourkit.format_bytes(swizzled)} swizzled in panels of {best.config.panel} tile rows")
+    show_generated_code(ctx, built[kernel_name(best)].get_kernel_source(), family)
 
-    ctx.headline(lesson_vs_cublas=round(tourkit.speedup(cublas_ms, ms[best.label()]), 3))  # ratios first: the
-    if ws is not None:  # summary shows a headline's first 110 characters
-        ctx.headline(appendix_vs_cublas=round(tourkit.speedup(cublas_ms, ms[ws.label()]), 3))
-    ctx.headline(lesson_tflops=round(tourkit.tflops(flops, ms[best.label()])), lesson=best.label())
-    ctx.metric(size=size, cublas_tflops=round(tourkit.tflops(flops, cublas_ms)),
-               schedules={c.label(): round(tourkit.speedup(cublas_ms, ms[c.label()]), 3) for c in timed})
+    ctx.headline(lesson_vs_cublas=round(tourkit.speedup(cublas_ms, ms[kernel_name(best)]), 3))  # ratios first:
+    if ws is not None:  # the summary shows a headline's first 110 characters
+        ctx.headline(appendix_vs_cublas=round(tourkit.speedup(cublas_ms, ms[kernel_name(ws)]), 3))
+    ctx.headline(lesson_tflops=round(tourkit.tflops(flops, ms[kernel_name(best)])), lesson=best.config.label())
+    ctx.metric(size=M if M == N == K else f"{M}x{N}x{K}", dtype=ctx.dtype, cublas_tflops=round(tourkit.tflops(flops, cublas_ms)),
+               schedules={p.config.label(): round(tourkit.speedup(cublas_ms, ms[kernel_name(p)]), 3) for p in timed},
+               reason=rows[0].describe() if ctx.shape is not None else None)
 
 
 SECTION = Section(
@@ -276,4 +309,3 @@ SECTION = Section(
     run=run,
     kernels=kernels,
 )
-
