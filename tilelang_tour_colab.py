@@ -2359,9 +2359,15 @@ class GemmPlan:
 
     def programs(self, bias: bool = False, activation=None) -> dict:
         """{"gemm": prim_func} and, with a split K, {"reduce": prim_func}: what the launcher runs."""
+        M, N, K = self.kernel_shape
+        if not isinstance(self.config, GemmConfig):  # an appendix kernel (sections/hopper/): its own builder
+            from sections.hopper import gemm_pingpong, gemm_ws
+
+            module = gemm_ws if isinstance(self.config, gemm_ws.WsConfig) else gemm_pingpong
+            return {"gemm": module.appendix_program(M, N, K, self.config, bias=bias, activation=activation,
+                                                    dtype=self.dtype)}
         from sections.gemm_schedules import gemm_program  # the lesson's kernel (it imports this module)
 
-        M, N, K = self.kernel_shape
         split = self.config.split_k > 1
         out = {"gemm": gemm_program(M, N, K, self.config, bias=bias and not split,
                                     activation=None if split else activation, dtype=self.dtype)}
@@ -2401,7 +2407,7 @@ class GemmLauncher:
                 "bias": torch.zeros((N,), **zeros) if N != self.plan.N else None,
                 "c": torch.empty((M, N), **zeros) if N != self.plan.N else None,
                 "w": (torch.empty((self.plan.config.split_k, M, N), dtype=torch.float32, device=a.device)
-                      if self.plan.config.split_k > 1 else None)}
+                      if getattr(self.plan.config, "split_k", 1) > 1 else None)}
 
     def __call__(self, a, b, *rest):
         bias, c = rest if len(rest) == 2 else (None, rest[0])
@@ -2459,7 +2465,7 @@ row shows what that is worth; `wave_traffic` computes these numbers for the sect
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
-from dataclasses import dataclass
+from dataclasses import replace
 
 import tilelang
 import tilelang.language as T
@@ -2467,8 +2473,8 @@ import tilelang.language as T
 import tourkit
 from sections.gemm_epilogue import epilogue_pass_configs
 from sections.gemm_plans import (PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher, check_problem,  # noqa: F401
-                                 consumer_registers, epilogue_macro, fits, gemm_flops, gemm_prim_func, lesson_schedules,
-                                 plan_problem, wave_traffic)
+                                 GemmPlan, candidate_schedules, consumer_registers, epilogue_macro, estimate_seconds,
+                                 fits, gemm_flops, gemm_prim_func, lesson_schedules, plan_problem, wave_traffic)
 from tourkit import KernelDecl, Section, SectionSkip
 
 # ---- The schedule: a GemmConfig (sections/gemm_plans.py), chosen per problem by choose_schedule ----------
@@ -2530,20 +2536,21 @@ def compile_gemm(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
 
 # ---- The PyTorch reference and the check ---------------------------------------------------------------
 
-TOLERANCE = 5e-3  # fp16 output: one rounding (~3e-4 relative) on top of fp32 accumulation in another order
-ODD_SHAPES = [(1000, 1000, 1000), (1001, 1032, 1000)]  # tails in M, N and K
+TOLERANCE = 5e-3  # fp16/bf16 output: one rounding on top of fp32 accumulation in another order
+ODD_SHAPES = [(1000, 1000, 1000), (1001, 1032, 1000), (77, 1001, 999)]  # tails; skinny with N, K unaligned
 
 
-def gemm_inputs(M: int, N: int, K: int, *, seed: int = 0):
+def gemm_inputs(M: int, N: int, K: int, *, seed: int = 0, dtype: str = "float16"):
     import torch
 
-    a = tourkit.random_tensor((M, K), torch.float16, seed=seed)
-    b = tourkit.random_tensor((K, N), torch.float16, seed=seed + 1)
-    return a, b, torch.empty((M, N), dtype=torch.float16, device="cuda")
+    dt = getattr(torch, dtype)
+    a = tourkit.random_tensor((M, K), dt, seed=seed)
+    b = tourkit.random_tensor((K, N), dt, seed=seed + 1)
+    return a, b, torch.empty((M, N), dtype=dt, device="cuda")
 
 
 def reference(a, b, bias=None, activation=None):
-    """The same computation in float32 (no TF32) from the same fp16 inputs."""
+    """The same computation in float32 (no TF32) from the same fp16/bf16 inputs."""
     import torch
 
     prev, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, False
@@ -2559,46 +2566,72 @@ def reference(a, b, bias=None, activation=None):
 
 
 def sm_count(ctx) -> int:
-    """The GPU's SM count (the appendix's persistent grid); 132 (H100 SXM / H200) when compiling without one."""
+    """The GPU's SM count (the rule's waves, the appendix's persistent grid); 132 (H100/H200) with no GPU."""
     return ctx.device.sm_count if ctx.device is not None else 132
 
 
+def rule(ctx, M: int, N: int, K: int) -> GemmPlan:
+    """The schedule gemm_plans.choose_schedule picks for a problem on this GPU, with its reason."""
+    return plan_problem(M, N, K, tourkit.ARCH_SPECS[ctx.arch].family, sm_count(ctx), ctx.smem_budget, ctx.dtype)
+
+
+def appendix_plan(ctx, M: int, N: int, K: int):
+    """The appendix's hand-written kernel (sm_90a, rows aligned) as a GemmPlan, or None."""
+    if ctx.arch != "sm_90a" or N % 8 or K % 8:
+        return None
+    from sections.hopper import gemm_ws
+
+    return GemmPlan(M, N, K, gemm_ws.appendix_schedule(M, N, K, sm_count(ctx)), ctx.dtype, "the appendix")
+
+
 def plan(ctx):
-    """(the lesson's schedules that fit, the appendix's kernel on sm_90a or None, the problem size)."""
+    """(the plans timed at the section's problem, the appendix's plan or None, the plans only checked).
+    The tour's own problem times the lesson's schedules; a user's (--shape) the rule's pick, its runner-up
+    with another tile and the lesson's default."""
+    if ctx.shape is not None:
+        M, N, K = ctx.shape
+        pick = rule(ctx, M, N, K)
+        family = tourkit.ARCH_SPECS[ctx.arch].family
+        others = [c for c in candidate_schedules(M, pick.kernel_shape[1], pick.kernel_shape[2], family,
+                                                 sm_count(ctx), ctx.smem_budget) if c.block_N != pick.config.block_N
+                  or c.block_M != pick.config.block_M]
+        runner_up = min(others, key=lambda c: estimate_seconds(M, pick.kernel_shape[1], pick.kernel_shape[2], c,
+                        family, sm_count(ctx), ctx.smem_budget), default=None)
+        rows = [pick] + [replace(pick, config=c, reason="") for c in (runner_up, lesson_schedules(family)[0])
+                         if c is not None and c != pick.config and fits(c, ctx.smem_budget)]
+        return list(dict.fromkeys(rows)), appendix_plan(ctx, M, N, K), []
     size = 2048 if ctx.quick or ctx.compile_only else 8192
-    rows = [c for c in lesson_schedules(tourkit.ARCH_SPECS[ctx.arch].family) if fits(c, ctx.smem_budget)]
-    if ctx.arch != "sm_90a":
-        return rows, None, size
-    from sections.hopper import gemm_ws
-
-    return rows, gemm_ws.appendix_schedule(size, size, size, sm_count(ctx)), size
-
-
-def program(config, M: int, N: int, K: int):
-    """The lesson's kernel for a GemmConfig, the appendix's (sections/hopper/gemm_ws.py) for its WsConfig."""
-    if isinstance(config, GemmConfig):
-        return gemm_program(M, N, K, config)
-    from sections.hopper import gemm_ws
-
-    return gemm_ws.appendix_program(M, N, K, config)
+    configs = [c for c in lesson_schedules(tourkit.ARCH_SPECS[ctx.arch].family) if fits(c, ctx.smem_budget)]
+    rows = [GemmPlan(size, size, size, c, ctx.dtype) for c in configs]
+    odd = [rule(ctx, *shape) for shape in ODD_SHAPES]
+    ws = appendix_plan(ctx, size, size, size)
+    return rows, ws, odd + ([replace(ws, M=ODD_SHAPES[1][0], N=ODD_SHAPES[1][1], K=ODD_SHAPES[1][2])] if ws else [])
 
 
-def kernel_name(config, M: int, N: int, K: int) -> str:
-    return f"{config.label()} @{M}x{N}x{K}"
+def kernel_name(p: GemmPlan, part: str = "gemm") -> str:
+    return f"{p.config.label()} @{p.M}x{p.N}x{p.K} {p.dtype}" + ("" if part == "gemm" else f" ({part})")
 
 
 def kernels(ctx) -> list[KernelDecl]:
-    """The lesson's schedules at the section's size and the default at the odd sizes; on sm_90a the
-    appendix kernel at the section's size and one odd size. Compile-only runs nvcc on the lesson default,
-    one ragged size and the appendix kernel, and only lowers the rest."""
+    """Every program of the timed plans, the appendix's and the checked ones. Compile-only runs nvcc on the
+    first timed plan, the first checked one and the appendix's, and only lowers the rest."""
     markers = tuple(tourkit.TENSOR_CORE_MARKERS[tourkit.ARCH_SPECS[ctx.arch].family])
-    rows, ws, size = plan(ctx)
-    jobs = [(c, (size, size, size), i == 0) for i, c in enumerate(rows)]
-    jobs += [(rows[0], shape, i == 0) for i, shape in enumerate(ODD_SHAPES)] if rows else []
-    jobs += [(ws, (size, size, size), True), (ws, ODD_SHAPES[-1], False)] if ws else []
-    return [KernelDecl(kernel_name(c, *shape), (lambda c=c, s=shape: program(c, *s)), nvcc=nvcc, markers=markers,
-                       threads=getattr(c, "block_threads", c.threads), smem_limit=c.smem_bytes())
-            for c, shape, nvcc in jobs]
+    rows, ws, odd = plan(ctx)
+    jobs = [(p, i == 0) for i, p in enumerate(rows)] + [(p, i == 0) for i, p in enumerate(odd)]
+    jobs += [(ws, True)] if ws else []
+    return [KernelDecl(kernel_name(p, part), (lambda p=p, part=part: p.programs()[part]), nvcc=nvcc,
+                       markers=markers if part == "gemm" else (), smem_limit=p.config.smem_bytes(),
+                       threads=getattr(p.config, "block_threads", p.config.threads) if part == "gemm" else 128)
+            for p, nvcc in dict.fromkeys(jobs) for part in (("gemm", "reduce") if split(p) else ("gemm",))]
+
+
+def split(p: GemmPlan) -> bool:
+    return getattr(p.config, "split_k", 1) > 1
+
+
+def launcher(built: dict, p: GemmPlan) -> GemmLauncher:
+    """The plan's kernels as one call, launcher(a, b, c): pads, split-K partials and reduction included."""
+    return GemmLauncher(p, {part: built[kernel_name(p, part)] for part in ("gemm", "reduce") if kernel_name(p, part) in built})
 
 
 # ---- The benchmark and the report ----------------------------------------------------------------------
@@ -2614,12 +2647,12 @@ def table_row(config, ms: float, cublas_ms: float, flops: int) -> list:
             f"{tourkit.speedup(cublas_ms, ms):.3f}x"]
 
 
-def time_against_cublas(M: int, N: int, K: int, contenders: dict, rounds: int):
+def time_against_cublas(M: int, N: int, K: int, contenders: dict, rounds: int, dtype: str = "float16"):
     """{label: kernel(a, b, c)} validated against a float32 reference on fresh random inputs, then timed in
     turns with cuBLAS. Returns each label's median ms, cuBLAS's ms and the relative errors."""
     import torch
 
-    a, b, c = gemm_inputs(M, N, K)
+    a, b, c = gemm_inputs(M, N, K, dtype=dtype)
     ref, c_cublas = reference(a, b), torch.empty_like(c)
     checks = {label: tourkit.validate(label, lambda k=k: k(a, b, c), c, ref, TOLERANCE) for label, k in contenders.items()}
     tourkit.require(checks.values())
@@ -2631,20 +2664,16 @@ def time_against_cublas(M: int, N: int, K: int, contenders: dict, rounds: int):
     return ms, ms.pop("cuBLAS"), errors
 
 
-def check_odd_shapes(ctx, built: dict, configs) -> None:
-    """Sizes that are not multiples of the tile: TMA / predicated copies handle the ragged edges."""
+def check_odd_shapes(ctx, built: dict, plans) -> None:
+    """Sizes that are not multiples of the tile (TMA / predicated copies handle the ragged edges), and a
+    skinny one whose rows are not 16-byte aligned (zero-padded copies), each on the rule's schedule."""
     checks = []
-    for config, (M, N, K) in configs:
-        kernel = built[kernel_name(config, M, N, K)]
-        a, b, c = gemm_inputs(M, N, K, seed=7)
-        checks.append(tourkit.validate(kernel_name(config, M, N, K), lambda: kernel(a, b, c), c, reference(a, b),
-                                       TOLERANCE))
-        ctx.log(checks[-1].line())
+    for p in plans:
+        a, b, c = gemm_inputs(p.M, p.N, p.K, seed=7, dtype=p.dtype)
+        run = launcher(built, p)
+        checks.append(tourkit.validate(kernel_name(p), lambda: run(a, b, c), c, reference(a, b), TOLERANCE))
+        ctx.log(checks[-1].line() + (f"\n    rule: {p.describe()}" if p.reason != "the appendix" else ""))
     tourkit.require(checks)
-    try:
-        gemm_program(1000, 1001, 1000, configs[0][0])
-    except ValueError as exc:
-        ctx.log(f"1000x1001x1000 is rejected: {exc}")
 
 
 def show_generated_code(ctx, source: str, family: str) -> None:
@@ -2660,9 +2689,13 @@ def show_generated_code(ctx, source: str, family: str) -> None:
 
 def run(ctx) -> None:
     family = tourkit.ARCH_SPECS[ctx.arch].family
-    decls, (rows, ws, size) = kernels(ctx), plan(ctx)
+    decls, (rows, ws, odd) = kernels(ctx), plan(ctx)
     if not rows:
         raise SectionSkip(f"no schedule fits the {ctx.smem_budget} B of shared memory a block may use here")
+    M, N, K = rows[0].M, rows[0].N, rows[0].K
+    if ctx.shape is not None:
+        ctx.log(f"C[{M}x{N}] = A[{M}x{K}] @ B, {ctx.dtype}: the rule's schedule, {rows[0].config.label()}:\n  "
+                f"{rows[0].describe()}")
     if ctx.compile_only:  # lower (and nvcc a few), check markers and shared memory, show the K loop
         first = tourkit.inspect_declared(ctx, decls)[decls[0].name]
         if family == "hopper":
@@ -2671,33 +2704,39 @@ def run(ctx) -> None:
         show_generated_code(ctx, first.source, family)
         ctx.headline(arch=ctx.arch, kernels=len(decls), markers=",".join(tourkit.TENSOR_CORE_MARKERS[family]))
         return
+    tourkit.require_device_memory(ctx, 10 * (M * K + K * N + M * N) + 4 * rows[0].config.split_k * M * N,
+                                  f"the {M}x{N}x{K} GEMM with its float32 reference")
     built = tourkit.build_declared(decls, log=ctx.log)
     timed, rounds = rows + ([ws] if ws else []), 2 if ctx.quick else ROUNDS
-    ms, cublas_ms, errors = time_against_cublas(
-        size, size, size, {c.label(): built[kernel_name(c, size, size, size)] for c in timed}, rounds)
-    check_odd_shapes(ctx, built, [(rows[0], shape) for shape in ODD_SHAPES] + ([(ws, ODD_SHAPES[-1])] if ws else []))
+    ms, cublas_ms, errors = time_against_cublas(M, N, K, {kernel_name(p): launcher(built, p) for p in timed},
+                                                rounds, ctx.dtype)
+    if odd:
+        check_odd_shapes(ctx, built, odd)
 
-    flops = gemm_flops(size, size, size)
-    best = min(rows, key=lambda c: ms[c.label()])  # the lesson's headline: its fastest schedule in this run
-    ctx.log(f"\nC[{size}x{size}] = A @ B, fp16 in, fp32 accumulation, fp16 out; timed in turns with cuBLAS after "
-            f"{tourkit.SETTLE_MS / 1e3:.1f} s of untimed load ({rounds // 2} forward/backward pairs)")
-    table = [table_row(c, ms[c.label()], cublas_ms, flops) + [tourkit.format_error(errors[c.label()]),
-             "<- lesson's fastest" if c == best else ("appendix" if c == ws else "")] for c in timed]
+    flops = gemm_flops(M, N, K)
+    best = rows[0] if ctx.shape is not None else min(rows, key=lambda p: ms[kernel_name(p)])
+    ctx.log(f"\nC[{M}x{N}] = A @ B, {ctx.dtype} in, fp32 accumulation, {ctx.dtype} out; timed in turns with cuBLAS "
+            f"after {tourkit.SETTLE_MS / 1e3:.1f} s of untimed load ({rounds // 2} forward/backward pairs)"
+            + (f"; padding copies included" if rows[0].padded else ""))
+    mark = "<- the rule's pick" if ctx.shape is not None else "<- lesson's fastest"
+    table = [table_row(p.config, ms[kernel_name(p)], cublas_ms, flops) + [tourkit.format_error(errors[kernel_name(p)]),
+             mark if p == best else ("appendix" if p == ws else "")] for p in timed]
     table.append(["cuBLAS (torch.matmul)", "", "", "", "", "", "", f"{cublas_ms:.3f}",
                   f"{tourkit.tflops(flops, cublas_ms):.0f}", "1.000x", tourkit.format_error(errors["cuBLAS"]), ""])
     ctx.table(TABLE + ["rel. error", ""], table)
-    row_major, swizzled = wave_traffic(size, size, size, rows[0], sm_count(ctx))
-    ctx.log(f"one wave of {sm_count(ctx)} {rows[0].block_M}x{rows[0].block_N} tiles reads "
+    row_major, swizzled = wave_traffic(M, N, K, best.config, sm_count(ctx))
+    ctx.log(f"one wave of {sm_count(ctx)} {best.config.block_M}x{best.config.block_N} tiles reads "
             f"{tourkit.format_bytes(row_major)} of A and B launched row by row, "
-            f"{tourkit.format_bytes(swizzled)} swizzled in panels of {rows[0].panel} tile rows")
-    show_generated_code(ctx, built[kernel_name(best, size, size, size)].get_kernel_source(), family)
+            f"{tourkit.format_bytes(swizzled)} swizzled in panels of {best.config.panel} tile rows")
+    show_generated_code(ctx, built[kernel_name(best)].get_kernel_source(), family)
 
-    ctx.headline(lesson_vs_cublas=round(tourkit.speedup(cublas_ms, ms[best.label()]), 3))  # ratios first: the
-    if ws is not None:  # summary shows a headline's first 110 characters
-        ctx.headline(appendix_vs_cublas=round(tourkit.speedup(cublas_ms, ms[ws.label()]), 3))
-    ctx.headline(lesson_tflops=round(tourkit.tflops(flops, ms[best.label()])), lesson=best.label())
-    ctx.metric(size=size, cublas_tflops=round(tourkit.tflops(flops, cublas_ms)),
-               schedules={c.label(): round(tourkit.speedup(cublas_ms, ms[c.label()]), 3) for c in timed})
+    ctx.headline(lesson_vs_cublas=round(tourkit.speedup(cublas_ms, ms[kernel_name(best)]), 3))  # ratios first:
+    if ws is not None:  # the summary shows a headline's first 110 characters
+        ctx.headline(appendix_vs_cublas=round(tourkit.speedup(cublas_ms, ms[kernel_name(ws)]), 3))
+    ctx.headline(lesson_tflops=round(tourkit.tflops(flops, ms[kernel_name(best)])), lesson=best.config.label())
+    ctx.metric(size=M if M == N == K else f"{M}x{N}x{K}", dtype=ctx.dtype, cublas_tflops=round(tourkit.tflops(flops, cublas_ms)),
+               schedules={p.config.label(): round(tourkit.speedup(cublas_ms, ms[kernel_name(p)]), 3) for p in timed},
+               reason=rows[0].describe() if ctx.shape is not None else None)
 
 
 SECTION = Section(
@@ -2707,7 +2746,6 @@ SECTION = Section(
     run=run,
     kernels=kernels,
 )
-
 ''')
 
 _tour_file('sections/hopper/__init__.py', r'''
@@ -3799,34 +3837,36 @@ _tour_file('sections/softmax.py', r'''
 You will learn:
 * a row in a *fragment* (a tile spread over the threads' registers): `T.reduce_max` / `T.reduce_sum`
   become warp shuffles plus one small shared-memory exchange; `exp2` with log2(e) folded into one FMA;
-* odd widths (padding, masks) and rows too long for registers (the online softmax, row in shared memory);
+* any shape: narrow rows several to a block, odd widths (padding, masks), rows too long for registers or
+  even shared memory (the online softmax); float16 or bfloat16 in memory, float32 in registers;
 * judging a memory-bound kernel: GB/s against a device copy of the same bytes, timed in turns.
 
-Per row x (fp16 in memory, float32 in registers):
+Per row x:
 
     m    = max_j x[j]                          # T.reduce_max
     e[j] = 2^(x[j]·log2e − m·log2e)            # T.exp2: one FMA and one exp2 per element
     s    = Σ_j e[j]                            # T.reduce_sum
     y[j] = e[j] · (1 / s)                      # one division per row
 
-A row too long to hold in registers is staged in shared memory and walked twice, in chunks:
+A row too long to hold in registers is walked twice, in chunks (the online softmax):
 
     m, s = −inf, 0
     for each chunk c:  m' = max(m, max(c));  s = s·2^(m − m') + Σ 2^(c − m');  m = m'    # online rescale
     for each chunk c:  y[c] = 2^(c − m) / s
 
-Three kernels, simple to fast, each checked against torch.softmax before it is timed (choose_plan picks one
-per shape and GPU): 1. rows_in_registers, 2. rows_staged_in_shared, 3. long_rows_online.
+Four kernels, each checked against torch.softmax before it is timed (choose_plan, in softmax_plans.py, picks
+one per shape and GPU by rules it prints): 1. rows_in_registers, 2. rows_staged_in_shared, 3. long_rows_online
+(the row in shared memory), 4. long_rows_streamed (rows longer than shared memory: a vocabulary).
 """
 
 import functools
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import tilelang
 import tilelang.language as T
 
 import tourkit
+from sections.softmax_plans import SoftmaxPlan, choose_plan, vector_width  # noqa: F401  (the rules, in plain Python)
 
 LOG2E = 1.4426950408889634
 BENCH_SHAPES = [(32768, 4096), (16384, 8192), (8192, 32768), (4096, 1823)]
@@ -3853,15 +3893,17 @@ def exponentials_and_reciprocal_sums(x, row_max, row_sum, rows: int, width: int)
 def rows_in_registers(M: int, N: int, rows_per_block: int, threads: int, dtype: str = "float16",
                       min_blocks_per_sm: int = 0):
     """Version 1, the simple one: a block reads `rows_per_block` whole rows from global memory into a float32
-    fragment (T.copy in 16-byte vectors when a row splits evenly over its threads, else masked loads into a
-    padded fragment, the pad -inf: any (M, N)). min_blocks_per_sm > 0: __launch_bounds__' resident blocks."""
+    fragment. One wide row a block: T.copy in 16-byte vectors. Otherwise (narrow rows, several a block, or a
+    width that does not split evenly): each row over threads // rows_per_block threads, loads as wide as the
+    rows' alignment allows (vector_width), masked where the fragment is padded or past the last row (the pad
+    -inf): any (M, N). min_blocks_per_sm > 0: __launch_bounds__' resident blocks."""
     R = rows_per_block
     if threads % R:
         raise ValueError(f"softmax: {R} rows per block must divide {threads} threads")
     per_row = threads // R
-    vec = 8 if N % 8 == 0 else 1
-    aligned = vec == 8 and N % per_row == 0  # what T.copy's layout inference splits (TileLang 0.1.15)
-    width = N if aligned else -(-N // (per_row * vec)) * per_row * vec
+    vec = vector_width(N)
+    simple = R == 1 and vec == 8 and N % (per_row * vec) == 0  # what T.copy's layout inference splits
+    width = -(-N // (per_row * vec)) * per_row * vec
 
     @T.prim_func
     def softmax_rows_in_registers(X: T.Tensor((M, N), dtype), Y: T.Tensor((M, N), dtype)):
@@ -3871,20 +3913,21 @@ def rows_in_registers(M: int, N: int, rows_per_block: int, threads: int, dtype: 
             x = T.alloc_fragment((R, width), "float32")
             row_max = T.alloc_fragment((R,), "float32")
             row_sum = T.alloc_fragment((R,), "float32")
-            if aligned:
+            if simple:
                 T.copy(X[bx * R, 0], x)  # the one read: 16-byte vectors, converted to float32 in registers
             else:
                 T.annotate_layout({x: row_split_layout(R, width, per_row, vec)})
                 for i, j in T.Parallel(R, width):
-                    x[i, j] = T.if_then_else(j < N, T.cast(X[bx * R + i, j], "float32"), -T.infinity("float32"))
+                    x[i, j] = T.if_then_else(j < N and bx * R + i < M, T.cast(X[bx * R + i, j], "float32"),
+                                             -T.infinity("float32"))
             exponentials_and_reciprocal_sums(x, row_max, row_sum, R, width)
-            if aligned:
+            if simple:
                 for i, j in T.Parallel(R, width):
                     x[i, j] = x[i, j] * row_sum[i]
                 T.copy(x, Y[bx * R, 0])  # the one write
             else:
                 for i, j in T.Parallel(R, width):
-                    if j < N:
+                    if j < N and bx * R + i < M:
                         Y[bx * R + i, j] = T.cast(x[i, j] * row_sum[i], dtype)
 
     return softmax_rows_in_registers
@@ -3988,82 +4031,101 @@ def long_rows_online(M: int, N: int, chunk: int, threads: int, dtype: str = "flo
     return softmax_long_rows_online
 
 
-# --- Choosing a kernel for a shape and a GPU ----------------------------------------------------------
-@dataclass(frozen=True)
-class SoftmaxPlan:
-    kind: str  # "registers" | "staged" | "online"
-    rows_per_block: int  # or the chunk length for "online"
-    threads: int
-    min_blocks_per_sm: int = 0  # registers / staged: __launch_bounds__' resident blocks per SM (0: not set)
-
-    def describe(self) -> str:
-        if self.kind == "online":
-            return f"online two-pass over a row in shared memory, chunks of {self.rows_per_block}, {self.threads} threads"
-        rows = f"{self.rows_per_block} row{'s' if self.rows_per_block > 1 else ''}/block"
-        where = "staged in shared memory" if self.kind == "staged" else "registers"
-        bound = f", >= {self.min_blocks_per_sm} blocks/SM" if self.min_blocks_per_sm else ""
-        return f"{where}, {rows}, {self.threads} threads{bound}"
+@T.macro
+def running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads: int, per_thread: int):
+    """Fold one step x (threads, per_thread) of x·log2e into each thread's running (max, sum): the online
+    rescale of the docstring, thread by thread (each row of x belongs to one thread: no exchange)."""
+    T.copy(part_max, new_max)
+    T.reduce_max(x, new_max, dim=1, clear=False)
+    for i, e in T.Parallel(threads, per_thread):
+        x[i, e] = T.exp2(x[i, e] - new_max[i])
+    T.reduce_sum(x, step_sum, dim=1)
+    for i in T.Parallel(threads):
+        part_sum[i] = part_sum[i] * T.exp2(part_max[i] - new_max[i]) + step_sum[i]
+        part_max[i] = new_max[i]
 
 
-REGISTER_ROW_LIMIT = 8192  # float32 elements of a row kept in registers by one block (16 per thread at 512)
-LONG_REGISTER_ROW_LIMIT = 32768  # 32 per thread at 1024 threads: only where shared memory cannot hold the row
-PER_THREAD_LIMIT = 64  # float32 elements per thread in the odd-width kernels
-SMALL_ODD_ROWS, SMALL_ODD_THREADS = 4, 128  # odd widths up to 32 · PER_THREAD_LIMIT = 2048 (see choose_plan)
+def long_rows_streamed(M: int, N: int, per_thread: int, threads: int, dtype: str = "float16", staged: int = 0,
+                       bulk_copy: bool = True):
+    """Version 4, rows longer than shared memory holds (a vocabulary: 128256 columns). The first `staged`
+    columns are copied into shared memory at once (one bulk copy: many bytes in flight); the rest of the row is
+    streamed from global memory twice, in steps of threads · per_thread elements: pass 1 for the max and sum,
+    pass 2 for y (its reads mostly hit the L2 cache). Each thread keeps its OWN running (max, sum) over its
+    elements, so no block-wide exchange stalls the loads; the block merges the threads' pairs once. Any
+    width: loads as wide as the rows' alignment allows, masked past the end."""
+    vec = vector_width(N)
+    if per_thread % vec or staged % 8 or staged > N or (staged and N % 8):
+        raise ValueError(f"streamed softmax: {per_thread} elements a thread must be whole vectors of {vec}; the "
+                         f"staged head ({staged}) a multiple of 8 within a 16-byte aligned row of {N}")
+    step = threads * per_thread
+    head_steps, tail_steps = -(-staged // step), -(-(N - staged) // step)
+    low = -1.0e38  # a finite start for the running max: exp2(low - low) never meets inf - inf
+
+    def column(c, i, e):  # thread i's e-th element of step c: runs of `vec` in consecutive threads coalesce
+        return c * step + (e // vec) * (threads * vec) + i * vec + e % vec
+
+    @T.prim_func
+    def softmax_long_rows_streamed(X: T.Tensor((M, N), dtype), Y: T.Tensor((M, N), dtype)):
+        with T.Kernel(M, threads=threads) as bx:
+            head = T.alloc_shared((max(staged, 8),), dtype)
+            x = T.alloc_fragment((threads, per_thread), "float32")  # row i of x: thread i's elements
+            part_max = T.alloc_fragment((threads,), "float32")  # thread i's running max of x·log2e
+            part_sum = T.alloc_fragment((threads,), "float32")  # ... and its sum of 2^(x·log2e - max)
+            new_max = T.alloc_fragment((threads,), "float32")
+            step_sum = T.alloc_fragment((threads,), "float32")
+            row_max = T.alloc_fragment((1,), "float32")
+            row_sum = T.alloc_fragment((1,), "float32")
+            T.annotate_layout({x: row_split_layout(threads, per_thread, 1, per_thread)})
+            if staged and bulk_copy:
+                T.copy(X[bx, 0:staged], head, prefer_instruction="tma")
+            elif staged:
+                T.copy(X[bx, 0:staged], head)
+            T.fill(part_max, low)
+            T.fill(part_sum, 0.0)
+            for c in T.serial(head_steps):  # pass 1 over the staged head (none when staged == 0) ...
+                for i, e in T.Parallel(threads, per_thread):
+                    x[i, e] = T.if_then_else(column(c, i, e) < staged, T.cast(head[column(c, i, e)], "float32") * LOG2E,
+                                             -T.infinity("float32"))
+                running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads, per_thread)
+            for c in T.serial(tail_steps):  # ... and over the rest, from global memory
+                for i, e in T.Parallel(threads, per_thread):
+                    col = staged + column(c, i, e)
+                    x[i, e] = T.if_then_else(col < N, T.cast(X[bx, col], "float32") * LOG2E, -T.infinity("float32"))
+                running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads, per_thread)
+            T.reduce_max(part_max, row_max, dim=0)  # the block's one exchange for the max ...
+            for i in T.Parallel(threads):
+                part_sum[i] = part_sum[i] * T.exp2(part_max[i] - row_max[0])
+            T.reduce_sum(part_sum, row_sum, dim=0)  # ... and one for the sum
+            for i in T.Parallel(1):
+                row_sum[i] = 1.0 / row_sum[i]
+            for c in T.serial(head_steps):
+                for i, e in T.Parallel(threads, per_thread):
+                    if column(c, i, e) < staged:
+                        Y[bx, column(c, i, e)] = T.cast(
+                            T.exp2(T.cast(head[column(c, i, e)], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
+            for c in T.serial(tail_steps):
+                for i, e in T.Parallel(threads, per_thread):
+                    if staged + column(c, i, e) < N:
+                        Y[bx, staged + column(c, i, e)] = T.cast(T.exp2(
+                            T.cast(X[bx, staged + column(c, i, e)], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
+
+    return softmax_long_rows_streamed
 
 
-def choose_plan(M: int, N: int, smem_budget: int, family: str = "hopper") -> SoftmaxPlan:
-    """The kernel for (M, N) fp16 with `smem_budget` bytes of shared memory per block, as bench/softmax_probe.py
-    found timing every plan in turns with a copy of the same bytes: up to 4096 wide, staged (bulk copies) on
-    Hopper, registers elsewhere; 8192, registers; longer, online. Odd widths up to 2048 (tens of MB: all
-    latency): 4 rows a block of 128 threads, registers capped so the grid is resident in one wave; longer
-    odd rows staged 8 at a time (8·N halves start 16-byte aligned). A row shared memory cannot hold (64 KiB
-    on Turing) stays in registers, 32 floats on each of 1024 threads: slower than staging, but it fits."""
-    if M < 1 or N < 1:
-        raise ValueError(f"softmax: shape ({M}, {N}) must be positive")
-    row_bytes = N * 2
-    aligned = N % 8 == 0
-    if aligned and N <= REGISTER_ROW_LIMIT:
-        if N <= 4096:
-            return SoftmaxPlan("staged" if family == "hopper" else "registers", 1, 256)
-        return SoftmaxPlan("registers", 1, 512)
-    if aligned:
-        if N % 8192 == 0 and row_bytes + 8192 <= smem_budget:
-            return SoftmaxPlan("online", 8192, 512)
-        if N % 4096 == 0 and row_bytes + 8192 <= smem_budget:
-            return SoftmaxPlan("online", 4096, 256)
-        if row_bytes + 8192 <= smem_budget and N <= 1024 * PER_THREAD_LIMIT:
-            return SoftmaxPlan("staged", 1, 1024)
-        if N <= LONG_REGISTER_ROW_LIMIT:
-            return SoftmaxPlan("registers", 1, 1024)
-    else:
-        if M % SMALL_ODD_ROWS == 0 and -(-N // (SMALL_ODD_THREADS // SMALL_ODD_ROWS)) <= PER_THREAD_LIMIT:
-            # every row a block touches exists (M % 4 == 0): the kernel indexes rows without a bound
-            return SoftmaxPlan("registers", SMALL_ODD_ROWS, SMALL_ODD_THREADS, min_blocks_per_sm=8)
-        per_row = 1
-        while per_row < 128 and -(-N // per_row) > PER_THREAD_LIMIT:
-            per_row *= 2
-        fits = -(-N // per_row) <= PER_THREAD_LIMIT
-        if fits and M % 8 == 0 and 8 * row_bytes + 8192 <= smem_budget:
-            return SoftmaxPlan("staged", 8, 8 * per_row)  # 8 rows: a 16-byte aligned flat range
-        if N <= REGISTER_ROW_LIMIT:
-            return SoftmaxPlan("registers", 1, 256)  # any M: masked single-half loads
-    raise ValueError(f"softmax: rows of {N} halves are beyond this tour's kernels on this GPU (a row must fit "
-                     f"in {smem_budget} bytes of shared memory; odd widths up to {REGISTER_ROW_LIMIT} or "
-                     f"{128 * PER_THREAD_LIMIT} with rows a multiple of 8)")
-
-
-def build(M: int, N: int, plan: SoftmaxPlan, family: str = "hopper"):
+# --- Building the plan (the rules that choose it: sections/softmax_plans.py) ------------------------------
+def build(M: int, N: int, plan: SoftmaxPlan, family: str = "hopper", dtype: str = "float16"):
     if plan.kind == "registers":
-        return rows_in_registers(M, N, plan.rows_per_block, plan.threads, min_blocks_per_sm=plan.min_blocks_per_sm)
+        return rows_in_registers(M, N, plan.rows_per_block, plan.threads, dtype, plan.min_blocks_per_sm)
     bulk = family == "hopper"
+    if plan.kind == "streamed":
+        return long_rows_streamed(M, N, plan.rows_per_block, plan.threads, dtype, plan.staged, bulk)
     if plan.kind == "staged":
-        return rows_staged_in_shared(M, N, plan.rows_per_block, plan.threads, bulk_copy=bulk,
-                                     min_blocks_per_sm=plan.min_blocks_per_sm)
-    return long_rows_online(M, N, plan.rows_per_block, plan.threads, bulk_copy=bulk)
+        return rows_staged_in_shared(M, N, plan.rows_per_block, plan.threads, dtype, bulk, plan.min_blocks_per_sm)
+    return long_rows_online(M, N, plan.rows_per_block, plan.threads, dtype, bulk)
 
 
 def launcher(kernel, plan: SoftmaxPlan):
-    """softmax(x, y) -> y for fp16 (M, N) tensors, from a compiled kernel of `plan`."""
+    """softmax(x, y) -> y for (M, N) tensors, from a compiled kernel of `plan`."""
     flat = plan.kind == "staged"  # its blocks are flat ranges of the tensor
 
     def softmax(x, y):
@@ -4074,9 +4136,9 @@ def launcher(kernel, plan: SoftmaxPlan):
     return softmax
 
 
-def compile_softmax(M: int, N: int, plan: SoftmaxPlan, family: str = "hopper"):
+def compile_softmax(M: int, N: int, plan: SoftmaxPlan, family: str = "hopper", dtype: str = "float16"):
     """The plan compiled for the GPU in use, as softmax(x, y) -> y."""
-    return launcher(tilelang.compile(build(M, N, plan, family), out_idx=None, target="cuda"), plan)
+    return launcher(tilelang.compile(build(M, N, plan, family, dtype), out_idx=None, target="cuda"), plan)
 
 
 # --- What the section builds, declared once -------------------------------------------------------------
@@ -4089,40 +4151,51 @@ class Problem(NamedTuple):
 
 
 def problems(ctx) -> list[Problem]:
-    """The benchmark shapes (timed) and the odd shapes (checked only; compile-only and quick: one of them)."""
+    """The benchmark shapes (timed) and the odd shapes (checked only; compile-only and quick: one of them), or
+    with --shape the user's problem alone (checked, then timed)."""
     family = tourkit.ARCH_SPECS[ctx.arch].family
-    timed = QUICK_SHAPES if ctx.quick and not ctx.compile_only else BENCH_SHAPES
-    checked = ODD_SHAPES[:1] if ctx.quick or ctx.compile_only else ODD_SHAPES
+    if ctx.shape:
+        timed, checked = [tuple(ctx.shape)], []
+    else:
+        timed = QUICK_SHAPES if ctx.quick and not ctx.compile_only else BENCH_SHAPES
+        checked = ODD_SHAPES[:1] if ctx.quick or ctx.compile_only else ODD_SHAPES
     plans = [(M, N, choose_plan(M, N, ctx.smem_budget, family)) for M, N in timed + checked]
-    return [Problem(M, N, plan, (M, N) in timed, f"softmax {M}x{N} {plan.kind}") for M, N, plan in plans]
+    return [Problem(M, N, plan, (M, N) in timed, f"softmax {M}x{N} {ctx.dtype} {plan.kind}") for M, N, plan in plans]
 
 
 def kernels(ctx) -> list[tourkit.KernelDecl]:
     family = tourkit.ARCH_SPECS[ctx.arch].family
     bulk = ("tma_load", "mbarrier") if family == "hopper" else ()  # Hopper stages rows with TMA under mbarriers
-    return [tourkit.KernelDecl(p.name, functools.partial(build, p.M, p.N, p.plan, family), threads=p.plan.threads,
-                               smem_limit=ctx.smem_budget, markers=bulk if p.plan.kind != "registers" else ())
+    return [tourkit.KernelDecl(p.name, functools.partial(build, p.M, p.N, p.plan, family, ctx.dtype),
+                               threads=p.plan.threads, smem_limit=ctx.smem_budget,
+                               markers=bulk if p.plan.kind in ("staged", "online") else ())
             for p in problems(ctx)]
 
 
 # --- The reference, the check, the benchmark ------------------------------------------------------------
 def reference(x):
-    """torch.softmax in float32: the higher-precision reference for an fp16 kernel."""
+    """torch.softmax in float32: the higher-precision reference for a float16 or bfloat16 kernel."""
     import torch
 
     return torch.softmax(x.float(), dim=-1)
 
 
-def check_shape(M: int, N: int, plan: SoftmaxPlan, softmax=None, family: str = "hopper") -> "tourkit.Check":
+def tolerance(dtype: str) -> float:
+    return 5e-3 if dtype == "float16" else 1e-2  # bfloat16 rounds y to 8 bits of mantissa, float16 to 11
+
+
+def check_shape(M: int, N: int, plan: SoftmaxPlan, softmax=None, family: str = "hopper",
+                dtype: str = "float16") -> "tourkit.Check":
     import torch
 
-    softmax = softmax or compile_softmax(M, N, plan, family)
-    x = tourkit.random_tensor((M, N), torch.float16, scale=3.0)
+    softmax = softmax or compile_softmax(M, N, plan, family, dtype)
+    x = tourkit.random_tensor((M, N), getattr(torch, dtype), scale=3.0)
     y = torch.empty_like(x)
-    return tourkit.validate(f"softmax {M}x{N} [{plan.describe()}]", lambda: softmax(x, y), y, reference(x), 5e-3)
+    return tourkit.validate(f"softmax {M}x{N} {dtype} [{plan.describe()}]", lambda: softmax(x, y), y, reference(x),
+                            tolerance(dtype))
 
 
-def bench_table(cases: dict) -> dict:
+def bench_table(cases: dict, dtype: str = "float16") -> dict:
     """{label: (M, N, softmax)} -> {label: (ms, torch.softmax ms, copy ms)}: every shape's kernel, torch.softmax
     and y.copy_(x) (the same bytes: the ceiling) in ONE bench_interleaved call. The shapes are independent,
     so they share one settling of the GPU and take turns together."""
@@ -4130,7 +4203,7 @@ def bench_table(cases: dict) -> dict:
 
     contenders = {}
     for label, (M, N, softmax) in cases.items():
-        x = tourkit.random_tensor((M, N), torch.float16, scale=3.0)
+        x = tourkit.random_tensor((M, N), getattr(torch, dtype), scale=3.0)
         y = torch.empty_like(x)
         contenders[(label, "ours")] = functools.partial(softmax, x, y)
         contenders[(label, "torch")] = functools.partial(torch.softmax, x, dim=-1)
@@ -4143,12 +4216,19 @@ def bench_table(cases: dict) -> dict:
 # --- The lesson -----------------------------------------------------------------------------------------
 def show_generated(ctx, source: str) -> None:
     excerpt = tourkit.source_excerpt(source, r"AllReduce<tl::MaxOp", context=5, limit=14)
+    if not excerpt:  # a row on one thread: T.reduce_max is a loop in registers, nothing to exchange
+        return
     ctx.log("\ngenerated CUDA around T.reduce_max (per-thread max, then shuffles + a shared-memory exchange):")
     ctx.log(tourkit.indent(excerpt, "  "))
 
 
 def run(ctx) -> None:
     todo, decls = problems(ctx), kernels(ctx)
+    if ctx.shape:  # the user's problem: which kernel, and why
+        M, N = ctx.shape
+        ctx.log(f"softmax {M}x{N} {ctx.dtype}: {todo[0].plan.describe()}\n  why: {todo[0].plan.why}")
+        tourkit.require_device_memory(ctx, 40 * M * N, f"softmax {M}x{N} (input, output, float32 and float64 "
+                                                       "references)")
     if ctx.compile_only:
         for p in todo:
             ctx.log(f"{p.M}x{p.N}: {p.plan.describe()}")
@@ -4160,18 +4240,18 @@ def run(ctx) -> None:
     checks, timed = [], {}
     for p in todo:
         softmax = launcher(built[p.name], p.plan)
-        checks.append(check_shape(p.M, p.N, p.plan, softmax))
+        checks.append(check_shape(p.M, p.N, p.plan, softmax, dtype=ctx.dtype))
         ctx.log(checks[-1].line())
         if p.timed:
             timed[f"{p.M}x{p.N}"] = (p, softmax)
     tourkit.require(checks)  # a wrong kernel fails the section before any speed is reported
     copy = tourkit.device_copy_gbps()
     ctx.log(f"device-to-device copy of 1 GiB: {copy:.0f} GB/s (read + write: softmax's own traffic)")
-    results = bench_table({label: (p.M, p.N, softmax) for label, (p, softmax) in timed.items()})
+    results = bench_table({label: (p.M, p.N, softmax) for label, (p, softmax) in timed.items()}, ctx.dtype)
     rows, of_copy, of_same_size = [], [], []
     for label, (p, _) in timed.items():
         ours, torch_ms, copy_ms = results[label]
-        gbps, nbytes = tourkit.gbps(4 * p.M * p.N, ours), 4 * p.M * p.N  # one fp16 read and one write
+        gbps, nbytes = tourkit.gbps(4 * p.M * p.N, ours), 4 * p.M * p.N  # one 2-byte read and one write
         of_copy.append(gbps / copy)
         of_same_size.append(copy_ms / ours)
         rows.append([label, p.plan.describe(), f"{1000 * ours:.1f}", gbps, f"{100 * of_copy[-1]:.0f}%",
@@ -4194,6 +4274,122 @@ SECTION = tourkit.Section(
     run=run,
     kernels=kernels,
 )
+''')
+
+_tour_file('sections/softmax_plans.py', r'''
+"""How the softmax lesson picks a kernel for a problem of M rows by N columns on a GPU: rules, not tables.
+
+Softmax reads every element once and writes it once, so a good plan keeps enough bytes in flight on every SM
+and never holds more of a row than the registers or shared memory can take:
+
+* a thread holds about REGISTER_FLOATS floats of a row (16-byte vectors where rows start 16-byte aligned,
+  i.e. N % 8 == 0; otherwise the widest access the width allows);
+* a row is split over the fewest threads (a power of two) that keeps that per-thread share; a block of
+  BLOCK_THREADS threads then holds several narrow rows (64 columns: 64 rows a block), a wide row alone;
+* a row longer than REGISTER_ROW_LIMIT is walked in chunks with the online max and sum: staged in shared
+  memory when it fits (one read of global memory), else streamed from global memory twice (the second
+  pass mostly hits the L2 cache, which holds the rows the resident blocks are working on).
+
+Pure Python (no torch, no tilelang): the tests check these rules for every width on every architecture.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+REGISTER_FLOATS = 16  # float32 elements of a row one thread holds in the register kernel (2 16-byte vectors)
+ODD_REGISTER_FLOATS = 32  # ... when loads are single elements (odd widths): more loads in flight per thread
+BLOCK_THREADS = 256  # a block of narrow rows: enough rows to move a few KB per block
+REGISTER_ROW_LIMIT = 8192  # widest row kept in registers (16 floats on each of 512 threads)
+ONLINE_CHUNKS = ((8192, 512), (4096, 256))  # (chunk, threads) of the staged online kernel, widest first
+STREAM_THREADS, STREAM_PER_THREAD = 512, 16  # streamed kernel: 8192 columns a step, two vectors a thread
+SMEM_SLACK = 8192  # bytes of shared memory a staged kernel keeps for barriers and the reductions
+
+
+@dataclass(frozen=True)
+class SoftmaxPlan:
+    kind: str  # "registers" | "staged" | "online" | "streamed"
+    rows_per_block: int  # registers/staged: rows a block; online: the chunk; streamed: elements a thread per step
+    threads: int
+    min_blocks_per_sm: int = 0  # registers / staged: __launch_bounds__' resident blocks per SM (0: not set)
+    staged: int = 0  # streamed: the columns at the start of a row staged in shared memory
+    why: str = field(default="", compare=False)  # one line a learner can follow
+
+    def describe(self) -> str:
+        if self.kind == "online":
+            return f"online two-pass over a row in shared memory, chunks of {self.rows_per_block}, {self.threads} threads"
+        if self.kind == "streamed":
+            head = f", the first {self.staged} columns staged in shared memory" if self.staged else ""
+            return (f"online two-pass streamed from global memory, {self.rows_per_block} elements a thread a step, "
+                    f"{self.threads} threads{head}")
+        rows = f"{self.rows_per_block} row{'s' if self.rows_per_block > 1 else ''}/block"
+        where = "staged in shared memory" if self.kind == "staged" else "registers"
+        bound = f", >= {self.min_blocks_per_sm} blocks/SM" if self.min_blocks_per_sm else ""
+        return f"{where}, {rows}, {self.threads} threads{bound}"
+
+
+def vector_width(N: int) -> int:
+    """Elements per load: rows of N 2-byte elements start 16-byte aligned when N % 8 == 0 (8 at a time),
+    8-byte aligned when N % 4 == 0, and so on."""
+    return math.gcd(N, 8)
+
+
+def per_thread(N: int, threads_per_row: int) -> int:
+    """Floats of a row one thread holds: whole vectors, the row padded up to threads_per_row · vector."""
+    vec = vector_width(N)
+    return -(-N // (threads_per_row * vec)) * vec
+
+
+def threads_per_row(N: int) -> int:
+    """The fewest threads (a power of two, at most 1024) that split a row into shares of at most
+    REGISTER_FLOATS floats (ODD_REGISTER_FLOATS with single-element loads)."""
+    limit = REGISTER_FLOATS if vector_width(N) > 1 else ODD_REGISTER_FLOATS
+    t = 1
+    while t < 1024 and per_thread(N, t) > limit:
+        t *= 2
+    return t
+
+
+def register_plan(M: int, N: int) -> SoftmaxPlan:
+    t = threads_per_row(N)
+    rows = max(1, BLOCK_THREADS // t)
+    share = per_thread(N, t)
+    why = (f"a row of {N} fits in registers: {t} thread{'s' if t > 1 else ''} a row, {share} floats each; "
+           + (f"{rows} rows a block so that a block moves {rows * N * 4 // 1024 or 1} KB" if rows > 1
+              else "one row a block"))
+    return SoftmaxPlan("registers", rows, rows * t, why=why)
+
+
+def choose_plan(M: int, N: int, smem_budget: int, family: str = "hopper") -> SoftmaxPlan:
+    """The kernel for (M, N) 2-byte elements (float16 or bfloat16) with `smem_budget` bytes of shared memory
+    per block on a GPU of `family`. Every width from 1 up has a plan on every GPU."""
+    if M < 1 or N < 1:
+        raise ValueError(f"softmax: shape ({M}, {N}) must be positive")
+    row_bytes = 2 * N
+    if family == "hopper" and N % 8 == 0 and 2048 < N <= 4096:
+        return SoftmaxPlan("staged", 1, 256, why=f"a row of {N} (16-byte aligned) is one TMA bulk copy into shared "
+                           "memory, 16 floats a thread in registers")
+    if N <= REGISTER_ROW_LIMIT:
+        return register_plan(M, N)
+    for chunk, threads in ONLINE_CHUNKS:
+        if N % chunk == 0 and row_bytes + SMEM_SLACK <= smem_budget:
+            return SoftmaxPlan("online", chunk, threads,
+                               why=f"a row of {N} is too long for registers but its {row_bytes // 1024} KB fit "
+                                   f"shared memory: read once, walked twice in chunks of {chunk}")
+    head = staged_head(N, smem_budget)
+    fits = head == N
+    why = (f"a row of {N} is too long for registers" + (" and not a multiple of a chunk" if fits else "")
+           + (f"; its first {head} columns are staged in shared memory at once" if head else "")
+           + f"{'' if fits else ', the rest streamed'} twice" + ("" if fits else " from global memory (the second pass "
+                                                                 "mostly hits the L2 cache)"))
+    return SoftmaxPlan("streamed", STREAM_PER_THREAD, STREAM_THREADS, staged=head, why=why)
+
+
+def staged_head(N: int, smem_budget: int) -> int:
+    """Columns of a long row the streamed kernel stages in shared memory: as many as fit (a multiple of 8, so
+    that the bulk copy moves whole 16-byte units), none when rows are not 16-byte aligned."""
+    if N % 8:
+        return 0
+    return min(N, (smem_budget - SMEM_SLACK) // 2 // 8 * 8)
 ''')
 
 _tour_file('sections/vector_add.py', r'''

@@ -169,7 +169,8 @@ def module_doc(text: str) -> str:
     lines, out = (ast.get_docstring(ast.parse(text)) or "").splitlines(), []
     index = 0
     while index < len(lines):
-        if not (lines[index].startswith("    ") and (index == 0 or not lines[index - 1].strip())):
+        starts = lines[index].startswith("    ") and lines[index].strip() and not lines[index - 1].strip()
+        if not (index and starts):
             out.append(lines[index])
             index += 1
             continue
