@@ -242,3 +242,19 @@ print("main" in tour, "tour_run" in tour)
     else:
         assert lines[:-1] == [f"tilelang is not installed: {tourkit.TILELANG_INSTALL} (or main(['--install']) "
                               f"lets env_check install it)"]
+
+
+def test_a_file_git_does_not_track_is_left_out(tmp_path):
+    """A scratch file in sections/ would be missing from a fresh clone, where --check would then fail."""
+    for path in ROOT.glob("*.py"):
+        shutil.copy(path, tmp_path)
+    shutil.copytree(ROOT / "sections", tmp_path / "sections", ignore=shutil.ignore_patterns("__pycache__"))
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "sources"], check=True)
+    (tmp_path / "sections" / "scratch.py").write_text("SCRATCH = 1\n")
+    done = subprocess.run([sys.executable, str(MAKE), "--root", str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "left out sections/scratch.py: git does not track it" in done.stderr
+    assert "SCRATCH" not in (tmp_path / "tilelang_tour_colab.py").read_text(encoding="utf-8")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -99,13 +100,36 @@ SAVES_EDITS = "code (running the cell saves your edits for the next run)"
 
 
 def runtime_files(root: Path) -> dict[str, str]:
-    """{path relative to root, with '/': text} for every file the tour needs at run time, sorted."""
+    """{path relative to root, with '/': text} for every file the tour needs at run time, sorted. In a git
+    checkout only the files git tracks: a scratch file left in sections/ must not end up in the outputs
+    (a fresh clone would lack it, and --check would fail there)."""
     paths = [p for p in root.glob("*.py") if p.name != COLAB_FILE]
     for folder in RUNTIME_DIRS:
         paths += [p for p in (root / folder).rglob("*.py") if "__pycache__" not in p.parts]
-    files = {p.relative_to(root).as_posix(): p.read_text(encoding="utf-8") for p in paths}
+    names = sorted(p.relative_to(root).as_posix() for p in paths)
+    tracked = git_tracked(root)
+    if tracked is not None:
+        for name in names:
+            if name not in tracked:
+                print(f"make_colab: left out {name}: git does not track it", file=sys.stderr)
+        names = [name for name in names if name in tracked]
+    files = {name: (root / name).read_text(encoding="utf-8") for name in names}
     check_imports(root, files)
-    return dict(sorted(files.items()))
+    return files
+
+
+def git_tracked(root: Path) -> set[str] | None:
+    """The files git tracks under `root`, if `root` is the top of a git checkout; else None."""
+    try:
+        top = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        if Path(top).resolve() != root.resolve():
+            return None
+        listed = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True, text=True,
+                                check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return set(listed.split("\0")) - {""}
 
 
 def check_imports(root: Path, files: dict[str, str]) -> None:
@@ -325,6 +349,16 @@ def notebook(files: dict[str, str]) -> str:
 # ---------------------------------------------------------------------------------------------------------
 
 
+def uncommitted(root: Path) -> list[str]:
+    """The runtime files with changes git has not committed (none outside a git checkout)."""
+    if git_tracked(root) is None:
+        return []
+    status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "*.py", *RUNTIME_DIRS],
+                            capture_output=True, text=True).stdout
+    runtime = set(runtime_files(root))
+    return sorted({line[3:] for line in status.splitlines()} & runtime)
+
+
 def render(root: Path = ROOT) -> dict[str, str]:
     """{output file name: its text} from the sources under `root`."""
     files = runtime_files(root)
@@ -357,6 +391,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, text in render(args.root).items():
         (args.root / name).write_text(text, encoding="utf-8")
         print(f"make_colab: wrote {name} ({len(text) // 1024} KiB)")
+    changed = uncommitted(args.root)
+    if changed:
+        print(f"make_colab: note: {', '.join(changed)} not committed: the outputs carry them as they are now; "
+              f"commit them together", file=sys.stderr)
     return 0
 
 
