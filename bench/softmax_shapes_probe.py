@@ -8,8 +8,8 @@ plan where it beat the pick.
     python bench/softmax_shapes_probe.py --list          # the plans per shape, no GPU
     (on the device: bash .device/run python bench/softmax_shapes_probe.py --out $OUT)
 
-Shapes run in groups, each in a child process (a kernel that faults spoils only its group's CUDA context); all
-kernels are compiled first, at once, in the parent (the children load them from TileLang's cache).
+Shapes run in groups, each in a child process (a kernel that faults spoils only its group's CUDA context) that
+compiles all its group's kernels at once first.
 """
 
 import argparse
@@ -28,10 +28,12 @@ from sections import softmax_plans as P  # noqa: E402
 
 # The targets first (the probe stops at its time budget), then other users' problems, then the section's own.
 SHAPES = ["8192x32000", "1024x128256", "65536x256", "16384x3072", "4097x5000", "131072x64", "8192x32000:bfloat16",
-          "1x262144", "3x100000", "2048x50257", "100000x100", "32x151936", "1000000x32", "4096x7", "512x65536",
-          "32768x4096", "16384x8192", "8192x32768", "4096x1823", "65536x1024:bfloat16", "16384x16384",
-          "4096x2048", "32768x1000", "256x262144"]
-GROUP = 4  # shapes per child process
+          "1x262144", "3x100000", "2048x50257", "100000x100", "32x151936", "1000000x32", "4097x7", "512x65536",
+          "32768x4096", "16384x8192", "8192x32768", "4096x1823", "65536x1024:bfloat16", "32768x1000", "256x262144",
+          "1x1", "5x9", "1001x64", "7x8193", "5x128256:bfloat16", "3x50257:bfloat16"]
+GROUP = 7  # shapes per child process
+SMALL = 1 << 16  # elements: below this a shape is checked with the pick alone (correctness of odd sizes)
+SECTION_RUN = (8192, 32000, "bfloat16")  # the first group also runs the section on this problem, as --shape does
 
 
 def parse(text: str):
@@ -45,34 +47,35 @@ def alternatives(M: int, N: int, smem: int, family: str) -> list:
     of 128..512 threads, the staged and online kernels where they apply, the streamed kernel's step shapes."""
     pick = P.choose_plan(M, N, smem, family)
     plans = [pick]
+    if M * N < SMALL:
+        return plans
 
     def add(plan):
         if plan not in plans:
             plans.append(plan)
 
     vec = P.vector_width(N)
-    if N <= 32768:
+    if N <= 32768:  # registers: a row over half / the same / twice the threads, and blocks of 128 and 512
         t0 = P.threads_per_row(N)
-        for t in (t0 // 2, t0, 2 * t0):
-            if 1 <= t <= 1024 and P.per_thread(N, t) <= 64:
-                for block in (128, 256, 512, 1024):
-                    if block >= t and block // t <= 256 and (block < 1024 or t == 1024):
-                        add(P.SoftmaxPlan("registers", block // t, block))
+        for t, block in ((t0, 128), (t0, 512), (t0 // 2, 256), (2 * t0, 256)):
+            block = max(block, t)
+            if 1 <= t <= 1024 and P.per_thread(N, t) <= 64 and block // t <= 256:
+                add(P.SoftmaxPlan("registers", block // t, block))
+    if N % 2 and N <= 2048 and M % 4 == 0:  # the previous rule for short odd rows
+        add(P.SoftmaxPlan("registers", 4, 128, min_blocks_per_sm=8))
     if N % 8 == 0 and 1024 < N <= 32768 and 2 * N + P.SMEM_SLACK <= smem:
-        for threads in (128, 256, 512, 1024):
+        for threads in (256, 1024):
             if 8 <= N // threads <= 64:
                 add(P.SoftmaxPlan("staged", 1, threads))
-    for chunk, threads in ((8192, 512), (8192, 1024), (4096, 256), (4096, 512)):
+    for chunk, threads in ((8192, 512), (8192, 1024), (4096, 256)):
         if N > 8192 and N % chunk == 0 and 2 * N + P.SMEM_SLACK <= smem:
             add(P.SoftmaxPlan("online", chunk, threads))
     if N > 8192:
         head = P.staged_head(N, smem)
-        for per_thread, threads in ((16, 512), (16, 1024), (32, 256)):
-            for staged in sorted({0, head, head // 2 // 8 * 8}):
-                if per_thread % vec == 0:
-                    add(P.SoftmaxPlan("streamed", per_thread, threads, staged=staged))
-    if len(plans) > 10:  # keep the compile and the timing short: the pick, then a spread
-        plans = plans[:1] + plans[1:][:: -(-(len(plans) - 1) // 9)]
+        for per_thread, threads, staged in ((16, 512, head), (16, 512, 0), (16, 1024, head), (16, 1024, 0),
+                                            (32, 256, head), (16, 512, head // 2 // 8 * 8)):
+            if per_thread % vec == 0:
+                add(P.SoftmaxPlan("streamed", per_thread, threads, staged=staged))
     return plans
 
 
@@ -80,19 +83,18 @@ def log(*a):
     print(*a, flush=True)
 
 
-def compile_all(shapes, device) -> None:
+def compile_all(shapes, device) -> dict:
+    """{(M, N, dtype, plan): kernel or None}: every plan of every shape, compiled at once."""
     import tourkit
 
-    programs = []
-    for M, N, dtype in shapes:
-        for plan in alternatives(M, N, device.smem_per_block_optin, device.family):
-            programs.append(S.build(M, N, plan, device.family, dtype))
-    tourkit.compile_many(programs, log=log)
+    keys = [(M, N, dtype, plan) for M, N, dtype in shapes
+            for plan in alternatives(M, N, device.smem_per_block_optin, device.family)]
+    programs = [S.build(M, N, plan, device.family, dtype) for M, N, dtype, plan in keys]
+    return dict(zip(keys, tourkit.compile_many(programs, log=log)))
 
 
-def run_shape(M: int, N: int, dtype: str, device) -> dict:
+def run_shape(M: int, N: int, dtype: str, device, kernels: dict) -> dict:
     import torch
-    import tilelang
     import tourkit
 
     plans = alternatives(M, N, device.smem_per_block_optin, device.family)
@@ -103,7 +105,11 @@ def run_shape(M: int, N: int, dtype: str, device) -> dict:
     for k, plan in enumerate(plans):
         label = ("* " if k == 0 else "  ") + plan.describe()
         try:
-            kernel = tilelang.compile(S.build(M, N, plan, device.family, dtype), out_idx=None, target="cuda")
+            kernel = kernels.get((M, N, dtype, plan))
+            if kernel is None:  # compile_many keeps errors quiet: once more, for the message
+                import tilelang
+
+                kernel = tilelang.compile(S.build(M, N, plan, device.family, dtype), out_idx=None, target="cuda")
             softmax = S.launcher(kernel, plan)
             check = S.check_shape(M, N, plan, softmax, device.family, dtype)
         except Exception as exc:
@@ -118,7 +124,7 @@ def run_shape(M: int, N: int, dtype: str, device) -> dict:
         described[label] = check.rel_error
     contenders["torch.softmax"] = lambda: torch.softmax(x, dim=-1)
     contenders["copy"] = lambda: y.copy_(x)
-    ms = tourkit.bench_interleaved(contenders, rounds=2, settle_ms=300.0, warmup_ms=5.0, rep_ms=20.0, max_reps=200)
+    ms = tourkit.bench_interleaved(contenders, rounds=2, settle_ms=200.0, warmup_ms=3.0, rep_ms=15.0, max_reps=100)
     copy_ms, torch_ms = ms["copy"], ms["torch.softmax"]
     rows = []
     for label, t in sorted(ms.items(), key=lambda kv: kv[1]):
@@ -137,15 +143,23 @@ def child(shapes: list, out: str) -> None:
     import tourkit
 
     device = tourkit.detect_device()
+    kernels = compile_all(shapes, device)
     records = []
     for M, N, dtype in shapes:
         try:
-            records.append(run_shape(M, N, dtype, device))
+            records.append(run_shape(M, N, dtype, device, kernels))
         except Exception as exc:
             log(f"softmax {M}x{N} {dtype}: FAILED {tourkit.one_line(exc)}")
             records.append({"shape": [M, N], "dtype": dtype, "error": tourkit.one_line(exc)})
         with open(out, "w") as fh:
             json.dump(records, fh, indent=1)
+    if SECTION_RUN in shapes:  # the section itself on a user's problem (its kernel is in TileLang's cache now)
+        M, N, dtype = SECTION_RUN
+        log(f"\nthe section with --shape {M}x{N} --dtype {dtype}:")
+        try:
+            S.run(tourkit.TourContext(device=device, shape=(M, N), dtype=dtype))
+        except Exception as exc:
+            log(f"section run FAILED: {tourkit.one_line(exc)}")
 
 
 def summary(records: list) -> None:
@@ -196,7 +210,6 @@ def main(argv=None) -> int:
         log("no CUDA GPU here: use --list")
         return 2
     log(f"{device.name}: {device.sm_count} SMs, {device.smem_per_block_optin // 1024} KiB shared memory per block")
-    compile_all(shapes, device)
     os.makedirs(args.out, exist_ok=True)
     records = []
     for g in range(0, len(shapes), GROUP):
