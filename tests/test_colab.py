@@ -105,6 +105,10 @@ def pasted(tmp_path_factory, kernel_env):
         "run = main(['--only', 'env_check,vector_add', '--compile-only', '--arch', 'sm_80'])\n"
         "del os.environ['TILELANG_TOUR_FAULT']\n"
         f"print('RESULT', json.dumps({{'exit': run.exit_code, 'records': {RECORDS.format('run')}}}))",
+        "os.environ['TILELANG_TOUR_FAULT'] = 'vector_add:segfault'\n"
+        f"run = main({COMPILE_VECTOR_ADD})\n"
+        "del os.environ['TILELANG_TOUR_FAULT']\n"
+        f"print('RESULT', json.dumps({{'exit': run.exit_code, 'records': {RECORDS.format('run')}}}))",
         "print('RESULT', json.dumps({'pid': os.getpid()}))",
     ]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
@@ -136,7 +140,9 @@ def test_a_crash_costs_one_section_not_the_kernel(pasted):
     assert crashed["exit"] == 1
     assert [r[:2] for r in crashed["records"]] == [["env_check", "crashed"], ["vector_add", "passed"]]
     assert "SIGSEGV" in stream_text(nb.cells[3])
-    assert result(nb.cells[4])["pid"] == result(nb.cells[1])["pid"]  # the same kernel, still answering
+    alone = result(nb.cells[4])
+    assert alone["exit"] == 1 and [r[:2] for r in alone["records"]] == [["vector_add", "crashed"]]
+    assert result(nb.cells[5])["pid"] == result(nb.cells[1])["pid"]  # the same kernel, still answering
 
 
 def test_no_traceback_reaches_a_cell(pasted):
