@@ -119,9 +119,9 @@ def wave_traffic(M: int, N: int, K: int, config, wave: int = 132, dtype_bytes: i
 # The candidate tiles per family, biggest first (ties in the estimate go to the earlier). Small tiles take
 # more stages: they are there for problems that stream their operands, where bytes in flight decide.
 CANDIDATES = {
-    "hopper": [GemmConfig(128, 256, 64, 4, 256, True), GemmConfig(128, 128, 64, 4, 256, True),
-               GemmConfig(64, 256, 64, 4, 128, True), GemmConfig(64, 128, 64, 6, 128, True),
-               GemmConfig(64, 64, 64, 8, 128, True)],
+    "hopper": [GemmConfig(128, 256, 64, 4, 256, True), GemmConfig(128, 192, 64, 4, 256, True, policy="FullRow"),
+               GemmConfig(128, 128, 64, 4, 256, True), GemmConfig(64, 256, 64, 4, 128, True),
+               GemmConfig(64, 128, 64, 6, 128, True), GemmConfig(64, 64, 64, 8, 128, True)],
     "ampere": [GemmConfig(128, 256, 32, 3, 256, True), GemmConfig(128, 128, 32, 4, 256, True),
                GemmConfig(64, 128, 32, 4, 128, True), GemmConfig(64, 64, 32, 6, 128, True)],
     "turing": [GemmConfig(128, 128, 32, 2, 128, True), GemmConfig(64, 128, 32, 2, 128, True),
@@ -133,24 +133,29 @@ SPLITS = (1, 2, 3, 4, 6, 8)  # K splits tried where a problem's tiles leave SMs 
 
 @dataclass(frozen=True)
 class Machine:
-    """What the cost model knows of a GPU family, per SM: dense fp16 tensor-core FLOP/s a big tile sustains,
-    bytes/s one SM's loads can take; and the whole GPU's memory bandwidth."""
+    """What the cost model knows of a GPU family, per SM: dense tensor-core FLOP/s the biggest tile sustains,
+    bytes/s one SM's loads can take; the whole GPU's memory bandwidth; fixed costs."""
 
     flops_per_sm: float
     load_per_sm: float
     memory: float
-    block_overhead: float = 2e-6  # a block's prologue (first loads in flight) and epilogue (the store)
+    block_overhead: float = 3e-6  # a block's prologue (the first loads in flight) and epilogue (the store)
     launch: float = 4e-6  # one kernel launch, as the timing sees it
 
 
-MACHINES = {"hopper": Machine(6.0e12, 95e9, 4.0e12), "ampere": Machine(2.4e12, 60e9, 1.6e12),
-            "ada": Machine(1.3e12, 50e9, 0.8e12), "turing": Machine(0.5e12, 40e9, 0.5e12)}
-MEMORY_LATENCY = 1.2e-6  # a load's round trip under load: bytes in flight / latency bounds a block's stream
+# Fitted to timings of the candidates on an H200 (bench/gemm_shapes_probe.py); the other families scaled by
+# their tensor-core rate and bandwidth. Only the ranking of candidates matters to the rule.
+MACHINES = {"hopper": Machine(5.4e12, 100e9, 3.2e12), "ampere": Machine(2.3e12, 60e9, 1.5e12),
+            "ada": Machine(1.2e12, 50e9, 0.8e12), "turing": Machine(0.5e12, 40e9, 0.5e12)}
+MEMORY_LATENCY = 1.6e-6  # a load's round trip under load: bytes in flight / latency bounds a block's stream
+# A tile's tensor-core rate per FLOP against the 128x256 tile's, compute-bound (8192^3 on an H200): smaller
+# tiles issue shorter MMAs and read more operand bytes per FLOP from shared memory.
+TILE_EFFICIENCY = {(128, 256): 1.0, (128, 192): 0.92, (128, 128): 0.85, (64, 256): 0.82, (64, 128): 0.62,
+                   (64, 64): 0.45}
 
 
 def tile_efficiency(config: GemmConfig) -> float:
-    """The share of a big tile's tensor-core rate a smaller one keeps (fewer, shorter MMAs per operand byte)."""
-    return {128: 1.0, 64: 0.8}.get(config.block_M, 1.0) * (1.0 if config.block_N >= 128 else 0.8)
+    return TILE_EFFICIENCY.get((config.block_M, config.block_N), 0.5)
 
 
 def k_steps(K: int, config: GemmConfig) -> int:
@@ -186,12 +191,12 @@ def estimate_seconds(M: int, N: int, K: int, config: GemmConfig, family: str, sm
 
 
 def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int) -> list[GemmConfig]:
-    """Every candidate tile that fits, each with every split of K that leaves a split at least 4 steps deep
-    and does not make more blocks than two waves."""
+    """Every candidate tile that fits (64 rows tall at most when M is), each with every split of K that
+    leaves a split at least 4 steps deep and does not make more blocks than two waves."""
     out = []
     for base in CANDIDATES[family]:
-        if not fits(base, smem_budget):
-            continue
+        if not fits(base, smem_budget) or (M <= 64 < base.block_M and any(c.block_M <= 64 for c in CANDIDATES[family])):
+            continue  # a tile twice as tall as the whole problem would only multiply zeros
         tiles = -(-M // base.block_M) * -(-N // base.block_N)
         steps = -(-K // base.block_K)
         for split in SPLITS:
@@ -384,7 +389,8 @@ def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget
 class GemmLauncher:
     """Runs a plan's kernels as one call, launcher(a, b, c) or launcher(a, b, bias, c): copies A and B into
     zero-padded buffers where the problem is not aligned (and C out of one), and with a split K runs the GEMM
-    into fp32 partials and the reduction into C. Buffers are allocated at the first call and kept."""
+    into fp32 partials and the reduction into C. Buffers (and their views) are made at the first call and
+    kept: their padding stays zero, and a call spends no time on Python it can skip."""
 
     def __init__(self, plan: GemmPlan, kernels: dict):
         self.plan, self.kernels, self.buffers = plan, kernels, None
@@ -392,35 +398,39 @@ class GemmLauncher:
     def _buffers(self, a):
         import torch
 
-        M, N, K = self.plan.kernel_shape
-        zeros = dict(dtype=a.dtype, device=a.device)
-        return {"a": torch.zeros((M, K), **zeros) if K != self.plan.K else None,
-                "b": torch.zeros((K, N), **zeros) if self.plan.padded else None,
-                "bias": torch.zeros((N,), **zeros) if N != self.plan.N else None,
-                "c": torch.empty((M, N), **zeros) if N != self.plan.N else None,
-                "w": (torch.empty((self.plan.config.split_k, M, N), dtype=torch.float32, device=a.device)
-                      if getattr(self.plan.config, "split_k", 1) > 1 else None)}
+        (M, N, K), (n, k) = self.plan.kernel_shape, (self.plan.N, self.plan.K)
+        new = dict(dtype=a.dtype, device=a.device)
+        padded = {"a": torch.zeros((M, K), **new) if K != k else None,
+                  "b": torch.zeros((K, N), **new) if self.plan.padded else None,
+                  "bias": torch.zeros((N,), **new) if N != n else None,
+                  "c": torch.empty((M, N), **new) if N != n else None}
+        views = {"a": (lambda t: t[:, :k]), "b": (lambda t: t[:k, :n]), "bias": (lambda t: t[:n]),
+                 "c": (lambda t: t[:, :n])}
+        splits = getattr(self.plan.config, "split_k", 1)
+        return {"padded": padded, "views": {key: views[key](t) for key, t in padded.items() if t is not None},
+                "w": torch.empty((splits, M, N), dtype=torch.float32, device=a.device) if splits > 1 else None}
 
     def __call__(self, a, b, *rest):
         bias, c = rest if len(rest) == 2 else (None, rest[0])
-        buf = self.buffers = self.buffers or self._buffers(a)
-        K, N = self.plan.K, self.plan.N
-        if buf["a"] is not None:
-            buf["a"][:, :K].copy_(a)
-            a = buf["a"]
-        if buf["b"] is not None:
-            buf["b"][:K, :N].copy_(b)
-            b = buf["b"]
-        if bias is not None and buf["bias"] is not None:
-            buf["bias"][:N].copy_(bias)
-            bias = buf["bias"]
-        out = c if buf["c"] is None else buf["c"]
-        epilogue_args = () if bias is None else (bias,)
-        if buf["w"] is not None:
-            self.kernels["gemm"](a, b, buf["w"])
-            self.kernels["reduce"](buf["w"], *epilogue_args, out)
+        if self.buffers is None:
+            self.buffers = self._buffers(a)
+        padded, views, w = self.buffers["padded"], self.buffers["views"], self.buffers["w"]
+        if "a" in views:
+            views["a"].copy_(a)
+            a = padded["a"]
+        if "b" in views:
+            views["b"].copy_(b)
+            b = padded["b"]
+        if bias is not None and "bias" in views:
+            views["bias"].copy_(bias)
+            bias = padded["bias"]
+        out = padded["c"] if "c" in views else c
+        epilogue = () if bias is None else (bias,)
+        if w is not None:
+            self.kernels["gemm"](a, b, w)
+            self.kernels["reduce"](w, *epilogue, out)
         else:
-            self.kernels["gemm"](a, b, *epilogue_args, out)
-        if buf["c"] is not None:
-            c.copy_(out[:, :N])
+            self.kernels["gemm"](a, b, *epilogue, out)
+        if "c" in views:
+            c.copy_(views["c"])
         return c
