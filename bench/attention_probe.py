@@ -447,7 +447,9 @@ def run_memory(results, jobs_by_config):
     if job is None:
         return
     kernel = compile_job(job)
-    naive_peak, fa_peak = peak_memory(B, H, S, D, kernel)
+    from sections.attention_plans import Problem
+
+    naive_peak, fa_peak = peak_memory(Problem(B, H, S, D, False), kernel)
     results["memory"] = dict(shape=[B, H, S, D], naive_peak_bytes=naive_peak, kernel_peak_bytes=fa_peak)
     log(f"memory B{B} H{H} S{S} D{D}: naive attention peak {tourkit.format_bytes(naive_peak)} above inputs, "
         f"flash kernel peak {tourkit.format_bytes(fa_peak)}")

@@ -80,7 +80,7 @@ def key_tiles(seq_len: int, block_N: int) -> int:
 
 # The per-iteration cost of the key loop outside the score columns themselves (row max and sum, rescaling O,
 # the waits), in columns' worth of work; the async kernel also runs one extra, fully masked iteration (its
-# Q·Kᵀ and softmax, no P·V: about half an iteration).
+# Q·Kᵀ and softmax, no P·V: about half an iteration). 32 matched the H200 (176 wide at 4096 keys, 144 at 3000).
 ITERATION_COST_COLUMNS = 32
 ASYNC_EXTRA_ITERATION = 0.5
 
@@ -94,14 +94,16 @@ def key_tile_width(seq_len: int, widths, extra_iterations: float) -> int:
     return min(sorted(widths, reverse=True), key=cost)
 
 
-# Hopper (wgmma): the FA3 schedule, by head dim. The async kernel's 128 query rows are two consumer warp
-# groups of 64; full attention streams the widest key tiles whose scores still fit in registers beside O
-# (head dim 128: 176 columns, as FlashAttention-3), causal attention 128-wide ones (the diagonal tile is
-# masked, so a narrower one wastes less). Fast math: exp2f becomes a bare ex2.approx.
-HOPPER_KEY_WIDTHS = {(False, 128): (128, 160, 176), (True, 128): (128,), (False, 64): (128, 160, 176),
-                     (True, 64): (128,)}
-# Below this many key tiles the async kernel's extra iteration costs more than its overlap saves.
-ASYNC_MIN_KEY_TILES = 3
+# Hopper (wgmma). Measured on an H200 over problems of many sizes (bench/attention_shapes_probe.py):
+# * the FA3 async schedule wins when a query block walks many key tiles: it overlaps the softmax with the MMAs
+#   and pays one extra, fully masked iteration, which a long walk amortizes. From 12 key tiles (128 wide) on
+#   average it was ahead at head dim 128 (causal blocks walk half the tiles on average);
+# * at head dim 64 a tile's two GEMMs are half as long, too short to hide the softmax: the compiler's pipeline
+#   was ahead on 8 of 10 problems, from 1K to 8K keys;
+# * full attention's async key tiles: 144 or 176 columns, whichever wastes less of the last tile (160 measured
+#   slower than both); causal ones 128 wide (a finer diagonal), the longest query blocks launched first.
+ASYNC_MIN_WALK = 12
+ASYNC_KEY_WIDTHS = (144, 176)
 # Ampere/Ada/Turing (or a Hopper budget too small for the above): no wgmma; the largest tiles that fit.
 OTHER_CANDIDATES = [(128, 128, 2), (128, 128, 1), (128, 64, 2), (128, 64, 1), (64, 64, 2), (64, 64, 1)]
 
@@ -113,28 +115,36 @@ def query_rows(problem: Problem, sms: int) -> int:
     return 64 if problem.seq_len <= 64 or 2 * blocks <= sms else 128
 
 
+def key_walk(problem: Problem) -> float:
+    """Key tiles (128 wide) a query block visits on average: all of them, or about half when causal."""
+    n = key_tiles(problem.seq_len, 128)
+    return (n + 1) / 2 if problem.causal else n
+
+
 def hopper_config(problem: Problem, sms: int):
-    rows = query_rows(problem, sms)
-    widths = HOPPER_KEY_WIDTHS[(problem.causal, problem.dim)]
-    n_tiles = key_tiles(problem.seq_len, 128)
+    rows, walk = query_rows(problem, sms), key_walk(problem)
     threads = 2 * rows  # one warp group (128 threads) per 64 query rows
-    if n_tiles < ASYNC_MIN_KEY_TILES:
-        width = 128 if problem.seq_len > 64 else 64
-        why = (f"{n_tiles} key tile(s) per query block: too few for the FA3 overlap to pay for its extra masked "
-               f"iteration, so the compiler's pipeline")
-        cfg = dict(kind="pipelined", block_M=rows, block_N=width, num_stages=2, threads=threads, fast_math=True)
-    else:
-        width = key_tile_width(problem.seq_len, widths, ASYNC_EXTRA_ITERATION)
-        why = f"the FA3 schedule (Q·Kᵀ of the next tile in flight with P·V), {width}-wide key tiles"
-        if len(widths) > 1:
-            why += f" (of {', '.join(map(str, widths))}: the least work for {problem.seq_len} keys)"
+    if problem.dim == 128 and walk >= ASYNC_MIN_WALK:
+        if problem.causal:
+            width, widths = 128, ""
+        else:
+            width = key_tile_width(problem.seq_len, ASYNC_KEY_WIDTHS, ASYNC_EXTRA_ITERATION)
+            widths = f" (of {' or '.join(map(str, ASYNC_KEY_WIDTHS))}: the least work for {problem.seq_len} keys)"
+        why = (f"a query block walks {walk:g} key tiles, enough for the FA3 schedule (the next Q·Kᵀ in flight "
+               f"with P·V) to pay for its extra masked iteration; {width}-wide key tiles{widths}")
         cfg = dict(kind="async", block_M=rows, block_N=width, num_stages=2, threads=threads, fast_math=True)
+    else:
+        why = ("head dim 64: a tile's GEMMs are too short to hide the softmax behind, so the compiler's pipeline"
+               if problem.dim == 64 else f"a query block walks {walk:g} key tile{'s' * (walk != 1)}, too few for the FA3 "
+               f"schedule's extra masked iteration to pay: the compiler's pipeline")
+        cfg = dict(kind="pipelined", block_M=rows, block_N=128 if problem.seq_len > 64 else 64, num_stages=2,
+                   threads=threads, fast_math=True)
     if problem.causal:
         cfg["heavy_first"] = True
         why += "; causal: the longest query blocks launch first"
     if rows == 64:
-        why += f"; 64-row query blocks: 128-row ones would fill only {n_tiles * problem.heads * problem.batch} " \
-               f"of {sms} SMs"
+        why += (f"; 64-row query blocks: 128-row ones would fill only "
+                f"{key_tiles(problem.seq_len, 128) * problem.heads * problem.batch} of {sms} SMs")
     return cfg, why
 
 
@@ -167,9 +177,4 @@ def describe(cfg: dict) -> list:
     """Table cells: tiles, stages, threads, schedule."""
     notes = [WORDS[cfg["kind"]]] + [word for key, word in WORDS.items() if cfg.get(key) is True]
     return [f"{cfg['block_M']}x{cfg['block_N']}", cfg["num_stages"], cfg["threads"], ", ".join(notes)]
-
-
-def waves(problem: Problem, block_M: int, sms: int) -> float:
-    """Query blocks per SM (one block per SM at a time: the tiles fill its shared memory)."""
-    return key_tiles(problem.seq_len, block_M) * problem.heads * problem.batch / sms
 

@@ -275,15 +275,16 @@ def bench_attention(problem: Problem, kernels: dict, rounds: int = 2) -> dict:
     return {**{name: times[name] for name in kernels}, "sdpa": times[best], "sdpa_kind": best}
 
 
-def peak_memory(batch, heads, seq_len, dim, attention) -> tuple[int, int]:
+def peak_memory(problem: Problem, attention) -> tuple[int, int]:
     """Peak bytes allocated beyond the inputs: naive attention (S×S scores materialized) vs the kernel."""
     import torch
 
-    q, k, v = (tourkit.random_tensor((batch, seq_len, heads, dim), torch.float16) for _ in range(3))
+    q, k, v, o = make_inputs(problem)
+    del o
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     try:  # the scores and the probabilities, B·H·S² each (P·V adds only the output)
-        torch.softmax(torch.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(dim)), dim=-1)
+        torch.softmax(torch.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(problem.dim)), dim=-1)
         torch.cuda.synchronize()
         naive = torch.cuda.max_memory_allocated() - base
     except torch.cuda.OutOfMemoryError:  # the argument, made by the GPU itself
@@ -308,11 +309,8 @@ def plan(ctx) -> list:
     appendix's where it takes the problem. With --shape: that problem alone, causal and full."""
     family = tourkit.ARCH_SPECS[ctx.arch].family
     sms = ctx.device.sm_count if ctx.device is not None and not ctx.compile_only else None
-    if ctx.shape is not None:
-        timed, odd = [ctx.shape], []
-    else:
-        timed = QUICK_SHAPES if ctx.quick else (FULL_SHAPES if ctx.full else BENCH_SHAPES)
-        odd = ODD_SHAPES[1:] if ctx.quick else ODD_SHAPES
+    timed = [ctx.shape] if ctx.shape else QUICK_SHAPES if ctx.quick else FULL_SHAPES if ctx.full else BENCH_SHAPES
+    odd = [] if ctx.shape else ODD_SHAPES[2:] if ctx.quick else ODD_SHAPES
     problems = [(plans.from_shape(dims, causal, ctx.dtype), is_timed)
                 for dims, is_timed in [(d, True) for d in timed] + [(d, False) for d in odd] for causal in (False, True)]
     items = []
@@ -383,10 +381,9 @@ def run(ctx) -> None:
     show_generated(ctx, built[decls[0].name].get_kernel_source())
 
     if ctx.full and ctx.shape is None:  # the memory argument: the S×S scores cost O(S²) bytes; the kernel its output
-        batch, heads, seq_len, dim = FULL_SHAPES[-1]
-        lesson = fns[f"lesson {plans.from_shape(FULL_SHAPES[-1], False, ctx.dtype).name}"]
-        naive, flash = peak_memory(batch, heads, seq_len, dim, lesson)
-        ctx.log(f"\npeak memory beyond the inputs at B{batch} H{heads} S{seq_len} D{dim}: naive attention "
+        problem = plans.from_shape(FULL_SHAPES[-1], False, ctx.dtype)
+        naive, flash = peak_memory(problem, fns[f"lesson {problem.name}"])
+        ctx.log(f"\npeak memory beyond the inputs at {problem.size}: naive attention "
                 f"{'ran out of memory' if naive < 0 else tourkit.format_bytes(naive)}, the lesson's kernel "
                 f"{tourkit.format_bytes(flash)} (the output). Doubling S quadruples the first, doubles the second.")
         ctx.metric(naive_peak_bytes=naive, flash_peak_bytes=flash)

@@ -51,31 +51,39 @@ def test_problem_names_flops_and_groups():
 
 
 def test_key_tile_width_pays_for_the_ragged_tail():
-    widths = (128, 160, 176)
-    assert plans.key_tile_width(16384, widths, 0.5) == 176  # long: the widest tile
-    assert plans.key_tile_width(777, widths, 0.5) == 160  # 800 columns, not 880 (176) or 896 (128)
-    assert plans.key_tile_width(1024, widths, 0.5) in (128, 176)
-    assert plans.key_tile_width(128, widths, 0.0) == 128
+    widths = plans.ASYNC_KEY_WIDTHS
+    assert plans.key_tile_width(4096, widths, 0.5) == 176  # 24 tiles of 176 beat 29 of 144
+    assert plans.key_tile_width(32768, widths, 0.5) == 176
+    assert plans.key_tile_width(3000, widths, 0.5) == 144  # 3024 columns, not 3168
+    assert plans.key_tile_width(128, (128, 160, 176), 0.0) == 128
 
 
 def test_hopper_rule_per_problem():
+    # long walks at head dim 128: the FA3 schedule; full attention's tile width by the ragged tail
     full, causal = hopper(Problem(4, 32, 4096, 128, False)), hopper(Problem(4, 32, 4096, 128, True))
     assert full["kind"] == causal["kind"] == "async" and full["fast_math"] and causal["fast_math"]
-    assert causal["block_N"] == 128 and causal["heavy_first"] and not full.get("heavy_first")
-    for problem in (Problem(2, 8, 8192, 64, False), Problem(4, 16, 2048, 64, True), Problem(1, 32, 3000, 128, True),
-                    Problem(1, 32, 4096, 128, False, kv_heads=8, dtype="bfloat16")):
+    assert (full["block_N"], causal["block_N"]) == (176, 128) and causal["heavy_first"] and not full.get("heavy_first")
+    assert hopper(Problem(1, 32, 3000, 128, False))["block_N"] == 144
+    assert hopper(Problem(1, 32, 4096, 128, True, kv_heads=8, dtype="bfloat16"))["kind"] == "async"
+    # short walks (a causal block walks about half the tiles) and head dim 64: the compiler's pipeline
+    for problem in (Problem(8, 32, 512, 128, False), Problem(2, 4, 1536, 128, True), Problem(2, 8, 8192, 64, False),
+                    Problem(4, 16, 2048, 64, True), Problem(2, 16, 2048, 64, False, kv_heads=2)):
         cfg = hopper(problem)
-        assert cfg["kind"] == "async" and cfg["block_M"] in (128, 192), (problem, cfg)
-        assert plans.smem_estimate(problem.dim, cfg["block_M"], cfg["block_N"], 2, True) <= HOPPER
-    # too few key tiles for the extra iteration to pay: the compiler's pipeline
-    assert hopper(Problem(8, 32, 256, 128, False))["kind"] == "pipelined"
+        assert cfg["kind"] == "pipelined" and (cfg["block_M"], cfg["block_N"]) == (128, 128), (problem, cfg)
+        assert cfg.get("heavy_first", False) == problem.causal
+    assert plans.key_walk(Problem(1, 1, 1536, 128, False)) == 12 == plans.ASYNC_MIN_WALK
+    assert hopper(Problem(1, 32, 1536, 128, False))["kind"] == "async"
     # a grid that would leave most SMs idle: 64-row query blocks (one warp group)
-    for problem in (Problem(1, 64, 1, 128, True), Problem(1, 8, 128, 64, False), Problem(1, 4, 7, 64, False)):
+    for problem in (Problem(1, 64, 1, 128, True), Problem(1, 8, 128, 64, False), Problem(1, 4, 7, 64, False),
+                    Problem(1, 1, 4096, 128, False)):
         cfg = hopper(problem)
         assert cfg["block_M"] == 64 and cfg["threads"] == 128, (problem, cfg)
-    # every rule's choice says why
-    cfg, why = plans.choose_config(Problem(1, 32, 777, 128, False), "hopper", HOPPER, 132)
-    assert "key tiles" in why and str(cfg["block_N"]) in why
+    assert hopper(Problem(1, 64, 1, 128, True))["block_N"] == 64
+    # every choice says why
+    cfg, why = plans.choose_config(Problem(1, 32, 3000, 128, False), "hopper", HOPPER, 132)
+    assert "24 key tiles" in why and "144-wide" in why
+    assert "head dim 64" in plans.choose_config(Problem(1, 32, 3000, 64, True), "hopper", HOPPER, 132)[1]
+    assert "fill only 64 of 132 SMs" in plans.choose_config(Problem(1, 64, 1, 128, True), "hopper", HOPPER, 132)[1]
     # a smaller budget (an sm_80-class GPU) falls back to a pipelined configuration that fits
     assert plans.choose_config(Problem(4, 32, 4096, 128, False), "hopper", 160 * 1024)[0]["kind"] == "pipelined"
 
@@ -108,7 +116,7 @@ def test_declared_kernels_lesson_and_appendix_side_by_side_on_hopper():
     names = [d.name for d in FA.kernels(ctx)]
     for mode in ("full", "causal"):  # the benchmarked problem: both kernels, each mode
         assert f"lesson B4 H32 S4096 D128 {mode}" in names and f"appendix B4 H32 S4096 D128 {mode}" in names
-    assert "lesson B2 H4 S1000 D64 causal" in names and "appendix B2 H4 S1000 D64 causal" not in names
+    assert "lesson B2 H4 S1000 D64 causal" in names and "appendix B2 H4 S1000 D64 causal" in names
     assert "lesson B1 H8 KVH2 S333 D64 full" in names
     assert not any("S16384" in n for n in names)  # only with --full
     assert any("S16384" in n for n in (d.name for d in FA.kernels(tourkit.TourContext(device=H200, full=True, echo=False))))
@@ -143,8 +151,11 @@ def test_elsewhere_the_lesson_kernel_alone():
 # Lowering (no GPU): ragged lengths so the masking paths are generated too
 # ---------------------------------------------------------------------------------------------------------
 
-LOWERED = [Problem(2, 4, 1000, 128, False), Problem(2, 4, 1000, 128, True),
-           Problem(1, 8, 333, 64, True, kv_heads=2, dtype="bfloat16"), Problem(3, 4, 1537, 64, False, kv_heads=1)]
+# full and causal at head dim 128 (the FA3 schedule on Hopper), grouped-query attention in bf16 and head dim 64
+# (the compiler's pipeline), 64-row blocks for a short problem
+LOWERED = [Problem(2, 4, 1600, 128, False, kv_heads=2), Problem(2, 4, 3000, 128, True),
+           Problem(1, 8, 333, 64, True, kv_heads=2, dtype="bfloat16"), Problem(3, 4, 1537, 64, False, kv_heads=1),
+           Problem(1, 1, 5000, 128, False)]
 
 
 @pytest.fixture(scope="module")
@@ -165,8 +176,10 @@ def test_expected_instructions_and_exp2(reports):
         tourkit.require_markers(rep, tourkit.TENSOR_CORE_MARKERS[tourkit.ARCH_SPECS[arch].family])
         assert "exp2f" in rep.source
         assert ("bfloat16_t" in rep.source) == (problem.dtype == "bfloat16"), (arch, problem)
-    hopper = [rep for arch, _, cfg, rep in reports if arch == "sm_90a" and cfg["kind"] == "async"]
-    assert len(hopper) == len(LOWERED) and all("wait_wgmma<1>" in rep.source for rep in hopper)
+    hopper = {problem: rep for arch, problem, _, rep in reports if arch == "sm_90a"}
+    for problem, rep in hopper.items():  # the FA3 schedule: one MMA left in flight
+        assert ("wait_wgmma<1>" in rep.source) == (problem.dim == 128), problem
+    assert hopper[LOWERED[-1]].threads == 256  # 64 query rows: one consumer warp group and TileLang's producer
 
 
 def test_shared_memory_estimates_bound_the_lowered_kernels(reports):

@@ -33,7 +33,9 @@ def test_appendix_configs_per_mode():
     assert full["block_N"] == causal["block_N"] == 160 and full["q_stages"] == 2
     assert full["split_tail"] and not causal.get("split_tail")  # causal pairs its tiles instead
     assert WS.choose_config(Problem(4, 32, 4096, 128, False), "hopper", HOPPER)["sms"] == WS.SM_COUNT_H100_H200
-    assert WS.choose_config(Problem(4, 32, 4096, 64, False), "hopper", HOPPER) is None  # no entry: the lesson's kernel alone
+    small = WS.choose_config(Problem(4, 32, 4096, 64, False), "hopper", HOPPER), WS.choose_config(
+        Problem(4, 32, 4096, 64, True), "hopper", HOPPER)
+    assert (small[0]["block_N"], small[1]["block_N"]) == (176, 128) and small[0]["split_tail"] and small[1]["heavy_first"]
     assert WS.choose_config(Problem(4, 32, 4096, 128, False), "ampere", HOPPER) is None
     assert WS.choose_config(Problem(4, 32, 4096, 128, False), "hopper", 160 * 1024) is None  # too little shared memory
 
@@ -311,13 +313,14 @@ def test_every_ws_schedule_matches_sdpa(causal, cfg):
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("problem", [(2, 4, 1000, 64), (1, 3, 777, 128), (1, 2, 129, 128), (1, 4, 1, 128),
-                                     (2, 8, 1000, 128, 2), (1, 6, 3000, 128, 3, "bfloat16")],
+                                     (2, 8, 1000, 128, 2), (1, 6, 3000, 128, 3, "bfloat16"), (4, 3, 256, 128),
+                                     (2, 16, 2048, 64, 2, "bfloat16")],
                          ids=lambda p: "x".join(map(str, p)))
 def test_appendix_configs_match_sdpa(problem, causal):
     """The appendix's configurations, also on one query row, grouped-query attention and bf16."""
     device = require_hopper()
     problem = Problem(*problem[:4], causal, *problem[4:])
-    cfg = dict(WS.HOPPER_CONFIGS[(causal, 128)], sms=device.sm_count)
+    cfg = WS.choose_config(problem, "hopper", HOPPER, device.sm_count)
     kernel = tilelang.compile(WS.build(problem, cfg), out_idx=None, target="cuda", pass_configs=FAST_MATH)
     (check,) = FA.check_attention(problem, {"appendix": WS.launcher(kernel)})
     assert check.passed, check.line()

@@ -28,7 +28,8 @@ roles out by hand, which adds:
   pieces after the first publish their (O, m, l) and release a flag, and the first piece merges them:
   (O, m, l) from disjoint key ranges combine exactly, by rescaling to the larger maximum.
 
-The online softmax itself is the lesson's macro, unchanged.
+The online softmax itself is the lesson's macro, unchanged, and the problems are the lesson's: any length, fp16
+or bf16, grouped-query attention (the producer loads key/value head h // groups for query head h).
 """
 
 import math
@@ -43,14 +44,20 @@ MIN_KEY_TILES_PER_PIECE = 2
 SPLIT_BARRIER = 10
 SM_COUNT_H100_H200 = 132  # the persistent grid's default when no GPU says otherwise (--compile-only)
 
-# Head dim 128 (the benchmarked problems), keyed by causal. 160-wide key tiles are the widest whose two K/V
-# stages fit next to two Q buffers; fast math turns exp2f into a bare ex2.approx. Full attention splits the
-# last wave along the keys; causal attention pairs its tiles (heaviest first when the count is odd).
+# Keyed by (causal, head dim). Head dim 128: 160-wide key tiles are the widest whose two K/V stages fit next to
+# two Q buffers. Head dim 64 (half the bytes per key): 176-wide tiles for full attention, 128-wide ones for causal
+# (a finer diagonal), as measured on an H200 against the other widths. Fast math turns exp2f into a bare
+# ex2.approx. Full attention splits the last wave along the keys; causal attention pairs its tiles (heaviest
+# first when the count is odd).
 HOPPER_CONFIGS = {
     (False, 128): dict(kind="ws", block_M=128, block_N=160, num_stages=2, threads=384, fast_math=True,
                        persistent=True, q_stages=2, stage_output=True, split_tail=True),
     (True, 128): dict(kind="ws", block_M=128, block_N=160, num_stages=2, threads=384, fast_math=True,
                       persistent=True, q_stages=2, stage_output=True, heavy_first=True),
+    (False, 64): dict(kind="ws", block_M=128, block_N=176, num_stages=2, threads=384, fast_math=True,
+                      persistent=True, q_stages=2, stage_output=True, split_tail=True),
+    (True, 64): dict(kind="ws", block_M=128, block_N=128, num_stages=2, threads=384, fast_math=True,
+                     persistent=True, q_stages=2, stage_output=True, heavy_first=True),
 }
 
 
@@ -153,8 +160,9 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
     n_tiles, n_query_blocks, _, online_softmax, _ = lesson.kernel_steps(seq_len, dim, block_M, block_N, causal,
                                                                         seq_len % block_N != 0)
     # Causal work per query block grows with its index. A persistent block walks the tiles with a fixed
-    # stride, so causal tiles go in pairs of equal total work: query blocks p and n-1-p of one head.
-    paired = persistent and causal and n_query_blocks % 2 == 0
+    # stride, so causal tiles go in pairs of equal total work: query blocks p and n-1-p of one head. Not with
+    # two query blocks (a pair would be the whole head; TileLang 0.1.15 also fails to lower that case).
+    paired = persistent and causal and n_query_blocks % 2 == 0 and n_query_blocks > 2
     tiles_per_item = 2 if paired else 1
     n_work = n_query_blocks * heads * batch // tiles_per_item
     grid = min(sms, n_work) if persistent else n_work
