@@ -29,7 +29,8 @@ import time
 
 import tourkit
 from sections.gemm_epilogue import epilogue_pass_configs, gelu_exact  # noqa: F401  (gelu_exact: the formula taught)
-from sections.gemm_schedules import fits, gemm_flops, gemm_program, lesson_schedules, reference, sm_count  # noqa: F401
+from sections.gemm_plans import GemmLauncher, GemmPlan
+from sections.gemm_schedules import fits, gemm_flops, gemm_program, lesson_schedules, reference, rule, sm_count  # noqa: F401
 from tourkit import KernelDecl, Section, SectionSkip
 
 TOLERANCE = 5e-3
@@ -81,13 +82,14 @@ def saved_traffic_bytes(M: int, N: int, elem_bytes: int = 2) -> int:
     return 4 * M * N * elem_bytes
 
 
-def fused_inputs(M: int, N: int, K: int, seed: int = 0):
+def fused_inputs(M: int, N: int, K: int, seed: int = 0, dtype: str = "float16"):
     import torch
 
-    a = tourkit.random_tensor((M, K), torch.float16, seed=seed)
-    b = tourkit.random_tensor((K, N), torch.float16, seed=seed + 1, scale=K ** -0.5)  # keep GELU's input O(1)
-    bias = tourkit.random_tensor((N,), torch.float16, seed=seed + 2)
-    return a, b, bias, torch.empty((M, N), dtype=torch.float16, device="cuda")
+    dt = getattr(torch, dtype)
+    a = tourkit.random_tensor((M, K), dt, seed=seed)
+    b = tourkit.random_tensor((K, N), dt, seed=seed + 1, scale=K ** -0.5)  # keep GELU's input O(1)
+    bias = tourkit.random_tensor((N,), dt, seed=seed + 2)
+    return a, b, bias, torch.empty((M, N), dtype=dt, device="cuda")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -95,8 +97,16 @@ def fused_inputs(M: int, N: int, K: int, seed: int = 0):
 # ---------------------------------------------------------------------------------------------------------
 
 
+def problem(ctx) -> tuple[int, int, int]:
+    """The user's problem (--shape), or the section's own square one."""
+    if ctx.shape is not None:
+        return tuple(ctx.shape)
+    size = 2048 if ctx.quick or ctx.compile_only else 8192
+    return size, size, size
+
+
 def problem_size(ctx) -> int:
-    return 2048 if ctx.quick or ctx.compile_only else 8192
+    return problem(ctx)[0]
 
 
 def appendix_for(ctx):
@@ -108,30 +118,42 @@ def appendix_for(ctx):
     return gemm_pingpong
 
 
-def kernel_name(config, activation: str, M: int) -> str:
-    return f"{config.columns()['kernel']} + bias + {activation} @{M}"
+def kernel_name(p: GemmPlan, activation: str, part: str = "gemm") -> str:
+    name = f"{p.config.columns()['kernel']} + bias + {activation} @{p.M}x{p.N}x{p.K}"
+    return name + ("" if p.dtype == "float16" else f" {p.dtype}") + ("" if part == "gemm" else f" ({part})")
 
 
 def planned(ctx):
-    """(config, builder, activation, M, nvcc) of every fused kernel the section runs: the lesson's with both
-    GELU forms at the section's size and a ragged one; on sm_90a the appendix's with exact GELU at both."""
-    family = tourkit.ARCH_SPECS[ctx.arch].family
-    size = problem_size(ctx)
-    config = lesson_config(family, ctx.smem_budget)
-    jobs = [(config, gemm_program, activation, M, (activation, M) in (("gelu", size), ("gelu_tanh", ODD[0])))
-            for M in (size, ODD[0]) for activation in APPROXIMATE]
+    """(plan, activation, timed, nvcc) of every fused kernel the section runs: the GEMM rule's schedule
+    (gemm_plans.choose_schedule) with exact GELU at the problem, and with both GELU forms at a ragged size
+    (not with --shape: the user's problem alone); on sm_90a the appendix's with exact GELU beside it."""
+    M, N, K = problem(ctx)
+    jobs = [(rule(ctx, M, N, K), "gelu", True, True)]
+    if ctx.shape is None:
+        jobs += [(rule(ctx, *ODD), activation, False, activation == "gelu_tanh") for activation in APPROXIMATE]
     appendix = appendix_for(ctx)
-    if appendix is not None:
-        jobs += [(appendix.appendix_schedule(M, M, M, sm_count(ctx)), appendix.appendix_program, "gelu", M, M == size)
-                 for M in (size, ODD[0])]
+    if appendix is not None and N % 8 == 0 and K % 8 == 0:
+        shapes = [(M, N, K)] + ([ODD] if ctx.shape is None else [])
+        jobs += [(GemmPlan(*shape, appendix.appendix_schedule(*shape, sm_count(ctx)), ctx.dtype), "gelu",
+                  shape == (M, N, K), shape == (M, N, K)) for shape in shapes]
     return jobs
+
+
+def parts(p: GemmPlan) -> tuple[str, ...]:
+    """The plan's programs: the GEMM, and the reduction (which applies the epilogue) with a split K."""
+    return ("gemm", "reduce") if getattr(p.config, "split_k", 1) > 1 else ("gemm",)
 
 
 def kernels(ctx) -> list[KernelDecl]:
     markers = tuple(tourkit.TENSOR_CORE_MARKERS[tourkit.ARCH_SPECS[ctx.arch].family])
-    return [KernelDecl(kernel_name(c, act, M), (lambda c=c, b=build, a=act, m=M: b(m, m, m, c, bias=True, activation=a)),
-                       pass_configs=epilogue_pass_configs(act), threads=c.threads, nvcc=nvcc, markers=markers,
-                       smem_limit=c.smem_bytes()) for c, build, act, M, nvcc in planned(ctx)]
+    return [KernelDecl(kernel_name(p, act, part), (lambda p=p, a=act, part=part: p.programs(True, a)[part]),
+                       pass_configs=epilogue_pass_configs(act), threads=p.config.threads, nvcc=nvcc,
+                       markers=markers if part == "gemm" else (), smem_limit=p.config.smem_bytes())
+            for p, act, _, nvcc in planned(ctx) for part in parts(p)]
+
+
+def launcher(built: dict, p: GemmPlan, activation: str) -> GemmLauncher:
+    return GemmLauncher(p, {part: built[kernel_name(p, activation, part)] for part in parts(p)})
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -140,15 +162,15 @@ def kernels(ctx) -> list[KernelDecl]:
 
 
 def check(ctx, built: dict) -> None:
-    """Every fused kernel against the float32 reference on fresh random inputs, eager's fp16 error beside."""
+    """Every fused kernel against the float32 reference on fresh random inputs, eager's error beside."""
     checks = []
-    for config, _, activation, M, _ in planned(ctx):
-        kernel = built[kernel_name(config, activation, M)]
-        a, b, bias, c = fused_inputs(M, M, M, seed=3)
+    for p, activation, _, _ in planned(ctx):
+        run = launcher(built, p, activation)
+        a, b, bias, c = fused_inputs(p.M, p.N, p.K, seed=3, dtype=p.dtype)
         ref = reference(a, b, bias, activation)
-        result = tourkit.validate(kernel_name(config, activation, M), lambda: kernel(a, b, bias, c), c, ref, TOLERANCE)
+        result = tourkit.validate(kernel_name(p, activation), lambda: run(a, b, bias, c), c, ref, TOLERANCE)
         eager_err = tourkit.relative_error(eager(a, b, bias, activation), ref)
-        ctx.log(f"{result.line()}   (eager fp16: {tourkit.format_error(eager_err)})")
+        ctx.log(f"{result.line()}   (eager: {tourkit.format_error(eager_err)})")
         checks.append(result)
     tourkit.require(checks)
 
@@ -178,11 +200,12 @@ def torch_compiled(ctx, a, b, bias):
 
 def benchmark(ctx, built: dict) -> None:
     """The fused kernels (exact GELU), eager PyTorch and torch.compile, timed in turns in one call."""
-    M = N = K = problem_size(ctx)
-    a, b, bias, c = fused_inputs(M, N, K)
-    fused = [(config, built[kernel_name(config, "gelu", m)]) for config, _, act, m, _ in planned(ctx)
-             if act == "gelu" and m == M]
-    contenders = {config.label(): (lambda k: lambda: k(a, b, bias, c))(kernel) for config, kernel in fused}
+    M, N, K = problem(ctx)
+    a, b, bias, c = fused_inputs(M, N, K, dtype=ctx.dtype)
+    fused = [(p, launcher(built, p, act)) for p, act, timed, _ in planned(ctx) if timed]
+    if ctx.shape is not None:
+        ctx.log(f"the fused kernel's schedule, by the GEMM rule: {fused[0][0].config.label()}:\n  {fused[0][0].describe()}")
+    contenders = {p.config.label(): (lambda k: lambda: k(a, b, bias, c))(kernel) for p, kernel in fused}
     contenders["eager PyTorch (3 kernels)"] = lambda: eager(a, b, bias)
     mode, compiled = torch_compiled(ctx, a, b, bias)
     compiled_name = f"torch.compile ({mode})"
@@ -194,22 +217,23 @@ def benchmark(ctx, built: dict) -> None:
     flops, eager_ms, compile_ms = gemm_flops(M, N, K), ms["eager PyTorch (3 kernels)"], ms.get(compiled_name)
     rows = []
     for name, t in ms.items():
-        config = next((cfg for cfg, _ in fused if cfg.label() == name), None)
+        config = next((p.config for p, _ in fused if p.config.label() == name), None)
         what = f"{config.columns()['kernel']} {config.columns()['tile']}" if config else name
         rows.append([what, f"{t:.3f}", f"{tourkit.tflops(flops, t):.0f}", f"{tourkit.speedup(eager_ms, t):.3f}x",
                      f"{tourkit.speedup(compile_ms, t):.3f}x" if compile_ms else "-"])
-    ctx.log(f"\ngelu(A @ B + bias), {M}x{N}x{K} fp16 (timed in turns after {tourkit.SETTLE_MS / 1e3:.1f} s of "
+    ctx.log(f"\ngelu(A @ B + bias), {M}x{N}x{K} {ctx.dtype} (timed in turns after {tourkit.SETTLE_MS / 1e3:.1f} s of "
             f"untimed load: {rounds} rounds, forward and backward)")
     ctx.table(["implementation", "ms", "TFLOP/s", "vs eager", f"vs torch.compile ({mode})"], rows)
     saved = saved_traffic_bytes(M, N)
-    ctx.log(f"intermediate global-memory traffic saved by fusing: {tourkit.format_bytes(saved)} (two {M}x{N} fp16 "
+    ctx.log(f"intermediate global-memory traffic saved by fusing: {tourkit.format_bytes(saved)} (two {M}x{N} "
             f"tensors, each written once and read once)")
-    for who, (config, _) in zip(("lesson", "appendix"), fused):
-        ctx.headline(**{f"{who}_vs_eager": round(tourkit.speedup(eager_ms, ms[config.label()]), 3)})
+    for who, (p, _) in zip(("lesson", "appendix"), fused):
+        ctx.headline(**{f"{who}_vs_eager": round(tourkit.speedup(eager_ms, ms[p.config.label()]), 3)})
         if compile_ms:
-            ctx.headline(**{f"{who}_vs_compile": round(tourkit.speedup(compile_ms, ms[config.label()]), 3)})
-    ctx.metric(size=M, lesson=fused[0][0].label(), appendix=fused[1][0].label() if len(fused) > 1 else None,
-               saved_bytes=saved, ms={n: round(t, 4) for n, t in ms.items()})
+            ctx.headline(**{f"{who}_vs_compile": round(tourkit.speedup(compile_ms, ms[p.config.label()]), 3)})
+    ctx.metric(size=M if M == N == K else f"{M}x{N}x{K}", dtype=ctx.dtype, lesson=fused[0][0].config.label(),
+               appendix=fused[1][0].config.label() if len(fused) > 1 else None, saved_bytes=saved,
+               ms={n: round(t, 4) for n, t in ms.items()})
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -219,17 +243,20 @@ def benchmark(ctx, built: dict) -> None:
 
 def compile_only(ctx, decls) -> None:
     reports = tourkit.inspect_declared(ctx, decls)
-    for config, _, activation, M, _ in planned(ctx):
-        report = reports[kernel_name(config, activation, M)]
+    for p, activation, _, _ in planned(ctx):
+        report = reports[kernel_name(p, activation, parts(p)[-1])]  # the epilogue: the GEMM's, or the reduction's
         math_fn = "exp2f(" if activation == "gelu" else "tanh"  # exact GELU: the rational erfc's exponential
         if math_fn not in report.source:
             raise tourkit.ValidationError(f"{report.name}: expected {math_fn} in the epilogue of the generated CUDA")
-    excerpt = tourkit.source_excerpt(reports[decls[0].name].source, r"exp2f\(", context=2, limit=6)
+    first = planned(ctx)[0]
+    excerpt = tourkit.source_excerpt(reports[kernel_name(first[0], "gelu", parts(first[0])[-1])].source, r"exp2f\(",
+                                     context=2, limit=6)
     ctx.log("\nThe fused epilogue in the generated CUDA (on the accumulator registers, before the store):")
     ctx.log(tourkit.indent(excerpt, "  | "))
-    saved = saved_traffic_bytes(8192, 8192)
-    ctx.log(f"at 8192^3 fusing saves {tourkit.format_bytes(saved)} of intermediate global-memory traffic")
-    ctx.headline(arch=ctx.arch, kernels=len(decls), saved_bytes_8192=saved)
+    M, N, _ = problem(ctx) if ctx.shape is not None else (8192, 8192, 8192)
+    saved = saved_traffic_bytes(M, N)
+    ctx.log(f"at {M}x{N} fusing saves {tourkit.format_bytes(saved)} of intermediate global-memory traffic")
+    ctx.headline(arch=ctx.arch, kernels=len(decls), **{"saved_bytes" if ctx.shape else "saved_bytes_8192": saved})
 
 
 def run(ctx) -> None:
@@ -237,6 +264,8 @@ def run(ctx) -> None:
     if ctx.compile_only:
         compile_only(ctx, decls)
         return
+    M, N, K = problem(ctx)
+    tourkit.require_device_memory(ctx, 12 * (M * K + K * N + M * N), f"the {M}x{N}x{K} fused GEMM with its references")
     built = tourkit.build_declared(decls, log=ctx.log)
     check(ctx, built)
     benchmark(ctx, built)
