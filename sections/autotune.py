@@ -37,7 +37,6 @@ import dataclasses
 import functools
 import hashlib
 import inspect
-import itertools
 import json
 import logging
 import os
@@ -49,7 +48,10 @@ import time
 from pathlib import Path
 
 import tourkit
-from sections.gemm_schedules import GemmConfig, fits, gemm_flops, gemm_program
+# The search space (a product of values per knob, filtered by shared memory) is a schedule rule: gemm_plans.
+from sections.gemm_plans import (SPACES, TUNED_KEYS, GemmLauncher, GemmPlan, aligned, describe, filter_space,  # noqa: F401
+                                 search_space, to_gemm_config)
+from sections.gemm_schedules import GemmConfig, gemm_flops, gemm_program
 from tourkit import ARCH_SPECS, KernelDecl, Section, SectionSkip
 
 TUNE_SIZE, QUICK_TUNE_SIZE = 8192, 2048
@@ -59,55 +61,19 @@ WARMUP_ITERS, TIMED_ITERS = 10, 50
 RUNNERS_UP = 2  # the autotuner's next fastest, re-timed with its pick and cuBLAS
 VERDICT_ROUNDS, QUICK_VERDICT_ROUNDS = 4, 2  # forward/backward rounds of bench_interleaved
 NVCC_BUILDS = 2  # compile-only: every configuration is lowered, this many also go through nvcc
-TOLERANCE = 2e-3  # fp16 output, fp32 accumulation, vs a float64 reference
-
-# The search space: a product of values per knob, filtered by shared memory.
-TUNED_KEYS = ("block_M", "block_N", "block_K", "num_stages", "threads", "swizzle")
-SPACES: dict[str, dict[str, dict[str, list]]] = {
-    # Hopper: two consumer warpgroups (256 threads; TileLang adds a producer warpgroup), as one alone cannot hold
-    # a 128x256 fp32 accumulator in registers. 256x256 with 4 stages needs 256 KiB: the filter drops it.
-    "hopper": {"default": {"block_M": [128, 256], "block_N": [128, 256], "block_K": [64], "num_stages": [3, 4],
-                           "threads": [256], "swizzle": [True, False]},
-               "full": {"block_M": [64, 128, 256], "block_N": [128, 256], "block_K": [32, 64],
-                        "num_stages": [2, 3, 4], "threads": [128, 256], "swizzle": [True, False]}},
-    "ampere": {"default": {"block_M": [128, 256], "block_N": [128, 256], "block_K": [32], "num_stages": [3, 4],
-                           "threads": [256], "swizzle": [True, False]},
-               "full": {"block_M": [64, 128, 256], "block_N": [64, 128, 256], "block_K": [32, 64],
-                        "num_stages": [2, 3, 4], "threads": [128, 256], "swizzle": [True, False]}},
-    "turing": {"default": {"block_M": [64, 128], "block_N": [64, 128], "block_K": [32], "num_stages": [2],
-                           "threads": [128, 256], "swizzle": [True, False]},
-               "full": {"block_M": [64, 128, 256], "block_N": [64, 128, 256], "block_K": [32, 64],
-                        "num_stages": [1, 2, 3], "threads": [128, 256], "swizzle": [True, False]}},
-}
-SPACES["ada"] = SPACES["ampere"]
-
-
-def search_space(family: str, full: bool = False) -> list[dict]:
-    """Every combination of the family's values: the config dicts tilelang.autotune takes."""
-    if family not in SPACES:
-        raise ValueError(f"no autotune space for architecture family {family!r}")
-    axes = SPACES[family]["full" if full else "default"]
-    return [dict(zip(TUNED_KEYS, values)) for values in itertools.product(*(axes[k] for k in TUNED_KEYS))]
-
-
-def to_gemm_config(config: dict) -> GemmConfig:
-    return GemmConfig(*(config[k] for k in TUNED_KEYS))
-
-
-def filter_space(configs: list[dict], smem_budget: int) -> tuple[list[dict], list[tuple[dict, int]]]:
-    """Split the space into what fits one block's shared memory and what does not (with the bytes it needs)."""
-    kept = [c for c in configs if fits(to_gemm_config(c), smem_budget)]
-    return kept, [(c, to_gemm_config(c).smem_bytes()) for c in configs if c not in kept]
-
-
-def describe(c: dict) -> str:
-    """A schedule in words: '128x256x64 tile, 3 stages, 256 threads, swizzled'."""
-    return (f"{c['block_M']}x{c['block_N']}x{c['block_K']} tile, {c['num_stages']} stages, {c['threads']} threads, "
-            f"{'swizzled' if c['swizzle'] else 'not swizzled'}")
-
+TOLERANCE = {"float16": 2e-3, "bfloat16": 5e-3}  # one output rounding, fp32 accumulation, vs float64
 
 def tuned_size(ctx) -> int:
     return QUICK_TUNE_SIZE if ctx.quick else TUNE_SIZE
+
+
+def tuned_shape(ctx) -> tuple[int, int, int]:
+    """The problem tuned: the user's (--shape; N and K rounded up to multiples of 8, the kernels' 16-byte
+    rows, the rest zeros) or the section's own square one."""
+    if ctx.shape is None:
+        return (tuned_size(ctx),) * 3
+    M, N, K = ctx.shape
+    return M, aligned(N), aligned(K)
 
 
 def kept_space(ctx) -> tuple[list[dict], list[dict], list[tuple[dict, int]]]:
@@ -119,20 +85,20 @@ def kernels(ctx) -> list[KernelDecl]:
     """Every configuration that passes the filter, at the tuned size, as tilelang.autotune compiles it
     (out_idx=[-1]: C is returned). Compiled in the background before the section runs, they make the
     autotuner's own compiles cache hits."""
-    family, size = ARCH_SPECS[ctx.arch].family, tuned_size(ctx)
+    family, shape = ARCH_SPECS[ctx.arch].family, tuned_shape(ctx)
     _, kept, _ = kept_space(ctx)
-    return [KernelDecl(to_gemm_config(c).label(), functools.partial(gemm_program, size, size, size, to_gemm_config(c)),
-                       out_idx=[-1], threads=c["threads"], nvcc=i < NVCC_BUILDS,
+    return [KernelDecl(to_gemm_config(c).label(), functools.partial(gemm_program, *shape, to_gemm_config(c),
+                                                                    dtype=ctx.dtype), out_idx=[-1], threads=c["threads"], nvcc=i < NVCC_BUILDS,
                        markers=tuple(tourkit.TENSOR_CORE_MARKERS[family]), smem_limit=ctx.smem_budget)
             for i, c in enumerate(kept)]
 
 
 # The tuned function, one tuning, and the cache.
 
-def gemm_for_tuning(M, N, K, builder="", block_M=128, block_N=128, block_K=64, num_stages=3, threads=256,
-                    swizzle=True):
+def gemm_for_tuning(M, N, K, builder="", dtype="float16", block_M=128, block_N=128, block_K=64, num_stages=3,
+                    threads=256, swizzle=True):
     """The gemm_schedules GEMM, with the schedule as keyword arguments. `builder` only enters the cache key."""
-    return gemm_program(M, N, K, GemmConfig(block_M, block_N, block_K, num_stages, threads, swizzle))
+    return gemm_program(M, N, K, GemmConfig(block_M, block_N, block_K, num_stages, threads, swizzle), dtype=dtype)
 
 
 def builder_hash() -> str:
@@ -202,13 +168,14 @@ class Tuned:
     searched: bool  # False: a cache hit, which holds no readings
 
 
-def tune(M: int, N: int, K: int, configs: list[dict], target="cuda", verbose: bool = False) -> Tuned:
+def tune(M: int, N: int, K: int, configs: list[dict], target="cuda", verbose: bool = False,
+         dtype: str = "float16") -> Tuned:
     """One tilelang.autotune call: a search, or a cache hit. `target`: "cuda" (this GPU) or a target dict."""
     tourkit.quiet_tilelang()
     readings: dict[int, float] = {}
     started = time.perf_counter()
     with quiet_autotuner(configs, readings, verbose):
-        kernel = make_tuner(configs, target)(M, N, K, builder_hash())
+        kernel = make_tuner(configs, target)(M, N, K, builder_hash(), dtype)
     config = {k: kernel.config[k] for k in TUNED_KEYS}
     return Tuned(kernel, config, time.perf_counter() - started, readings, bool(readings))
 
@@ -222,13 +189,14 @@ def forget_in_memory(kernel) -> int:
     return len([AutoTuner._memory_cache.pop(k) for k in keys])
 
 
-def readings_path(M: int, N: int, K: int, configs: list[dict], target="cuda") -> Path:
+def readings_path(M: int, N: int, K: int, configs: list[dict], target="cuda", dtype: str = "float16") -> Path:
     """Where the tour keeps the autotuner's per-configuration readings of a search, beside its cache: a later
     run that finds the pick cached still knows the runners-up."""
     import tilelang
     from tilelang.autotuner.tuner import AutoTuner
 
-    key = json.dumps([M, N, K, configs, str(target), builder_hash(), WARMUP_ITERS, TIMED_ITERS, tilelang.__version__])
+    key = json.dumps([M, N, K, configs, str(target), builder_hash(), WARMUP_ITERS, TIMED_ITERS, tilelang.__version__]
+                     + ([dtype] if dtype != "float16" else []))
     return AutoTuner._get_cache_dir().parent / "tour_autotune" / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
 
 
@@ -244,12 +212,12 @@ def load_readings(path: Path) -> dict[int, float]:
         return {}
 
 
-def tune_in_child(M: int, N: int, K: int, configs: list[dict]) -> dict:
+def tune_in_child(M: int, N: int, K: int, configs: list[dict], dtype: str = "float16") -> dict:
     """The same tuning in a new Python process, which finds the result on disk (--full only: a process start
     and its imports cost seconds)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = (f"import json, sys; sys.path.insert(0, {root!r}); from sections import autotune; "
-            f"t = autotune.tune({M}, {N}, {K}, {configs!r}); print('TUNED', json.dumps([t.seconds, t.config]))")
+            f"t = autotune.tune({M}, {N}, {K}, {configs!r}, dtype={dtype!r}); print('TUNED', json.dumps([t.seconds, t.config]))")
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           cwd=tempfile.gettempdir())
@@ -258,6 +226,17 @@ def tune_in_child(M: int, N: int, K: int, configs: list[dict]) -> dict:
         raise RuntimeError(f"the new process did not report (exit {done.returncode}): {done.stderr.strip()[-300:]}")
     seconds, config = json.loads(lines[-1][len("TUNED "):])
     return {"seconds": seconds, "config": config, "wall": time.perf_counter() - started}
+
+
+def on_padded(kernel, a, b, config: dict, N: int, K: int):
+    """kernel(a, b) -> c at the tuned sizes; where those are the problem's rounded up, through the GEMM's
+    launcher: zero-padded copies of A and B made at each call, as a user's call would, C copied out."""
+    if a.shape[1] == K and b.shape[1] == N:
+        return lambda: kernel(a, b)
+    run = GemmLauncher(GemmPlan(a.shape[0], b.shape[1], a.shape[1], to_gemm_config(config)), {"gemm": kernel},
+                       returns_c=True)
+    c = a.new_empty((a.shape[0], b.shape[1]))
+    return lambda: run(a, b, c)
 
 
 def leaders(readings: dict[int, float], pick: int, n: int = RUNNERS_UP) -> list[int]:
@@ -294,10 +273,10 @@ def report_space(ctx, space: list[dict], kept: list[dict], dropped: list[tuple[d
                           f"one block may use on {ctx.arch}: nothing to tune")
 
 
-def first_tuning(ctx, M: int, kept: list[dict]) -> Tuned:
+def first_tuning(ctx, shape: tuple[int, int, int], kept: list[dict]) -> Tuned:
     """The autotuner's search, or its cached pick with the readings of the search that found it."""
-    path = readings_path(M, M, M, kept)
-    tuned = tune(M, M, M, kept, verbose=ctx.full)
+    path = readings_path(*shape, kept, dtype=ctx.dtype)
+    tuned = tune(*shape, kept, verbose=ctx.full, dtype=ctx.dtype)
     if tuned.searched:
         save_readings(path, tuned.readings)
         ctx.log(f"searched in {tuned.seconds:.1f} s: {len(tuned.readings)} of {len(kept)} configurations timed")
@@ -312,7 +291,7 @@ def first_tuning(ctx, M: int, kept: list[dict]) -> Tuned:
 def report_verdict(ctx, kept: list[dict], tuned: Tuned, pick: int, retimed: dict[int, float], cublas_ms: float,
                    rounds: int) -> None:
     """The autotuner's readings, fastest first, beside the timing in turns of the pick, its runners-up and cuBLAS."""
-    flops = gemm_flops(*(tuned_size(ctx),) * 3)
+    flops = gemm_flops(*(ctx.shape or tuned_shape(ctx)))
     order = sorted(range(len(kept)), key=lambda i: (i not in tuned.readings, tuned.readings.get(i, 0), i))
     rows = []
     for i in order[:max(16, len(retimed))]:
@@ -343,37 +322,40 @@ def run(ctx) -> None:
     import torch
     from tilelang.env import env
 
-    M = N = K = tuned_size(ctx)
+    (M, N, K), (_, N0, K0) = tuned_shape(ctx), ctx.shape or tuned_shape(ctx)
     built = tourkit.build_declared(decls, log=ctx.log)
-    ctx.log(f"tilelang.autotune over {len(kept)} configurations at {M}^3 (warmup={WARMUP_ITERS}, rep={TIMED_ITERS} "
-            f"launches each, one configuration after another)")
-    tuned = first_tuning(ctx, M, kept)
+    ctx.log(f"tilelang.autotune over {len(kept)} configurations at {M}x{N}x{K} {ctx.dtype} (warmup={WARMUP_ITERS}, "
+            f"rep={TIMED_ITERS} launches each, one configuration after another)" + (
+                f"; the problem is {M}x{N0}x{K0}: the verdict times the padding copies too" if (N, K) != (N0, K0) else ""))
+    tuned = first_tuning(ctx, (M, N, K), kept)
     pick = kept.index(tuned.config)
 
     # The cache: drop the in-memory result and tune again, as a new process would: the disk answers.
     forget_in_memory(tuned.kernel)
-    again = tune(M, N, K, kept)
+    again = tune(M, N, K, kept, dtype=ctx.dtype)
     ctx.log(f"re-tune of the same space, in-memory result dropped: {again.seconds:.2f} s "
             f"({'searched again: the autotuner cache is off' if again.searched else 'from the on-disk cache'})")
     if again.config != tuned.config and env.is_cache_enabled() and not env.is_autotune_cache_disabled():
         raise tourkit.ValidationError(f"the cached re-tune returned {describe(again.config)}, "
                                       f"not {describe(tuned.config)}")
-    child = tune_in_child(M, N, K, kept) if ctx.full else None
+    child = tune_in_child(M, N, K, kept, ctx.dtype) if ctx.full else None
     if child:
         ctx.log(f"re-tune in a new process: {child['seconds']:.2f} s ({child['wall']:.1f} s with start and imports)")
 
-    a = tourkit.random_tensor((M, K), torch.float16, seed=11)
-    b = tourkit.random_tensor((K, N), torch.float16, seed=12)
-    c = torch.empty(M, N, dtype=torch.float16, device="cuda")
-    check = tourkit.validate(f"autotuned GEMM ({describe(tuned.config)})", lambda: c.copy_(tuned.kernel(a, b)), c,
-                             a.double() @ b.double(), TOLERANCE)
+    a = tourkit.random_tensor((M, K0), getattr(torch, ctx.dtype), seed=11)
+    b = tourkit.random_tensor((K0, N0), getattr(torch, ctx.dtype), seed=12)
+    c = torch.empty(M, N0, dtype=a.dtype, device="cuda")
+    call = {i: on_padded(tuned.kernel if i == pick else built[to_gemm_config(cfg).label()], a, b, cfg, N, K)
+            for i, cfg in enumerate(kept) if i == pick or to_gemm_config(cfg).label() in built}
+    check = tourkit.validate(f"autotuned GEMM ({describe(tuned.config)})", lambda: c.copy_(call[pick]()), c,
+                             a.double() @ b.double(), TOLERANCE[ctx.dtype])
     ctx.log(check.line())
     tourkit.require([check])
 
     # The verdict: the pick, its runners-up (the whole space with --full) and cuBLAS, in one timing in turns.
     label = {i: to_gemm_config(cfg).label() for i, cfg in enumerate(kept)}
     retime = list(range(len(kept))) if ctx.full else leaders(tuned.readings, pick)
-    contenders = {i: (lambda k=(tuned.kernel if i == pick else built[label[i]]): k(a, b)) for i in retime}
+    contenders = {i: call[i] for i in retime}
     rounds = QUICK_VERDICT_ROUNDS if ctx.quick or ctx.full else VERDICT_ROUNDS
     times = tourkit.bench_interleaved({**contenders, "cuBLAS": lambda: torch.matmul(a, b)}, rounds=rounds)
     verdict = judge(times, pick)
@@ -385,7 +367,7 @@ def run(ctx) -> None:
     ctx.log(f"the autotuner's pick, {describe(tuned.config)}: {verdict['vs_cublas']:.3f}x cuBLAS, {fastest}")
     ctx.headline(winner=describe(tuned.config), vs_cublas=round(verdict["vs_cublas"], 3),
                  gap=round(verdict["gap"], 4), retune_s=round(again.seconds, 3))
-    ctx.metric(size=M, winner_config=tuned.config, searched=tuned.searched, first_tune_s=tuned.seconds,
+    ctx.metric(size=M if ctx.shape is None else "x".join(map(str, ctx.shape)), dtype=ctx.dtype, winner_config=tuned.config, searched=tuned.searched, first_tune_s=tuned.seconds,
                autotuner_ms={label[i]: ms for i, ms in tuned.readings.items()}, cublas_ms=times["cuBLAS"],
                retimed_ms={label[i]: ms for i, ms in retimed.items()}, fastest_retimed=label[verdict["fastest"]],
                rel_error=check.rel_error, child=child)

@@ -17,6 +17,7 @@ to the sums, and C comes back out of a padded buffer. The copies are part of wha
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
+import itertools
 from dataclasses import dataclass, replace
 
 import tilelang.language as T
@@ -238,6 +239,52 @@ def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget) -> str
     return f"{line}; {said(options[other])} would take {times[other] * 1e6:.0f} us ({why})"
 
 
+# ---- The autotune lesson's search space: a product of values per knob, filtered by shared memory ------
+
+TUNED_KEYS = ("block_M", "block_N", "block_K", "num_stages", "threads", "swizzle")
+SPACES: dict[str, dict[str, dict[str, list]]] = {
+    # Hopper: two consumer warpgroups (256 threads; TileLang adds a producer warpgroup), as one alone cannot hold
+    # a 128x256 fp32 accumulator in registers. 256x256 with 4 stages needs 256 KiB: the filter drops it.
+    "hopper": {"default": {"block_M": [128, 256], "block_N": [128, 256], "block_K": [64], "num_stages": [3, 4],
+                           "threads": [256], "swizzle": [True, False]},
+               "full": {"block_M": [64, 128, 256], "block_N": [128, 256], "block_K": [32, 64],
+                        "num_stages": [2, 3, 4], "threads": [128, 256], "swizzle": [True, False]}},
+    "ampere": {"default": {"block_M": [128, 256], "block_N": [128, 256], "block_K": [32], "num_stages": [3, 4],
+                           "threads": [256], "swizzle": [True, False]},
+               "full": {"block_M": [64, 128, 256], "block_N": [64, 128, 256], "block_K": [32, 64],
+                        "num_stages": [2, 3, 4], "threads": [128, 256], "swizzle": [True, False]}},
+    "turing": {"default": {"block_M": [64, 128], "block_N": [64, 128], "block_K": [32], "num_stages": [2],
+                           "threads": [128, 256], "swizzle": [True, False]},
+               "full": {"block_M": [64, 128, 256], "block_N": [64, 128, 256], "block_K": [32, 64],
+                        "num_stages": [1, 2, 3], "threads": [128, 256], "swizzle": [True, False]}},
+}
+SPACES["ada"] = SPACES["ampere"]
+
+
+def search_space(family: str, full: bool = False) -> list[dict]:
+    """Every combination of the family's values: the config dicts tilelang.autotune takes."""
+    if family not in SPACES:
+        raise ValueError(f"no autotune space for architecture family {family!r}")
+    axes = SPACES[family]["full" if full else "default"]
+    return [dict(zip(TUNED_KEYS, values)) for values in itertools.product(*(axes[k] for k in TUNED_KEYS))]
+
+
+def to_gemm_config(config: dict) -> GemmConfig:
+    return GemmConfig(*(config[k] for k in TUNED_KEYS))
+
+
+def filter_space(configs: list[dict], smem_budget: int) -> tuple[list[dict], list[tuple[dict, int]]]:
+    """Split the space into what fits one block's shared memory and what does not (with the bytes it needs)."""
+    kept = [c for c in configs if fits(to_gemm_config(c), smem_budget)]
+    return kept, [(c, to_gemm_config(c).smem_bytes()) for c in configs if c not in kept]
+
+
+def describe(c: dict) -> str:
+    """A schedule in words: '128x256x64 tile, 3 stages, 256 threads, swizzled'."""
+    return (f"{c['block_M']}x{c['block_N']}x{c['block_K']} tile, {c['num_stages']} stages, {c['threads']} threads, "
+            f"{'swizzled' if c['swizzle'] else 'not swizzled'}")
+
+
 # ---- The problem, padded where its rows are not 16-byte aligned ----------------------------------------
 
 
@@ -392,8 +439,9 @@ class GemmLauncher:
     into fp32 partials and the reduction into C. Buffers (and their views) are made at the first call and
     kept: their padding stays zero, and a call spends no time on Python it can skip."""
 
-    def __init__(self, plan: GemmPlan, kernels: dict):
-        self.plan, self.kernels, self.buffers = plan, kernels, None
+    def __init__(self, plan: GemmPlan, kernels: dict, returns_c: bool = False):
+        # returns_c: kernels["gemm"](a, b) returns C (compiled with out_idx=[-1], as tilelang.autotune does)
+        self.plan, self.kernels, self.buffers, self.returns_c = plan, kernels, None, returns_c
 
     def _buffers(self, a):
         import torch
@@ -426,11 +474,13 @@ class GemmLauncher:
             bias = padded["bias"]
         out = padded["c"] if "c" in views else c
         epilogue = () if bias is None else (bias,)
-        if w is not None:
+        if self.returns_c:
+            out = self.kernels["gemm"](a, b)
+        elif w is not None:
             self.kernels["gemm"](a, b, w)
             self.kernels["reduce"](w, *epilogue, out)
         else:
             self.kernels["gemm"](a, b, *epilogue, out)
-        if "c" in views:
-            c.copy_(views["c"])
+        if "c" in views or self.returns_c:
+            c.copy_(out[:, :self.plan.N])
         return c
