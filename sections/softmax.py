@@ -225,6 +225,7 @@ def long_rows_streamed(M: int, N: int, per_thread: int, threads: int, dtype: str
                          f"staged head ({staged}) a multiple of 8 within a 16-byte aligned row of {N}")
     step = threads * per_thread
     head_steps, tail_steps = -(-staged // step), -(-(N - staged) // step)
+    padded = max(head_steps * step, 8)  # TileLang reads a masked vector of shared memory before its mask: pad
     low = -1.0e38  # a finite start for the running max: exp2(low - low) never meets inf - inf
 
     def column(c, i, e):  # thread i's e-th element of step c: runs of `vec` in consecutive threads coalesce
@@ -233,7 +234,7 @@ def long_rows_streamed(M: int, N: int, per_thread: int, threads: int, dtype: str
     @T.prim_func
     def softmax_long_rows_streamed(X: T.Tensor((M, N), dtype), Y: T.Tensor((M, N), dtype)):
         with T.Kernel(M, threads=threads) as bx:
-            head = T.alloc_shared((max(staged, 8),), dtype)
+            head = T.alloc_shared((padded,), dtype)
             x = T.alloc_fragment((threads, per_thread), "float32")  # row i of x: thread i's elements
             part_max = T.alloc_fragment((threads,), "float32")  # thread i's running max of x·log2e
             part_sum = T.alloc_fragment((threads,), "float32")  # ... and its sum of 2^(x·log2e - max)
@@ -243,9 +244,9 @@ def long_rows_streamed(M: int, N: int, per_thread: int, threads: int, dtype: str
             row_sum = T.alloc_fragment((1,), "float32")
             T.annotate_layout({x: row_split_layout(threads, per_thread, 1, per_thread)})
             if staged and bulk_copy:
-                T.copy(X[bx, 0:staged], head, prefer_instruction="tma")
+                T.copy(X[bx, 0:staged], head[0:staged], prefer_instruction="tma")
             elif staged:
-                T.copy(X[bx, 0:staged], head)
+                T.copy(X[bx, 0:staged], head[0:staged])
             T.fill(part_max, low)
             T.fill(part_sum, 0.0)
             for c in T.serial(head_steps):  # pass 1 over the staged head (none when staged == 0) ...

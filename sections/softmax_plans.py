@@ -3,8 +3,8 @@
 Softmax reads every element once and writes it once, so a good plan keeps enough bytes in flight on every SM
 and never holds more of a row than the registers or shared memory can take:
 
-* a thread holds about REGISTER_FLOATS floats of a row (16-byte vectors where rows start 16-byte aligned,
-  i.e. N % 8 == 0; otherwise the widest access the width allows);
+* a thread holds MIN_SHARE to 2·MIN_SHARE floats of a row (16-byte vectors where rows start 16-byte aligned,
+  i.e. N % 8 == 0; otherwise the widest access the width allows; single elements hold more);
 * a row is split over the fewest threads (a power of two) that keeps that per-thread share; a block of
   BLOCK_THREADS threads then holds several narrow rows (64 columns: 64 rows a block), a wide row alone;
 * a row longer than REGISTER_ROW_LIMIT is walked in chunks with the online max and sum: staged in shared
@@ -17,10 +17,11 @@ Pure Python (no torch, no tilelang): the tests check these rules for every width
 import math
 from dataclasses import dataclass, field
 
-REGISTER_FLOATS = 16  # float32 elements of a row one thread holds in the register kernel (2 16-byte vectors)
-ODD_REGISTER_FLOATS = 32  # ... when loads are single elements (odd widths): more loads in flight per thread
-BLOCK_THREADS = 256  # a block of narrow rows: enough rows to move a few KB per block
-REGISTER_ROW_LIMIT = 8192  # widest row kept in registers (16 floats on each of 512 threads)
+MIN_SHARE = 12  # elements of a row a thread holds at least in the register kernel, on average (8 is too few)
+ODD_MIN_SHARE = 32  # ... when loads are single elements (odd widths): more loads in flight per thread
+BLOCK_THREADS = 128  # a block of narrow rows (as fast as 256 or 512, and smaller blocks fill the SMs evenly)
+ODD_MIN_BLOCKS = 8  # short odd rows (up to 2048): registers capped so that 8 blocks of 128 threads fit an SM
+REGISTER_ROW_LIMIT = 8192  # widest row kept in registers (16 floats on each of 512 threads; 1024 are slower)
 ONLINE_CHUNKS = ((8192, 512), (4096, 256))  # (chunk, threads) of the staged online kernel, widest first
 STREAM_THREADS, STREAM_PER_THREAD = 512, 16  # streamed kernel: 8192 columns a step, two vectors a thread
 SMEM_SLACK = 8192  # bytes of shared memory a staged kernel keeps for barriers and the reductions
@@ -61,11 +62,13 @@ def per_thread(N: int, threads_per_row: int) -> int:
 
 
 def threads_per_row(N: int) -> int:
-    """The fewest threads (a power of two, at most 1024) that split a row into shares of at most
-    REGISTER_FLOATS floats (ODD_REGISTER_FLOATS with single-element loads)."""
-    limit = REGISTER_FLOATS if vector_width(N) > 1 else ODD_REGISTER_FLOATS
+    """The most threads (a power of two, at most 1024) that still give each thread MIN_SHARE elements of the row
+    on average (ODD_MIN_SHARE when loads are single elements): fewer threads would leave each with more work
+    than the registers like, more would leave each too few bytes in flight. A thread then holds fewer than
+    2·MIN_SHARE elements, padding included (a share is whole vectors)."""
+    share = MIN_SHARE if vector_width(N) > 1 else ODD_MIN_SHARE
     t = 1
-    while t < 1024 and per_thread(N, t) > limit:
+    while t < 1024 and N >= 2 * t * share:
         t *= 2
     return t
 
@@ -74,10 +77,12 @@ def register_plan(M: int, N: int) -> SoftmaxPlan:
     t = threads_per_row(N)
     rows = max(1, BLOCK_THREADS // t)
     share = per_thread(N, t)
-    why = (f"a row of {N} fits in registers: {t} thread{'s' if t > 1 else ''} a row, {share} floats each; "
-           + (f"{rows} rows a block so that a block moves {rows * N * 4 // 1024 or 1} KB" if rows > 1
-              else "one row a block"))
-    return SoftmaxPlan("registers", rows, rows * t, why=why)
+    # Odd rows of up to 2048 hold up to 64 floats a thread: capping the registers keeps 8 blocks on an SM.
+    min_blocks = ODD_MIN_BLOCKS if vector_width(N) == 1 and share > 32 and N <= 2048 else 0
+    why = (f"a row of {N} fits in registers: {t} thread{'s' if t > 1 else ''} a row, {share} floats each"
+           + (" (single-element loads: the width is odd)" if vector_width(N) == 1 and N > 1 else "") + "; "
+           + (f"{rows} rows a block of {rows * t} threads" if rows > 1 else "one row a block"))
+    return SoftmaxPlan("registers", rows, rows * t, min_blocks, why=why)
 
 
 def choose_plan(M: int, N: int, smem_budget: int, family: str = "hopper") -> SoftmaxPlan:
@@ -86,9 +91,9 @@ def choose_plan(M: int, N: int, smem_budget: int, family: str = "hopper") -> Sof
     if M < 1 or N < 1:
         raise ValueError(f"softmax: shape ({M}, {N}) must be positive")
     row_bytes = 2 * N
-    if family == "hopper" and N % 8 == 0 and 2048 < N <= 4096:
-        return SoftmaxPlan("staged", 1, 256, why=f"a row of {N} (16-byte aligned) is one TMA bulk copy into shared "
-                           "memory, 16 floats a thread in registers")
+    if family == "hopper" and 2048 < N <= 4096 and N % (256 * 8) == 0:
+        return SoftmaxPlan("staged", 1, 256, why=f"a row of {N} is one TMA bulk copy into shared memory and splits "
+                           "into whole 16-byte vectors over 256 threads, 16 floats each")
     if N <= REGISTER_ROW_LIMIT:
         return register_plan(M, N)
     for chunk, threads in ONLINE_CHUNKS:
@@ -96,18 +101,22 @@ def choose_plan(M: int, N: int, smem_budget: int, family: str = "hopper") -> Sof
             return SoftmaxPlan("online", chunk, threads,
                                why=f"a row of {N} is too long for registers but its {row_bytes // 1024} KB fit "
                                    f"shared memory: read once, walked twice in chunks of {chunk}")
-    head = staged_head(N, smem_budget)
-    fits = head == N
-    why = (f"a row of {N} is too long for registers" + (" and not a multiple of a chunk" if fits else "")
-           + (f"; its first {head} columns are staged in shared memory at once" if head else "")
-           + f"{'' if fits else ', the rest streamed'} twice" + ("" if fits else " from global memory (the second pass "
-                                                                 "mostly hits the L2 cache)"))
+    head = staged_head(N, smem_budget, STREAM_THREADS * STREAM_PER_THREAD)
+    if head == N:
+        why = (f"a row of {N} is too long for registers and no chunk of the online kernel divides it: staged whole "
+               f"in shared memory at once (one read of global memory), walked twice")
+    else:
+        why = (f"a row of {N} is too long for registers" + (f"; its first {head} columns are staged in shared memory "
+                                                             "at once" if head else " (odd: no bulk copy)")
+               + ", the rest streamed twice from global memory (the second pass mostly hits the L2 cache)")
     return SoftmaxPlan("streamed", STREAM_PER_THREAD, STREAM_THREADS, staged=head, why=why)
 
 
-def staged_head(N: int, smem_budget: int) -> int:
-    """Columns of a long row the streamed kernel stages in shared memory: as many as fit (a multiple of 8, so
-    that the bulk copy moves whole 16-byte units), none when rows are not 16-byte aligned."""
+def staged_head(N: int, smem_budget: int, step: int) -> int:
+    """Columns of a long row the streamed kernel stages in shared memory: the whole row when it fits (its
+    buffer padded to whole steps of the kernel), else as many whole steps as fit; none when rows are not
+    16-byte aligned (no bulk copy)."""
     if N % 8:
         return 0
-    return min(N, (smem_budget - SMEM_SLACK) // 2 // 8 * 8)
+    fit = (smem_budget - SMEM_SLACK) // 2
+    return N if -(-N // step) * step <= fit else fit // step * step

@@ -41,7 +41,9 @@ def plan_fits(M, N, plan, smem):
         assert N % plan.rows_per_block == 0 and 2 * N + P.SMEM_SLACK <= smem
     else:
         assert plan.kind == "streamed" and plan.rows_per_block % P.vector_width(N) == 0
-        assert plan.staged % 8 == 0 and plan.staged <= N and 2 * plan.staged + P.SMEM_SLACK <= smem
+        step = plan.threads * plan.rows_per_block
+        padded = -(-plan.staged // step) * step  # the head buffer, padded to whole steps
+        assert plan.staged % 8 == 0 and plan.staged <= N and 2 * padded + P.SMEM_SLACK <= smem
         assert plan.staged == 0 or N % 8 == 0
     assert plan.why
     return True
@@ -61,12 +63,30 @@ def test_every_width_gets_a_plan_that_fits_the_gpu(arch):
 
 
 def test_narrow_rows_share_a_block():
-    """A narrow row on a few threads (about 16 floats each), several rows a block of 256 threads."""
-    assert S.choose_plan(131072, 64, HOPPER) == S.SoftmaxPlan("registers", 64, 256)  # 4 threads a row
-    assert S.choose_plan(65536, 256, HOPPER) == S.SoftmaxPlan("registers", 16, 256)
-    assert S.choose_plan(4096, 7, HOPPER) == S.SoftmaxPlan("registers", 256, 256)  # a row a thread
+    """A narrow row on a few threads (12 to 24 elements each), several rows a block of 128 threads."""
+    assert S.choose_plan(131072, 64, HOPPER) == S.SoftmaxPlan("registers", 32, 128)  # 4 threads a row
+    assert S.choose_plan(65536, 256, HOPPER) == S.SoftmaxPlan("registers", 8, 128)
+    assert S.choose_plan(4096, 7, HOPPER) == S.SoftmaxPlan("registers", 128, 128)  # a row a thread
     assert S.choose_plan(1, 1, AMPERE_86, "ampere").kind == "registers"
     assert "rows a block" in S.choose_plan(100000, 100, HOPPER).why
+
+
+def test_a_thread_holds_twelve_to_twenty_four_elements_of_a_row():
+    for N in (24, 64, 100, 1000, 3072, 5000, 8192):
+        t = P.threads_per_row(N)
+        assert 12 <= N / t < 24 and P.per_thread(N, t) <= 32, N
+    assert P.threads_per_row(4096) == 256 and P.threads_per_row(3072) == 256 and P.threads_per_row(3071) == 64
+
+
+def test_short_odd_rows_hold_more_and_cap_registers():
+    """Single-element loads: 32 to 64 a thread; up to 2048 wide, registers capped for 8 blocks of 128 threads
+    on an SM (the plan measured fastest at 4096x1823)."""
+    assert S.choose_plan(4096, 1823, HOPPER) == S.SoftmaxPlan("registers", 4, 128, min_blocks_per_sm=8)
+    assert S.choose_plan(1002, 1823, HOPPER) == S.SoftmaxPlan("registers", 4, 128, min_blocks_per_sm=8)  # any M
+    plan = S.choose_plan(7, 8191, HOPPER)
+    assert plan.min_blocks_per_sm == 0 and P.per_thread(8191, plan.threads) == 64
+    source = tourkit.lower_for_arch(S.build(4096, 1823, S.choose_plan(4096, 1823, HOPPER)), "sm_90a").kernel_source
+    assert "__launch_bounds__(128, 8)" in source
 
 
 def test_vector_width_follows_the_rows_alignment():
@@ -79,9 +99,31 @@ def test_long_rows_stream_what_shared_memory_cannot_hold():
     plan = S.choose_plan(100, 65536, AMPERE_86, "ampere")  # 128 KiB row does not fit 99 KiB
     assert plan.kind == "streamed" and 0 < plan.staged < 65536
     vocab = S.choose_plan(1024, 128256, HOPPER)
-    assert vocab.kind == "streamed" and vocab.staged == P.staged_head(128256, HOPPER) and "L2" in vocab.why
+    step = vocab.threads * vocab.rows_per_block
+    assert vocab.kind == "streamed" and vocab.staged % step == 0 and "L2" in vocab.why
+    assert 2 * vocab.staged + P.SMEM_SLACK <= HOPPER < 2 * (vocab.staged + step) + P.SMEM_SLACK  # as much as fits
     assert S.choose_plan(2048, 50257, HOPPER).staged == 0  # odd rows: no 16-byte aligned bulk copy
     assert S.choose_plan(8192, 32000, HOPPER).staged == 32000  # fits, but no chunk divides it
+
+
+@pytest.mark.parametrize("N", [32000, 40000, 65536, 128256, 262144])
+@pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_90a"])
+def test_a_staged_head_and_its_padding_fit_shared_memory(N, arch):
+    """TileLang reads a masked 16-byte vector of shared memory before testing its mask, so the streamed
+    kernel's head buffer is padded to whole steps: the padded buffer must fit too."""
+    spec = tourkit.ARCH_SPECS[arch]
+    plan = S.choose_plan(8, N, spec.smem_per_block_optin, spec.family)
+    if plan.kind == "streamed":
+        step = plan.threads * plan.rows_per_block
+        assert 2 * (-(-plan.staged // step) * step) + P.SMEM_SLACK <= spec.smem_per_block_optin
+
+
+def test_streamed_head_buffer_is_padded_to_whole_steps():
+    # Regression (an illegal address on the H200): a head of 112128 columns read in steps of 8192 read a vector
+    # past its buffer. 32000 columns in steps of 8192: the buffer holds 32768 (65536 bytes); the copy moves 64000.
+    source = tourkit.lower_for_arch(S.long_rows_streamed(8, 32000, 16, 512, staged=32000), "sm_90a").kernel_source
+    assert "workspace = ((void*)((char*)buf_dyn_shmem + 65536))" in source
+    assert "X_to_head_mbarrier[0], 64000)" in source
 
 
 def test_non_hopper_uses_registers_for_short_rows():
