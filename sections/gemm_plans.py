@@ -65,8 +65,9 @@ class GemmConfig:
 
     def label(self) -> str:
         c = self.columns()
-        return f"{c['kernel']} {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}" + (
-            f", {c['policy']}" if c["policy"] != "Square" else "")
+        policy = self.policy + ("" if self.staged_store else ", direct store")
+        return (f"{c['kernel']} {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}"
+                + (f", {policy}" if policy != "Square" else "") + (f", K split {self.split_k}" if self.split_k > 1 else ""))
 
 
 def fits(config, smem_budget: int) -> bool:

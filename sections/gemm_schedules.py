@@ -172,7 +172,8 @@ def plan(ctx):
 
 
 def kernel_name(p: GemmPlan, part: str = "gemm") -> str:
-    return f"{p.config.label()} @{p.M}x{p.N}x{p.K} {p.dtype}" + ("" if part == "gemm" else f" ({part})")
+    dtype = "" if p.dtype == "float16" else f" {p.dtype}"
+    return f"{p.config.label()} @{p.M}x{p.N}x{p.K}{dtype}" + ("" if part == "gemm" else f" ({part})")
 
 
 def kernels(ctx) -> list[KernelDecl]:
