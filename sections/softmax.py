@@ -265,16 +265,16 @@ def long_rows_streamed(M: int, N: int, per_thread: int, threads: int, dtype: str
             T.reduce_sum(part_sum, row_sum, dim=0)  # ... and one for the sum
             for i in T.Parallel(1):
                 row_sum[i] = 1.0 / row_sum[i]
-            for c in T.serial(head_steps):
-                for i, e in T.Parallel(threads, per_thread):
-                    if column(c, i, e) < staged:
-                        Y[bx, column(c, i, e)] = T.cast(
-                            T.exp2(T.cast(head[column(c, i, e)], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
+            for c in T.serial(head_steps):  # pass 2: y, a step at a time, consecutive threads on consecutive columns
+                for j in T.Parallel(step):
+                    if c * step + j < staged:
+                        Y[bx, c * step + j] = T.cast(
+                            T.exp2(T.cast(head[c * step + j], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
             for c in T.serial(tail_steps):
-                for i, e in T.Parallel(threads, per_thread):
-                    if staged + column(c, i, e) < N:
-                        Y[bx, staged + column(c, i, e)] = T.cast(T.exp2(
-                            T.cast(X[bx, staged + column(c, i, e)], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
+                for j in T.Parallel(step):
+                    if staged + c * step + j < N:
+                        Y[bx, staged + c * step + j] = T.cast(T.exp2(
+                            T.cast(X[bx, staged + c * step + j], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
 
     return softmax_long_rows_streamed
 
