@@ -193,10 +193,12 @@ def estimate_seconds(M: int, N: int, K: int, config: GemmConfig, family: str, sm
 
 
 def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int) -> list[GemmConfig]:
-    """Every candidate tile that fits (64 rows tall at most when M is), each with every split of K that
-    leaves a split at least 4 steps deep and does not make more blocks than two waves."""
+    """Every candidate tile that fits (with fewer stages if it must; 64 rows tall at most when M is), each with
+    every split of K that leaves a split at least 4 steps deep and does not make more blocks than two waves."""
     out = []
     for base in CANDIDATES[family]:
+        while not fits(base, smem_budget) and base.num_stages > 2:  # a smaller GPU of the family: fewer stages
+            base = replace(base, num_stages=base.num_stages - 1)
         if not fits(base, smem_budget) or (M <= 64 < base.block_M and any(c.block_M <= 64 for c in CANDIDATES[family])):
             continue  # a tile twice as tall as the whole problem would only multiply zeros
         tiles = -(-M // base.block_M) * -(-N // base.block_N)

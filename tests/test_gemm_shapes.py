@@ -1,0 +1,240 @@
+"""The GEMM on users' problems: the rule that picks a schedule (pure Python), the padded and split-K launches
+(CPU stand-ins for the kernels), the kernels lowering for ragged, skinny, tiny, unaligned and bfloat16
+problems on sm_80 and sm_90a (a few through nvcc), the sections' --shape paths (CPU); correctness on odd
+sizes (GPU)."""
+
+import pytest
+
+import tourkit
+from sections import autotune, fusion, gemm_schedules
+from sections.gemm_plans import (CANDIDATES, GemmConfig, GemmLauncher, GemmPlan, aligned, candidate_schedules,
+                                 check_problem, choose_schedule, estimate_seconds, fits, plan_problem)
+
+H200 = dict(family="hopper", sm_count=132, smem_budget=232448)
+BUDGETS = {"hopper": 232448, "ampere": 166912, "ada": 101376, "turing": 65536}
+ODD = [(1, 1, 1), (7, 13, 5), (33, 4097, 65), (64, 8192, 1000), (2000, 3000, 4000), (1, 4096, 4096),
+       (777, 4097, 1234), (100000, 64, 64), (64, 64, 100000)]
+
+
+# ---- The rule --------------------------------------------------------------------------------------------
+
+
+def pick(M, N, K, **machine):
+    return choose_schedule(M, N, K, **{**H200, **machine})[0]
+
+
+def test_big_problems_keep_the_lessons_128x256_tile():
+    for shape in [(8192, 8192, 8192), (5120, 13824, 5120), (8192, 2048, 8192), (4096, 14336, 4096),
+                  (12288, 12288, 12288), (4096, 4096, 1024)]:
+        config = pick(*shape)
+        assert (config.block_M, config.block_N, config.split_k) == (128, 256, 1), shape
+
+
+def test_skinny_problems_take_short_tiles_and_fill_the_sms():
+    """Decode-like problems: 64-row tiles, and enough blocks (a split K where the tiles are few) for the SMs."""
+    for M, N, K in [(64, 8192, 8192), (128, 4096, 11008), (1, 4096, 4096), (16, 5120, 5120), (256, 1024, 8192)]:
+        config = pick(M, N, K)
+        blocks = -(-M // config.block_M) * -(-N // config.block_N) * config.split_k
+        assert config.block_M == 64 and 64 <= blocks <= 2 * 132, (M, N, K, config)
+    assert pick(128, 4096, 11008).split_k > 1 and pick(1, 4096, 4096).split_k > 1
+
+
+def test_mid_problems_weigh_wave_quantization():
+    """2000x3000x4000: 128x256 tiles make 192 blocks, 1.45 waves of 132; 128x192 make 256, 1.94 waves."""
+    config = pick(2000, 3000, 4000)
+    assert (config.block_M, config.block_N) == (128, 192)
+    big = GemmConfig(128, 256, 64, 4, 256, True)
+    assert estimate_seconds(2000, 3000, 4000, config, "hopper", 132, 232448) < \
+        estimate_seconds(2000, 3000, 4000, big, "hopper", 132, 232448)
+
+
+def test_the_rule_says_why_in_a_line_a_learner_can_follow():
+    _, reason = choose_schedule(64, 8192, 8192, **H200)
+    assert "64x64 tiles" in reason and "blocks on 132 SMs" in reason and "waves" in reason and "us" in reason
+    _, reason = choose_schedule(8192, 8192, 8192, **H200)
+    assert reason.startswith("128x256 tiles: 2048 blocks on 132 SMs (15.52 waves)")
+    plan = plan_problem(7, 13, 5, **H200)
+    assert plan.padded and plan.kernel_shape == (7, 16, 8) and "zero-padded" in plan.describe()
+
+
+@pytest.mark.parametrize("family", ["hopper", "ampere", "ada", "turing"])
+@pytest.mark.parametrize("shape", ODD + [(8192, 8192, 8192), (3000, 3000, 3000), (128, 4096, 11008)])
+def test_the_pick_always_fits_the_shared_memory_and_splits_sensibly(family, shape):
+    M, N, K = shape
+    for budget in (BUDGETS[family], 101376, 65536):  # also smaller GPUs of the family (sm_86, sm_75 sized)
+        config, _ = choose_schedule(M, aligned(N), aligned(K), family, 82 if family != "hopper" else 132, budget)
+        assert fits(config, budget) and config in candidate_schedules(M, aligned(N), aligned(K), family,
+                                                                         82 if family != "hopper" else 132, budget)
+        steps = -(-aligned(K) // config.block_K)
+        assert config.split_k == 1 or steps // config.split_k >= 4
+
+
+def test_no_tile_fits_raises():
+    with pytest.raises(ValueError, match="no GEMM tile fits"):
+        choose_schedule(1024, 1024, 1024, "hopper", 132, 1000)
+
+
+def test_candidates_are_listed_biggest_first_and_fit_their_family():
+    for family, configs in CANDIDATES.items():
+        assert all(fits(c, BUDGETS[family]) for c in configs)
+        areas = [c.block_M * c.block_N for c in configs]
+        assert areas == sorted(areas, reverse=True)
+
+
+def test_unaligned_rows_are_refused_by_the_kernel_and_padded_by_the_plan():
+    with pytest.raises(ValueError, match="16 bytes"):
+        check_problem(64, 1001, 64, None, "float16")
+    with pytest.raises(ValueError, match="dtype"):
+        check_problem(64, 64, 64, None, "float32")
+    assert aligned(1) == 8 and aligned(8) == 8 and aligned(4097) == 4104
+
+
+# ---- The launcher: padding and split K, with CPU stand-ins for the kernels --------------------------------
+
+
+def fake_kernels(plan):
+    """Kernels as torch on the CPU, with the launch signatures of the real ones (C or the partials last)."""
+    M, N, K = plan.kernel_shape
+    splits = plan.config.split_k
+
+    def gemm(a, b, *rest):
+        assert a.shape == (M, K) and b.shape == (K, N)
+        out = rest[-1]
+        if splits > 1:
+            step = -(-K // splits)
+            for z in range(splits):
+                out[z] = a[:, z * step:(z + 1) * step].float() @ b[z * step:(z + 1) * step].float()
+        else:
+            out.copy_(a.float() @ b.float() + (rest[0].float() if len(rest) == 2 else 0))
+
+    def reduce(w, *rest):
+        rest[-1].copy_(w.sum(0) + (rest[0].float() if len(rest) == 2 else 0))
+
+    return {"gemm": gemm, "reduce": reduce}
+
+
+@pytest.mark.parametrize("M,N,K,splits", [(7, 13, 5, 1), (33, 4097, 65, 2), (64, 128, 256, 3), (5, 16, 13, 1),
+                                          (5, 13, 16, 4)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_launcher_pads_splits_and_reduces(M, N, K, splits, bias):
+    torch = pytest.importorskip("torch")
+    plan = GemmPlan(M, N, K, GemmConfig(64, 64, 64, 4, 128, True, split_k=splits))
+    run = GemmLauncher(plan, fake_kernels(plan))
+    for seed in range(2):  # the kept buffers stay right across calls
+        gen = torch.Generator().manual_seed(seed)
+        a, b = torch.randn(M, K, generator=gen, dtype=torch.float64), torch.randn(K, N, generator=gen, dtype=torch.float64)
+        bb, c = torch.randn(N, generator=gen, dtype=torch.float64), torch.empty(M, N, dtype=torch.float64)
+        run(a, b, bb, c) if bias else run(a, b, c)
+        assert torch.allclose(c, a @ b + (bb if bias else 0), atol=1e-3)
+
+
+def test_launcher_of_a_kernel_that_returns_c():
+    torch = pytest.importorskip("torch")
+    plan = GemmPlan(3, 5, 7, GemmConfig(64, 64, 64, 4, 128, True))
+    run = GemmLauncher(plan, {"gemm": lambda a, b: a @ b}, returns_c=True)
+    a, b, c = torch.randn(3, 7, dtype=torch.float64), torch.randn(7, 5, dtype=torch.float64), torch.empty(3, 5,
+                                                                                                          dtype=torch.float64)
+    assert torch.allclose(run(a, b, c), a @ b)
+
+
+# ---- The kernels lower for users' problems ---------------------------------------------------------------
+
+EXPECTED = {"sm_80": ["cp_async", "mma_sync"], "sm_90a": ["wgmma", "tma_load"]}
+FAMILY = {"sm_80": "ampere", "sm_90a": "hopper"}
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("shape,dtype,epilogue", [((1, 1, 1), "float16", False), ((33, 4097, 65), "bfloat16", True),
+                                                  ((128, 4096, 11008), "float16", True),
+                                                  ((2000, 3000, 4000), "bfloat16", False)])
+def test_the_rules_kernels_lower_for_users_problems(arch, shape, dtype, epilogue):
+    plan = plan_problem(*shape, FAMILY[arch], 132 if arch == "sm_90a" else 108, BUDGETS[FAMILY[arch]], dtype)
+    programs = plan.programs(bias=epilogue, activation="gelu" if epilogue else None)
+    report = tourkit.inspect_kernel("gemm", programs["gemm"], arch, nvcc=False)
+    tourkit.require_markers(report, EXPECTED[arch])
+    assert report.smem_bytes <= plan.config.smem_bytes()
+    assert dtype == "float16" or "bfloat16_t" in report.source
+    if plan.config.split_k > 1:
+        reduce = tourkit.inspect_kernel("reduce", programs["reduce"], arch, nvcc=False)
+        assert ("exp2f(" in reduce.source) == epilogue  # the epilogue runs in the reduction
+        assert "exp2f(" not in report.source
+
+
+def test_split_k_kernel_and_its_reduction_compile_with_nvcc():
+    """One skinny bf16 problem through nvcc on sm_90a: the GEMM writes fp32 partials, the reduction adds them."""
+    plan = plan_problem(128, 4096, 11008, dtype="bfloat16", **H200)
+    assert plan.config.split_k > 1
+    for part, func in plan.programs().items():
+        assert tourkit.inspect_kernel(part, func, "sm_90a").nvcc == "compiled"
+
+
+def test_the_appendix_kernels_take_bfloat16():
+    from sections.hopper import gemm_pingpong, gemm_ws
+
+    for module in (gemm_ws, gemm_pingpong):
+        config = module.appendix_schedule(2000, 3000, 4000, 132)
+        report = tourkit.inspect_kernel("appendix", module.appendix_program(2000, 3000, 4000, config, dtype="bfloat16"),
+                                        "sm_90a", nvcc=False)
+        assert "wgmma" in report.source and "bfloat16_t" in report.source
+
+
+# ---- The sections with --shape -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("section", [gemm_schedules, fusion])
+def test_sections_build_the_users_problem(section):
+    ctx = tourkit.TourContext(compile_only=True, arch="sm_90a", shape=(128, 4096, 11008), dtype="bfloat16", echo=False)
+    names = [d.name for d in section.kernels(ctx)]
+    assert names and all("@128x4096x11008 bfloat16" in n for n in names)
+    assert any(n.endswith("(reduce)") for n in names)  # the split K's reduction is declared with its GEMM
+    ctx = tourkit.TourContext(compile_only=True, arch="sm_80", shape=(7, 13, 5), echo=False)
+    assert all("@7x13x5" in d.name for d in section.kernels(ctx))  # padded inside; no appendix for unaligned rows
+
+
+def test_gemm_schedules_times_the_pick_its_runner_up_and_the_default():
+    ctx = tourkit.TourContext(compile_only=True, arch="sm_90a", shape=(2000, 3000, 4000), echo=False)
+    rows, ws, odd = gemm_schedules.plan(ctx)
+    assert rows[0].config == pick(2000, 3000, 4000) and rows[0].reason and not odd and ws is not None
+    assert GemmConfig(128, 256, 64, 4, 256, True) in [p.config for p in rows] and len(rows) == len(set(rows)) <= 3
+
+
+def test_compile_only_run_with_a_shape_reports_the_rule():
+    ctx = tourkit.TourContext(compile_only=True, arch="sm_80", shape=(64, 1000, 999), echo=False)
+    gemm_schedules.run(ctx)
+    assert any("the rule's schedule" in line for line in ctx.report)
+    assert ctx.headlines["kernels"] >= 2
+
+
+def test_autotune_tunes_the_users_problem_rounded_up():
+    ctx = tourkit.TourContext(compile_only=True, arch="sm_90a", shape=(1000, 1001, 999), dtype="bfloat16", echo=False)
+    assert autotune.tuned_shape(ctx) == (1000, 1008, 1000)
+    decl = autotune.kernels(ctx)[0]
+    report = tourkit.inspect_kernel(decl.name, decl.program(), "sm_90a", nvcc=False)
+    assert "bfloat16_t" in report.source
+
+
+# ---- On the GPU ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K,dtype", [(1, 1, 1, "float16"), (7, 13, 5, "float16"), (33, 4097, 65, "float16"),
+                                         (64, 8192, 1000, "float16"), (128, 4096, 11008, "bfloat16"),
+                                         (2000, 3000, 4000, "bfloat16"), (1, 4096, 4096, "float16")])
+@pytest.mark.parametrize("epilogue", [False, True])
+def test_the_rules_pick_is_correct_on_odd_sizes(M, N, K, dtype, epilogue):
+    import tilelang
+    from sections.gemm_epilogue import epilogue_pass_configs
+
+    device = tourkit.detect_device()
+    if dtype == "bfloat16" and device.arch == "sm_75":
+        pytest.skip("bfloat16 needs sm_80")
+    plan = plan_problem(M, N, K, device.family, device.sm_count, device.smem_per_block_optin, dtype)
+    activation = "gelu" if epilogue else None
+    kernels = {part: tilelang.compile(f, out_idx=None, target="cuda", pass_configs=epilogue_pass_configs(activation))
+               for part, f in plan.programs(bias=epilogue, activation=activation).items()}
+    run = GemmLauncher(plan, kernels)
+    a, b, bias, c = fusion.fused_inputs(M, N, K, seed=5, dtype=dtype)
+    ref = gemm_schedules.reference(a, b, bias if epilogue else None, activation)
+    call = (lambda: run(a, b, bias, c)) if epilogue else (lambda: run(a, b, c))
+    check = tourkit.validate(f"{M}x{N}x{K} {dtype}", call, c, ref, gemm_schedules.TOLERANCE)
+    assert check.passed, check.line()
