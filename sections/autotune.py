@@ -1,6 +1,7 @@
 """autotune: let `tilelang.autotune` pick the GEMM's schedule, check its pick against cuBLAS, and cache it.
 
 The GEMM is the gemm_schedules lesson's (T.Pipelined + T.gemm): its schedules differ in a handful of numbers.
+`--shape MxNxK` tunes your problem (N and K rounded up to multiples of 8, the kernels' 16-byte rows).
 
 You will learn:
 

@@ -4,7 +4,9 @@ You will learn:
 - why fusing pays: eager PyTorch runs `gelu(a @ b + bias)` as three kernels, and the two intermediates make
   four M x N trips through global memory; fused, they never leave the registers;
 - how little code it takes: the kernel is the `gemm_schedules` builder with `bias=True, activation="gelu"`,
-  a few `T.Parallel` lines on the register accumulator before the one store (sections/gemm_epilogue.py);
+  a few `T.Parallel` lines on the register accumulator before the one store (sections/gemm_epilogue.py),
+  on the schedule the GEMM's rule picks for the problem (`--shape MxNxK`; with a split K the epilogue runs
+  in the reduction, where the sums are whole);
 - how to make GELU cheap: exact GELU (torch's default, erf) as max(x, 0) - |x| * erfc(|x| / sqrt 2) / 2 with
   a rational erfc (Abramowitz & Stegun 7.1.26, error 1.5e-7): about 15 PTX instructions, two of them
   special-function ones, against about 30 with CUDA's erff; it matters because the epilogue runs while the

@@ -1,4 +1,4 @@
-"""gemm_schedules: a fast fp16 tensor-core GEMM in about forty lines of TileLang, timed against cuBLAS.
+"""gemm_schedules: a fast fp16/bf16 tensor-core GEMM in about forty lines of TileLang, timed against cuBLAS.
 
 You will learn:
 - how a block owns one tile of C, and walks K in steps whose A and B tiles are copied to shared memory
@@ -7,7 +7,13 @@ You will learn:
 - how the schedule (tile size, pipeline stages, threads, block order) decides the speed, in a small table;
 - what TileLang makes of it: cp.async + ldmatrix + mma.sync on Ampere/Ada; TMA + mbarriers + wgmma with a
   producer warpgroup on Hopper (sm_90a), where the appendix's hand-written kernel (sections/hopper/gemm_ws.py)
-  is timed beside it: what the compiler's pipeline gives, and what warp specialization by hand adds.
+  is timed beside it: what the compiler's pipeline gives, and what warp specialization by hand adds;
+- how to choose a schedule for any problem (`--shape MxNxK`, `--dtype bfloat16`; sections/gemm_plans.py):
+  count the tiles against the SMs. 2000x3000x4000 in 128x256 tiles is 192 blocks, 1.45 waves of 132: the
+  second wave runs half empty; 128x192 tiles make 256 blocks, 1.94 waves. A skinny problem (64x8192x8192)
+  has too few tall tiles to fill the SMs: 64-row tiles, and where even those are few, a split K (block z
+  sums its run of K into fp32 partials, `splitk_reduce_program` adds them). `choose_schedule` estimates
+  each candidate (waves x a block's math or loads, against streaming the operands once) and says why.
 
 The algorithm, one thread block per C tile:
 
@@ -306,7 +312,8 @@ def run(ctx) -> None:
 SECTION = Section(
     name="gemm_schedules",
     title="GEMM schedules: tiles, pipelines and swizzles vs cuBLAS",
-    summary="A tiled fp16 tensor-core GEMM (T.Pipelined + T.gemm); its schedules vs torch.matmul.",
+    summary="A tiled fp16/bf16 tensor-core GEMM (T.Pipelined + T.gemm); its schedules, and the rule's pick for "
+            "any --shape, vs torch.matmul.",
     run=run,
     kernels=kernels,
 )
