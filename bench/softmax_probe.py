@@ -16,8 +16,9 @@ then stores, and a grid that does not fit in one wave leaves a tail; the section
   (registers capped at 64K / (blocks·threads)) where that cap still holds a thread's floats;
 * registers: rows read straight from global memory (masked single halves for odd widths), 1/2/4/8 rows,
   128..1024 threads (8..64 floats a thread), and their one-wave min-blocks variants;
-* online / online-per-thread for rows longer than 8192 (two-pass over a row in shared memory; the per-thread
-  variant, long_rows_thread_online below, merges per-thread (max, sum) pairs once per row);
+* online / online-per-thread for rows longer than 8192 (two-pass over a row in shared memory: long_rows_chunked
+  below, a block-wide max and sum per chunk, and the section's long_rows_online, per-thread (max, sum) pairs
+  merged once per row);
 * the section's choose_plan() pick, marked "<- section".
 
 Plans whose shared memory exceeds 227 KiB (or the arch's opt-in maximum) are not built. All plans compile at once
@@ -99,9 +100,7 @@ class Plan:
         if self.kind == "online-per-thread":
             text = f"online two-pass over a row in shared memory, per-thread (max, sum) merged once, {self.threads} threads"
         elif self.kind == "online":
-            from sections.softmax import SoftmaxPlan
-
-            text = SoftmaxPlan(self.kind, self.rows, self.threads).describe()
+            text = f"online two-pass over a row in shared memory, chunks of {self.rows}, {self.threads} threads"
         else:
             where = {"staged": "staged" + (" (TMA)" if self.bulk else " (plain copies)"), "registers": "registers"}
             text = f"{where[self.kind]}, {self.rows} row{'s' if self.rows > 1 else ''}/block, {self.threads} threads"
@@ -139,63 +138,53 @@ def per_thread(plan: Plan, N: int) -> int:
     return -(-N // (per_row * vec)) * vec
 
 
-def long_rows_thread_online(M: int, N: int, threads: int, dtype: str = "float16", bulk_copy: bool = True):
-    """The section's long_rows_online, but each thread runs its own online softmax over its slices of the row
-    (a (threads, 8) fragment whose row i belongs to thread i, so the per-chunk reductions stay inside a thread),
-    and the block combines the per-thread (max, sum) pairs once at the end: two block-wide reductions per row
-    instead of two per chunk. It never beat chunks of 8192 with 512 threads, so the section does not use it."""
+def long_rows_chunked(M: int, N: int, chunk: int, threads: int, dtype: str = "float16", bulk_copy: bool = True):
+    """The section's earlier long-row kernel: one row a block, staged whole in shared memory, then the online
+    two-pass over chunks with a block-wide max and sum per chunk (the section's long_rows_online keeps a running
+    (max, sum) per thread instead and merges them once; on the H200 they tie at 8192x32768, and the section's
+    is ahead where few rows leave SMs idle, 512x65536)."""
     import tilelang.language as T
 
-    from sections.softmax import LOG2E, row_split_layout
+    from sections.softmax import LOG2E
 
-    vec = 8
-    chunk = threads * vec
     if N % chunk:
-        raise ValueError(f"long-row softmax: width {N} is not a multiple of {chunk} (threads x 8)")
+        raise ValueError(f"long-row softmax: width {N} is not a multiple of the chunk {chunk}")
     steps = N // chunk
 
     @T.prim_func
-    def softmax_long_rows_thread_online(X: T.Tensor((M, N), dtype), Y: T.Tensor((M, N), dtype)):
+    def softmax_long_rows_chunked(X: T.Tensor((M, N), dtype), Y: T.Tensor((M, N), dtype)):
         with T.Kernel(M, threads=threads) as bx:
             row = T.alloc_shared((N,), dtype)
-            x = T.alloc_fragment((threads, vec), "float32")
-            part_max = T.alloc_fragment((threads,), "float32")  # thread i's running max (of x·log2e)
-            part_sum = T.alloc_fragment((threads,), "float32")  # thread i's running sum of 2^(x·log2e - max)
-            slice_max = T.alloc_fragment((threads,), "float32")
-            slice_sum = T.alloc_fragment((threads,), "float32")
-            row_max = T.alloc_fragment((1,), "float32")
-            row_sum = T.alloc_fragment((1,), "float32")
-            T.annotate_layout({x: row_split_layout(threads, vec, 1, vec)})
-            if bulk_copy:
+            x = T.alloc_fragment((chunk,), "float32")
+            chunk_max = T.alloc_fragment((1,), "float32")
+            chunk_sum = T.alloc_fragment((1,), "float32")
+            run_max = T.alloc_fragment((1,), "float32")
+            run_sum = T.alloc_fragment((1,), "float32")
+            if bulk_copy:  # Hopper: one TMA bulk copy, completion tracked by an mbarrier
                 T.copy(X[bx, 0:N], row, prefer_instruction="tma")
             else:
                 T.copy(X[bx, 0:N], row)
-            T.fill(part_max, -T.infinity("float32"))
-            T.fill(part_sum, 0.0)
+            T.fill(run_max, -T.infinity("float32"))
+            T.fill(run_sum, 0.0)
             for c in T.serial(steps):
-                for i, j in T.Parallel(threads, vec):
-                    x[i, j] = T.cast(row[c * chunk + i * vec + j], "float32") * LOG2E
-                T.reduce_max(x, slice_max, dim=1)  # within one thread: no communication
-                for i in T.Parallel(threads):
-                    slice_max[i] = T.max(slice_max[i], part_max[i])
-                for i, j in T.Parallel(threads, vec):
-                    x[i, j] = T.exp2(x[i, j] - slice_max[i])
-                T.reduce_sum(x, slice_sum, dim=1)
-                for i in T.Parallel(threads):
-                    part_sum[i] = part_sum[i] * T.exp2(part_max[i] - slice_max[i]) + slice_sum[i]
-                    part_max[i] = slice_max[i]
-            T.reduce_max(part_max, row_max, dim=0)  # the block's one exchange for the max ...
-            for i in T.Parallel(threads):
-                part_sum[i] = part_sum[i] * T.exp2(part_max[i] - row_max[0])
-            T.reduce_sum(part_sum, row_sum, dim=0)  # ... and one for the sum
+                for j in T.Parallel(chunk):
+                    x[j] = T.cast(row[c * chunk + j], "float32") * LOG2E
+                T.reduce_max(x, chunk_max, dim=0)
+                for j in T.Parallel(chunk):
+                    x[j] = T.exp2(x[j] - T.max(chunk_max[0], run_max[0]))
+                T.reduce_sum(x, chunk_sum, dim=0)
+                for i in T.Parallel(1):
+                    run_sum[i] = run_sum[i] * T.exp2(run_max[i] - T.max(chunk_max[i], run_max[i])) + chunk_sum[i]
+                    run_max[i] = T.max(chunk_max[i], run_max[i])
             for i in T.Parallel(1):
-                row_sum[i] = 1.0 / row_sum[i]
+                run_sum[i] = 1.0 / run_sum[i]
             for c in T.serial(steps):
-                for i, j in T.Parallel(threads, vec):
-                    Y[bx, c * chunk + i * vec + j] = T.cast(
-                        T.exp2(T.cast(row[c * chunk + i * vec + j], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
+                for j in T.Parallel(chunk):
+                    Y[bx, c * chunk + j] = T.cast(
+                        T.exp2(T.cast(row[c * chunk + j], "float32") * LOG2E - run_max[0]) * run_sum[0], dtype)
 
-    return softmax_long_rows_thread_online
+    return softmax_long_rows_chunked
+
 
 
 def build(plan: Plan, M: int, N: int):
@@ -208,9 +197,9 @@ def build(plan: Plan, M: int, N: int):
         return S.rows_staged_in_shared(M, N, plan.rows, plan.threads, bulk_copy=plan.bulk,
                                        min_blocks_per_sm=plan.min_blocks)
     if plan.kind == "online":
-        return S.long_rows_online(M, N, plan.rows, plan.threads, bulk_copy=plan.bulk)
-    if plan.kind == "online-per-thread":
-        return long_rows_thread_online(M, N, plan.threads, bulk_copy=plan.bulk)
+        return long_rows_chunked(M, N, plan.rows, plan.threads, bulk_copy=plan.bulk)
+    if plan.kind == "online-per-thread":  # the section's long-row kernel, the whole row staged, 8 elements a thread
+        return S.long_rows_online(M, N, 8, plan.threads, staged=N, bulk_copy=plan.bulk)
     raise ValueError(f"unknown plan kind {plan.kind!r}")
 
 
@@ -221,7 +210,7 @@ def section_plan(M: int, N: int, family: str, smem_budget: int) -> "Plan | None"
         pick = S.choose_plan(M, N, smem_budget, family)
     except ValueError:
         return None
-    if pick.kind == "streamed":  # rows longer than shared memory: bench/softmax_shapes_probe.py sweeps those
+    if pick.kind == "online":  # long rows: bench/softmax_shapes_probe.py sweeps the section's kernel for those
         return None
     copies = pick.kind in ("staged", "online", "online-per-thread")  # the kernels with a TMA / plain-copy choice
     return Plan(pick.kind, pick.rows_per_block, pick.threads, bulk=family == "hopper" or not copies,

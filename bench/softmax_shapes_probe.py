@@ -67,15 +67,12 @@ def alternatives(M: int, N: int, smem: int, family: str) -> list:
         for threads in (256, 1024):
             if 8 <= N // threads <= 64:
                 add(P.SoftmaxPlan("staged", 1, threads))
-    for chunk, threads in ((8192, 512), (8192, 1024), (4096, 256)):
-        if N > 8192 and N % chunk == 0 and 2 * N + P.SMEM_SLACK <= smem:
-            add(P.SoftmaxPlan("online", chunk, threads))
-    if N > 8192:
-        head = P.staged_head(N, smem)
-        for per_thread, threads, staged in ((16, 512, head), (16, 512, 0), (16, 1024, head), (16, 1024, 0),
-                                            (32, 256, head), (16, 512, head // 2 // 8 * 8)):
-            if per_thread % vec == 0:
-                add(P.SoftmaxPlan("streamed", per_thread, threads, staged=staged))
+    if N > 8192:  # the online kernel: step shapes, and the staged head whole, halved, or none
+        for per_thread, threads in ((16, 512), (16, 1024), (32, 256)):
+            head = P.staged_head(N, smem, threads * per_thread)
+            for staged in (head, head // 2 // (threads * per_thread) * (threads * per_thread), 0):
+                if per_thread % vec == 0:
+                    add(P.SoftmaxPlan("online", per_thread, threads, staged=staged))
     return plans
 
 

@@ -20,9 +20,9 @@ A row too long to hold in registers is walked twice, in chunks (the online softm
     for each chunk c:  m' = max(m, max(c));  s = s·2^(m − m') + Σ 2^(c − m');  m = m'    # online rescale
     for each chunk c:  y[c] = 2^(c − m) / s
 
-Four kernels, each checked against torch.softmax before it is timed (choose_plan, in softmax_plans.py, picks
+Three kernels, each checked against torch.softmax before it is timed (choose_plan, in softmax_plans.py, picks
 one per shape and GPU by rules it prints): 1. rows_in_registers, 2. rows_staged_in_shared, 3. long_rows_online
-(the row in shared memory), 4. long_rows_streamed (rows longer than shared memory: a vocabulary).
+(the row staged in shared memory as far as it fits, the rest streamed: a vocabulary of 128256 columns).
 """
 
 import functools
@@ -154,49 +154,6 @@ def rows_staged_in_shared(M: int, N: int, rows_per_block: int, threads: int, dty
     return softmax_rows_staged
 
 
-def long_rows_online(M: int, N: int, chunk: int, threads: int, dtype: str = "float16", bulk_copy: bool = True):
-    """Version 3, long rows: one row a block, staged whole in shared memory, then the online two-pass over
-    chunks (the docstring's pseudo-code). What it adds: a row too long for registers still costs one read
-    and one write of global memory."""
-    if N % chunk:
-        raise ValueError(f"long-row softmax: width {N} is not a multiple of the chunk {chunk}")
-    steps = N // chunk
-
-    @T.prim_func
-    def softmax_long_rows_online(X: T.Tensor((M, N), dtype), Y: T.Tensor((M, N), dtype)):
-        with T.Kernel(M, threads=threads) as bx:
-            row = T.alloc_shared((N,), dtype)
-            x = T.alloc_fragment((chunk,), "float32")
-            chunk_max = T.alloc_fragment((1,), "float32")
-            chunk_sum = T.alloc_fragment((1,), "float32")
-            run_max = T.alloc_fragment((1,), "float32")
-            run_sum = T.alloc_fragment((1,), "float32")
-            if bulk_copy:  # Hopper: one TMA bulk copy, completion tracked by an mbarrier
-                T.copy(X[bx, 0:N], row, prefer_instruction="tma")
-            else:
-                T.copy(X[bx, 0:N], row)
-            T.fill(run_max, -T.infinity("float32"))
-            T.fill(run_sum, 0.0)
-            for c in T.serial(steps):
-                for j in T.Parallel(chunk):
-                    x[j] = T.cast(row[c * chunk + j], "float32") * LOG2E
-                T.reduce_max(x, chunk_max, dim=0)
-                for j in T.Parallel(chunk):
-                    x[j] = T.exp2(x[j] - T.max(chunk_max[0], run_max[0]))
-                T.reduce_sum(x, chunk_sum, dim=0)
-                for i in T.Parallel(1):
-                    run_sum[i] = run_sum[i] * T.exp2(run_max[i] - T.max(chunk_max[i], run_max[i])) + chunk_sum[i]
-                    run_max[i] = T.max(chunk_max[i], run_max[i])
-            for i in T.Parallel(1):
-                run_sum[i] = 1.0 / run_sum[i]
-            for c in T.serial(steps):
-                for j in T.Parallel(chunk):
-                    Y[bx, c * chunk + j] = T.cast(
-                        T.exp2(T.cast(row[c * chunk + j], "float32") * LOG2E - run_max[0]) * run_sum[0], dtype)
-
-    return softmax_long_rows_online
-
-
 @T.macro
 def running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads: int, per_thread: int):
     """Fold one step x (threads, per_thread) of x·log2e into each thread's running (max, sum): the online
@@ -211,17 +168,18 @@ def running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads: int, 
         part_max[i] = new_max[i]
 
 
-def long_rows_streamed(M: int, N: int, per_thread: int, threads: int, dtype: str = "float16", staged: int = 0,
-                       bulk_copy: bool = True):
-    """Version 4, rows longer than shared memory holds (a vocabulary: 128256 columns). The first `staged`
-    columns are copied into shared memory at once (one bulk copy: many bytes in flight); the rest of the row is
-    streamed from global memory twice, in steps of threads · per_thread elements: pass 1 for the max and sum,
-    pass 2 for y (its reads mostly hit the L2 cache). Each thread keeps its OWN running (max, sum) over its
-    elements, so no block-wide exchange stalls the loads; the block merges the threads' pairs once. Any
-    width: loads as wide as the rows' alignment allows, masked past the end."""
+def long_rows_online(M: int, N: int, per_thread: int, threads: int, dtype: str = "float16", staged: int = 0,
+                     bulk_copy: bool = True):
+    """Version 3, rows too long for registers, one a block, walked twice in steps of threads · per_thread
+    elements (the docstring's online softmax). The first `staged` columns are copied into shared memory at once
+    (a TMA bulk copy on Hopper: the whole row when it fits, then it costs one read of global memory); the rest
+    of a row longer than shared memory (a vocabulary: 128256 columns) is streamed from global memory in both
+    passes, the second mostly hitting the L2 cache. Each thread keeps its OWN running (max, sum), so no
+    block-wide exchange stalls the loop; the block merges the threads' pairs once. Any width: loads as wide
+    as the rows' alignment allows, masked past the end."""
     vec = vector_width(N)
     if per_thread % vec or staged % 8 or staged > N or (staged and N % 8):
-        raise ValueError(f"streamed softmax: {per_thread} elements a thread must be whole vectors of {vec}; the "
+        raise ValueError(f"long-row softmax: {per_thread} elements a thread must be whole vectors of {vec}; the "
                          f"staged head ({staged}) a multiple of 8 within a 16-byte aligned row of {N}")
     step = threads * per_thread
     head_steps, tail_steps = -(-staged // step), -(-(N - staged) // step)
@@ -232,7 +190,7 @@ def long_rows_streamed(M: int, N: int, per_thread: int, threads: int, dtype: str
         return c * step + (e // vec) * (threads * vec) + i * vec + e % vec
 
     @T.prim_func
-    def softmax_long_rows_streamed(X: T.Tensor((M, N), dtype), Y: T.Tensor((M, N), dtype)):
+    def softmax_long_rows_online(X: T.Tensor((M, N), dtype), Y: T.Tensor((M, N), dtype)):
         with T.Kernel(M, threads=threads) as bx:
             head = T.alloc_shared((padded,), dtype)
             x = T.alloc_fragment((threads, per_thread), "float32")  # row i of x: thread i's elements
@@ -276,7 +234,7 @@ def long_rows_streamed(M: int, N: int, per_thread: int, threads: int, dtype: str
                         Y[bx, staged + c * step + j] = T.cast(T.exp2(
                             T.cast(X[bx, staged + c * step + j], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
 
-    return softmax_long_rows_streamed
+    return softmax_long_rows_online
 
 
 # --- Building the plan (the rules that choose it: sections/softmax_plans.py) ------------------------------
@@ -284,11 +242,9 @@ def build(M: int, N: int, plan: SoftmaxPlan, family: str = "hopper", dtype: str 
     if plan.kind == "registers":
         return rows_in_registers(M, N, plan.rows_per_block, plan.threads, dtype, plan.min_blocks_per_sm)
     bulk = family == "hopper"
-    if plan.kind == "streamed":
-        return long_rows_streamed(M, N, plan.rows_per_block, plan.threads, dtype, plan.staged, bulk)
     if plan.kind == "staged":
         return rows_staged_in_shared(M, N, plan.rows_per_block, plan.threads, dtype, bulk, plan.min_blocks_per_sm)
-    return long_rows_online(M, N, plan.rows_per_block, plan.threads, dtype, bulk)
+    return long_rows_online(M, N, plan.rows_per_block, plan.threads, dtype, plan.staged, bulk)
 
 
 def launcher(kernel, plan: SoftmaxPlan):
@@ -335,7 +291,7 @@ def kernels(ctx) -> list[tourkit.KernelDecl]:
     bulk = ("tma_load", "mbarrier") if family == "hopper" else ()  # Hopper stages rows with TMA under mbarriers
     return [tourkit.KernelDecl(p.name, functools.partial(build, p.M, p.N, p.plan, family, ctx.dtype),
                                threads=p.plan.threads, smem_limit=ctx.smem_budget,
-                               markers=bulk if p.plan.kind in ("staged", "online") else ())
+                               markers=bulk if p.plan.kind == "staged" or p.plan.staged else ())
             for p in problems(ctx)]
 
 

@@ -22,27 +22,23 @@ ODD_MIN_SHARE = 32  # ... when loads are single elements (odd widths): more load
 BLOCK_THREADS = 128  # a block of narrow rows (as fast as 256 or 512, and smaller blocks fill the SMs evenly)
 ODD_MIN_BLOCKS = 8  # short odd rows (up to 2048): registers capped so that 8 blocks of 128 threads fit an SM
 REGISTER_ROW_LIMIT = 8192  # widest row kept in registers (16 floats on each of 512 threads; 1024 are slower)
-ONLINE_CHUNKS = ((8192, 512), (4096, 256))  # (chunk, threads) of the staged online kernel, widest first
-STREAM_THREADS, STREAM_PER_THREAD = 512, 16  # streamed kernel: 8192 columns a step, two vectors a thread
+ONLINE_THREADS, ONLINE_PER_THREAD = 512, 16  # long rows: 8192 columns a step, two vectors a thread
 SMEM_SLACK = 8192  # bytes of shared memory a staged kernel keeps for barriers and the reductions
 
 
 @dataclass(frozen=True)
 class SoftmaxPlan:
-    kind: str  # "registers" | "staged" | "online" | "streamed"
-    rows_per_block: int  # registers/staged: rows a block; online: the chunk; streamed: elements a thread per step
+    kind: str  # "registers" | "staged" | "online"
+    rows_per_block: int  # registers/staged: rows a block; online: elements a thread holds per step
     threads: int
     min_blocks_per_sm: int = 0  # registers / staged: __launch_bounds__' resident blocks per SM (0: not set)
-    staged: int = 0  # streamed: the columns at the start of a row staged in shared memory
+    staged: int = 0  # online: the columns at the start of a row staged in shared memory
     why: str = field(default="", compare=False)  # one line a learner can follow
 
     def describe(self) -> str:
         if self.kind == "online":
-            return f"online two-pass over a row in shared memory, chunks of {self.rows_per_block}, {self.threads} threads"
-        if self.kind == "streamed":
-            head = f", the first {self.staged} columns staged in shared memory" if self.staged else ""
-            return (f"online two-pass streamed from global memory, {self.rows_per_block} elements a thread a step, "
-                    f"{self.threads} threads{head}")
+            where = f"{self.staged} columns of a row staged in shared memory" if self.staged else "row streamed"
+            return f"online two-pass, {where}, {self.rows_per_block} elements a thread a step, {self.threads} threads"
         rows = f"{self.rows_per_block} row{'s' if self.rows_per_block > 1 else ''}/block"
         where = "staged in shared memory" if self.kind == "staged" else "registers"
         bound = f", >= {self.min_blocks_per_sm} blocks/SM" if self.min_blocks_per_sm else ""
@@ -96,24 +92,21 @@ def choose_plan(M: int, N: int, smem_budget: int, family: str = "hopper") -> Sof
                            "into whole 16-byte vectors over 256 threads, 16 floats each")
     if N <= REGISTER_ROW_LIMIT:
         return register_plan(M, N)
-    for chunk, threads in ONLINE_CHUNKS:
-        if N % chunk == 0 and row_bytes + SMEM_SLACK <= smem_budget:
-            return SoftmaxPlan("online", chunk, threads,
-                               why=f"a row of {N} is too long for registers but its {row_bytes // 1024} KB fit "
-                                   f"shared memory: read once, walked twice in chunks of {chunk}")
-    head = staged_head(N, smem_budget, STREAM_THREADS * STREAM_PER_THREAD)
+    head = staged_head(N, smem_budget, ONLINE_THREADS * ONLINE_PER_THREAD)
     if head == N:
-        why = (f"a row of {N} is too long for registers and no chunk of the online kernel divides it: staged whole "
-               f"in shared memory at once (one read of global memory), walked twice")
+        why = (f"a row of {N} is too long for registers but its {row_bytes // 1024} KB fit shared memory: one bulk "
+               "copy (one read of global memory), then walked twice with the online max and sum")
+    elif head:
+        why = (f"a row of {N} is too long for registers and for shared memory: its first {head} columns are staged "
+               "at once, the rest streamed twice from global memory (the second pass mostly hits the L2 cache)")
     else:
-        why = (f"a row of {N} is too long for registers" + (f"; its first {head} columns are staged in shared memory "
-                                                             "at once" if head else " (odd: no bulk copy)")
-               + ", the rest streamed twice from global memory (the second pass mostly hits the L2 cache)")
-    return SoftmaxPlan("streamed", STREAM_PER_THREAD, STREAM_THREADS, staged=head, why=why)
+        why = (f"a row of {N} is too long for registers, and its rows do not start 16-byte aligned (no bulk copy): "
+               "streamed twice from global memory (the second pass mostly hits the L2 cache)")
+    return SoftmaxPlan("online", ONLINE_PER_THREAD, ONLINE_THREADS, staged=head, why=why)
 
 
 def staged_head(N: int, smem_budget: int, step: int) -> int:
-    """Columns of a long row the streamed kernel stages in shared memory: the whole row when it fits (its
+    """Columns of a long row the online kernel stages in shared memory: the whole row when it fits (its
     buffer padded to whole steps of the kernel), else as many whole steps as fit; none when rows are not
     16-byte aligned (no bulk copy)."""
     if N % 8:

@@ -37,10 +37,8 @@ def plan_fits(M, N, plan, smem):
         assert plan.threads <= 1024
         if plan.kind == "staged":
             assert 2 * plan.rows_per_block * N + P.SMEM_SLACK <= smem and (plan.rows_per_block * N) % 8 == 0
-    elif plan.kind == "online":
-        assert N % plan.rows_per_block == 0 and 2 * N + P.SMEM_SLACK <= smem
     else:
-        assert plan.kind == "streamed" and plan.rows_per_block % P.vector_width(N) == 0
+        assert plan.kind == "online" and plan.rows_per_block % P.vector_width(N) == 0
         step = plan.threads * plan.rows_per_block
         padded = -(-plan.staged // step) * step  # the head buffer, padded to whole steps
         assert plan.staged % 8 == 0 and plan.staged <= N and 2 * padded + P.SMEM_SLACK <= smem
@@ -95,12 +93,12 @@ def test_vector_width_follows_the_rows_alignment():
 
 
 def test_long_rows_stream_what_shared_memory_cannot_hold():
-    assert S.choose_plan(100, 65536, HOPPER).kind == "online"  # 128 KiB row fits 227 KiB
+    assert S.choose_plan(100, 65536, HOPPER).staged == 65536  # 128 KiB row fits 227 KiB: staged whole
     plan = S.choose_plan(100, 65536, AMPERE_86, "ampere")  # 128 KiB row does not fit 99 KiB
-    assert plan.kind == "streamed" and 0 < plan.staged < 65536
+    assert plan.kind == "online" and 0 < plan.staged < 65536
     vocab = S.choose_plan(1024, 128256, HOPPER)
     step = vocab.threads * vocab.rows_per_block
-    assert vocab.kind == "streamed" and vocab.staged % step == 0 and "L2" in vocab.why
+    assert vocab.kind == "online" and vocab.staged % step == 0 and "L2" in vocab.why
     assert 2 * vocab.staged + P.SMEM_SLACK <= HOPPER < 2 * (vocab.staged + step) + P.SMEM_SLACK  # as much as fits
     assert S.choose_plan(2048, 50257, HOPPER).staged == 0  # odd rows: no 16-byte aligned bulk copy
     assert S.choose_plan(8192, 32000, HOPPER).staged == 32000  # fits, but no chunk divides it
@@ -109,19 +107,19 @@ def test_long_rows_stream_what_shared_memory_cannot_hold():
 @pytest.mark.parametrize("N", [32000, 40000, 65536, 128256, 262144])
 @pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_90a"])
 def test_a_staged_head_and_its_padding_fit_shared_memory(N, arch):
-    """TileLang reads a masked 16-byte vector of shared memory before testing its mask, so the streamed
+    """TileLang reads a masked 16-byte vector of shared memory before testing its mask, so the online
     kernel's head buffer is padded to whole steps: the padded buffer must fit too."""
     spec = tourkit.ARCH_SPECS[arch]
     plan = S.choose_plan(8, N, spec.smem_per_block_optin, spec.family)
-    if plan.kind == "streamed":
+    if plan.kind == "online":
         step = plan.threads * plan.rows_per_block
         assert 2 * (-(-plan.staged // step) * step) + P.SMEM_SLACK <= spec.smem_per_block_optin
 
 
-def test_streamed_head_buffer_is_padded_to_whole_steps():
+def test_staged_head_buffer_is_padded_to_whole_steps():
     # Regression (an illegal address on the H200): a head of 112128 columns read in steps of 8192 read a vector
     # past its buffer. 32000 columns in steps of 8192: the buffer holds 32768 (65536 bytes); the copy moves 64000.
-    source = tourkit.lower_for_arch(S.long_rows_streamed(8, 32000, 16, 512, staged=32000), "sm_90a").kernel_source
+    source = tourkit.lower_for_arch(S.long_rows_online(8, 32000, 16, 512, staged=32000), "sm_90a").kernel_source
     assert "workspace = ((void*)((char*)buf_dyn_shmem + 65536))" in source
     assert "X_to_head_mbarrier[0], 64000)" in source
 
@@ -147,12 +145,12 @@ def test_staged_kernel_rejects_unaligned_row_groups():
 
 VARIANTS = {  # kind: (M, N, plan); nvcc compiles the first three, the others are lowered (quicker)
     "registers": (16384, 8192, S.SoftmaxPlan("registers", 1, 512)),
-    "online": (8192, 32768, S.SoftmaxPlan("online", 8192, 512)),
-    "streamed": (1000, 128256, S.SoftmaxPlan("streamed", 16, 512, staged=24576)),  # a head that fits sm_75
+    "online": (8192, 32768, S.SoftmaxPlan("online", 16, 512, staged=32768)),
+    "streamed": (1000, 128256, S.SoftmaxPlan("online", 16, 512, staged=24576)),  # a head that fits sm_75
     "staged": (4096, 1999, S.SoftmaxPlan("staged", 8, 256)),
     "narrow": (1001, 64, S.SoftmaxPlan("registers", 64, 256)),  # a partial last block of rows
     "odd narrow": (4097, 7, S.SoftmaxPlan("registers", 256, 256)),
-    "odd streamed": (3, 50257, S.SoftmaxPlan("streamed", 16, 512)),
+    "odd streamed": (3, 50257, S.SoftmaxPlan("online", 16, 512)),
 }
 NVCC = ("registers", "online", "streamed")
 
@@ -197,7 +195,7 @@ def test_bfloat16_flows_into_the_kernels(reports):
 def test_hopper_stages_rows_with_bulk_copies(reports):
     arch, reps = reports
     if arch == "sm_90a":
-        for kind in ("staged", "online", "streamed"):
+        for kind in ("staged", "online", "streamed"):  # "streamed": the online kernel with part of the row staged
             tourkit.require_markers(reps[kind], ["tma_load", "mbarrier"])
     else:
         assert reps["staged"].markers["tma_load"] == 0 and reps["streamed"].markers["tma_load"] == 0
@@ -219,13 +217,13 @@ def test_narrow_rows_load_whole_vectors_and_mask_the_last_block(reports):
 
 
 def test_turing_plans_fit_its_64_kib_and_hopper_plans_stay():
-    """sm_75 holds 64 KiB per block: the 32768-wide row (64 KiB) cannot be staged whole, so it is streamed with
-    what fits staged; the plans for sm_90a are the ones measured."""
+    """sm_75 holds 64 KiB per block: the 32768-wide row (64 KiB) cannot be staged whole, so what does not fit
+    is streamed; on sm_90a the row is staged whole."""
     turing = tourkit.ARCH_SPECS["sm_75"].smem_per_block_optin
     plan = S.choose_plan(8192, 32768, turing, "turing")
-    assert plan.kind == "streamed" and 2 * plan.staged + P.SMEM_SLACK <= turing
-    assert S.choose_plan(8192, 32768, HOPPER, "hopper") == S.SoftmaxPlan("online", 8192, 512)
-    assert S.choose_plan(16384, 16384, turing, "turing").kind == "online"  # 32 KiB rows still fit
+    assert plan.kind == "online" and 0 < plan.staged < 32768 and 2 * plan.staged + P.SMEM_SLACK <= turing
+    assert S.choose_plan(8192, 32768, HOPPER, "hopper") == S.SoftmaxPlan("online", 16, 512, staged=32768)
+    assert S.choose_plan(16384, 16384, turing, "turing").staged == 16384  # 32 KiB rows still fit
     ctx = tourkit.TourContext(arch="sm_75", compile_only=True, echo=False)
     assert all(d.smem_limit == turing for d in S.kernels(ctx))
 
@@ -275,9 +273,9 @@ def test_softmax_matches_torch(shape, dtype):
     (S.SoftmaxPlan("registers", 1, 256), (1001, 1823)), (S.SoftmaxPlan("registers", 4, 128), (1000, 1823)),
     (S.SoftmaxPlan("registers", 1, 256), (999, 3000)), (S.SoftmaxPlan("registers", 1, 512), (999, 4000)),
     (S.SoftmaxPlan("staged", 8, 256), (1000, 1823)), (S.SoftmaxPlan("registers", 1, 1024), (37, 32768)),
-    (S.SoftmaxPlan("online", 4096, 512), (37, 32768)), (S.SoftmaxPlan("registers", 128, 256), (1001, 32)),
-    (S.SoftmaxPlan("streamed", 16, 512), (5, 40000)), (S.SoftmaxPlan("streamed", 16, 1024, staged=8192), (5, 40000)),
-    (S.SoftmaxPlan("streamed", 32, 256, staged=40000), (5, 40000)), (S.SoftmaxPlan("streamed", 8, 512), (3, 9001))])
+    (S.SoftmaxPlan("online", 8, 512, staged=32768), (37, 32768)), (S.SoftmaxPlan("registers", 128, 256), (1001, 32)),
+    (S.SoftmaxPlan("online", 16, 512), (5, 40000)), (S.SoftmaxPlan("online", 16, 1024, staged=8192), (5, 40000)),
+    (S.SoftmaxPlan("online", 32, 256, staged=40000), (5, 40000)), (S.SoftmaxPlan("online", 8, 512), (3, 9001))])
 def test_each_kernel_variant_matches_torch(plan, shape):
     device = tourkit.detect_device()
     check = S.check_shape(*shape, plan, family=device.family)

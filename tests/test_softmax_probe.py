@@ -1,6 +1,6 @@
 """bench/softmax_probe.py: the plan sweep (CPU), every plan the probe would time lowers (sm_80) and compiles with
-nvcc (sm_90a) (CPU), the per-thread online kernel's structure (CPU); on a GPU: that kernel against torch.softmax,
-and the probe end to end with no plan dropped."""
+nvcc (sm_90a) (CPU), the online kernels' structure (CPU); on a GPU: the per-thread one against torch.softmax,
+and the probe end to end with no plan dropped; the shapes probe's plans (CPU)."""
 
 import json
 import os
@@ -124,10 +124,12 @@ def test_min_blocks_only_changes_the_launch_bounds():
 
 
 def test_per_thread_online_kernel_reduces_across_threads_only_twice():
-    source = lowered(probe.long_rows_thread_online(64, 32768, 512))
+    source = lowered(probe.build(probe.Plan("online-per-thread", 1, 512), 64, 32768))
     assert source.count("AllReduce<") == 2  # not two per chunk: the chunk loop stays inside each thread
-    with pytest.raises(ValueError, match="multiple"):
-        probe.long_rows_thread_online(64, 3000, 512)
+    chunked = lowered(probe.build(probe.Plan("online", 8192, 512), 64, 32768))
+    assert chunked.count("AllReduce<") == 2 and "for (int c = 0; c < 4; ++c)" in chunked  # two in every chunk
+    with pytest.raises(ValueError, match="whole vectors"):
+        S.long_rows_online(64, 3000, 12, 512)
 
 
 # ---------------------------------------------------------------------------------------------------------
