@@ -357,3 +357,54 @@ def test_a_wrong_kernel_fails_before_any_timing(monkeypatch):
     monkeypatch.setattr(S, "bench_table", lambda cases, dtype="float16": pytest.fail("timed a wrong kernel"))
     with pytest.raises(tourkit.ValidationError, match="1823"):
         S.run(tourkit.TourContext(device=device, echo=False))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A user's problem (--shape, --dtype)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_a_users_problem_compiles_alone_with_its_dtype():
+    ctx = tourkit.TourContext(compile_only=True, arch="sm_80", shape=(1024, 128256), dtype="bfloat16", echo=False)
+    decls = S.kernels(ctx)
+    assert [d.name for d in decls] == ["softmax 1024x128256 bfloat16 online"]
+    S.run(ctx)
+    assert ctx.headlines["kernels"] == 1
+    assert any(line.strip().startswith("why: a row of 128256") for line in ctx.report)
+
+
+def test_a_users_problem_is_checked_and_timed_with_its_dtype(monkeypatch):
+    device = tourkit.DeviceInfo("fake H200", (9, 0), "sm_90a", 132, 141 * 2**30, 232448, 60 * 2**20)
+    seen = {}
+
+    class FakeKernel:
+        def __call__(self, *args):
+            pass
+
+        def get_kernel_source(self):
+            return "AllReduce<tl::MaxOp"
+
+    def fake_check(M, N, plan, softmax=None, family="hopper", dtype="float16"):
+        seen.setdefault("checked", []).append((M, N, dtype))
+        return tourkit.Check(f"softmax {M}x{N}", 1e-3, S.tolerance(dtype))
+
+    def fake_bench(cases, dtype="float16"):
+        seen["timed"] = (sorted(cases), dtype)
+        return {label: (0.010, 0.020, 0.009) for label in cases}
+
+    monkeypatch.setattr(tourkit, "build_declared", lambda decls, log=None: {d.name: FakeKernel() for d in decls})
+    monkeypatch.setattr(S, "check_shape", fake_check)
+    monkeypatch.setattr(S, "bench_table", fake_bench)
+    monkeypatch.setattr(tourkit, "device_copy_gbps", lambda: 4200.0)
+    ctx = tourkit.TourContext(device=device, shape=(4097, 5000), dtype="bfloat16", echo=False)
+    S.run(ctx)
+    assert seen == {"checked": [(4097, 5000, "bfloat16")], "timed": (["4097x5000"], "bfloat16")}
+    assert ctx.report[0].startswith("softmax 4097x5000 bfloat16: registers") and "why:" in ctx.report[1]
+    assert ctx.headlines["worst_of_same_size_copy"] == 0.9
+
+
+def test_a_problem_too_big_for_the_gpu_is_skipped():
+    device = tourkit.DeviceInfo("small GPU", (8, 0), "sm_80", 108, 16 * 2**30, 166912, 40 * 2**20)
+    ctx = tourkit.TourContext(device=device, shape=(131072, 262144), echo=False)
+    with pytest.raises(tourkit.SectionSkip, match="GPU memory"):
+        S.run(ctx)

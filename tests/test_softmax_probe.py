@@ -13,6 +13,8 @@ from sections import softmax as S
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 import softmax_probe as probe  # noqa: E402
+import softmax_shapes_probe as shapes_probe  # noqa: E402
+from sections.softmax_plans import SMEM_SLACK  # noqa: E402
 
 HOPPER = tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin
 AMPERE = tourkit.ARCH_SPECS["sm_80"].smem_per_block_optin
@@ -188,3 +190,35 @@ def test_probe_end_to_end_drops_no_plan(tmp_path):
     assert any(p["chosen"] for p in shape["plans"])
     assert all(p["us"] > 0 and p["rel_error"] <= probe.TOLERANCE for p in shape["plans"])
     assert shape["copy_us"] > 0 and shape["torch_us"] > 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# bench/softmax_shapes_probe.py: users' problems (no GPU)
+# ---------------------------------------------------------------------------------------------------------
+
+
+
+@pytest.mark.parametrize("text", shapes_probe.SHAPES)
+def test_the_shapes_probe_starts_with_the_sections_pick_and_sweeps_only_plans_that_fit(text):
+    M, N, dtype = shapes_probe.parse(text)
+    plans = shapes_probe.alternatives(M, N, HOPPER, "hopper")
+    assert plans[0] == S.choose_plan(M, N, HOPPER, "hopper") and len(set(plans)) == len(plans) <= 12
+    for plan in plans:
+        if plan.kind == "online":
+            step = plan.threads * plan.rows_per_block
+            assert 2 * (-(-plan.staged // step) * step) + SMEM_SLACK <= HOPPER
+            assert plan.rows_per_block % S.vector_width(N) == 0
+        else:
+            assert plan.threads % plan.rows_per_block == 0 and plan.threads <= 1024
+
+
+def test_the_shapes_probe_plans_lower():
+    M, N, _ = shapes_probe.parse("8192x32000")
+    for plan in shapes_probe.alternatives(M, N, HOPPER, "hopper"):
+        assert "__global__" in lowered(S.build(M, N, plan, "hopper", "bfloat16"))
+
+
+def test_the_shapes_probe_lists_without_a_gpu(capsys):
+    assert shapes_probe.main(["--list", "--shapes", "1x1,1024x128256:bfloat16"]) == 0
+    out = capsys.readouterr().out
+    assert "1024x128256 bfloat16:" in out and "staged in shared memory" in out
