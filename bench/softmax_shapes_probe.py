@@ -43,8 +43,9 @@ def parse(text: str):
 
 
 def alternatives(M: int, N: int, smem: int, family: str) -> list:
-    """The section's pick first, then the plans it chose among: rows split over fewer or more threads, blocks
-    of 128..512 threads, the staged and online kernels where they apply, the streamed kernel's step shapes."""
+    """The section's pick first, then the plans it chose among: rows split over half or twice the threads,
+    blocks of 128 and 512 threads, the staged kernel where it applies, and for long rows the online kernel's
+    step shapes with its shared-memory head whole, halved or none (the row streamed)."""
     pick = P.choose_plan(M, N, smem, family)
     plans = [pick]
     if M * N < SMALL:
