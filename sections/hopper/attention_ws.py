@@ -36,6 +36,7 @@ import math
 
 import tilelang.language as T
 
+from sections import attention_plans as plans
 from sections import flash_attention as lesson
 
 # split_tail: a tail tile is cut into pieces of at least this many key tiles (fewer would spend more on the
@@ -59,6 +60,8 @@ HOPPER_CONFIGS = {
     (True, 64): dict(kind="ws", block_M=128, block_N=128, num_stages=2, threads=384, fast_math=True,
                      persistent=True, q_stages=2, stage_output=True, heavy_first=True),
 }
+# The key-tile widths a problem may take instead of the table's (the widest, measured at 4K keys and more).
+KEY_WIDTHS = {(False, 128): (128, 144, 160), (True, 128): (128, 160), (False, 64): (128, 176), (True, 64): (128,)}
 
 
 class TailSplit:
@@ -396,7 +399,11 @@ def choose_config(problem, family: str, smem_budget: int, sm_count: int | None =
     cfg = HOPPER_CONFIGS.get((problem.causal, problem.dim)) if family == "hopper" else None
     if cfg is None or config_smem(problem.dim, cfg) > smem_budget:
         return None
-    return dict(cfg, sms=sm_count or SM_COUNT_H100_H200) if cfg.get("persistent") else dict(cfg)
+    # Narrower key tiles where the table's would waste much of the last one (512 keys: four 128-wide tiles,
+    # not four 160-wide ones); no extra iteration here. The widths fit wherever the table's do.
+    widths = KEY_WIDTHS[(problem.causal, problem.dim)]
+    cfg = dict(cfg, block_N=plans.key_tile_width(problem.seq_len, widths, 0))
+    return dict(cfg, sms=sm_count or SM_COUNT_H100_H200) if cfg.get("persistent") else cfg
 
 
 def build(problem, cfg: dict):
