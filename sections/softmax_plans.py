@@ -3,13 +3,13 @@
 Softmax reads every element once and writes it once, so a good plan keeps enough bytes in flight on every SM
 and never holds more of a row than the registers or shared memory can take:
 
-* a thread holds MIN_SHARE to 2·MIN_SHARE floats of a row (16-byte vectors where rows start 16-byte aligned,
-  i.e. N % 8 == 0; otherwise the widest access the width allows; single elements hold more);
-* a row is split over the fewest threads (a power of two) that keeps that per-thread share; a block of
-  BLOCK_THREADS threads then holds several narrow rows (64 columns: 64 rows a block), a wide row alone;
-* a row longer than REGISTER_ROW_LIMIT is walked in chunks with the online max and sum: staged in shared
-  memory when it fits (one read of global memory), else streamed from global memory twice (the second
-  pass mostly hits the L2 cache, which holds the rows the resident blocks are working on).
+* a thread holds MIN_SHARE to 2·MIN_SHARE elements of a row (16-byte vectors where rows start 16-byte
+  aligned, i.e. N % 8 == 0; otherwise the widest access the width allows; single elements: ODD_MIN_SHARE);
+* so a row is split over a power-of-two number of threads, and a block of BLOCK_THREADS threads holds several
+  narrow rows (64 columns: 4 threads a row, 32 rows a block), a wide row alone;
+* a row longer than REGISTER_ROW_LIMIT is walked twice with the online max and sum: staged in shared memory
+  when it fits (one read of global memory), else as much of it as fits, the rest streamed from global memory
+  in both passes (the second mostly hits the L2 cache, which holds the rows the resident blocks work on).
 
 Pure Python (no torch, no tilelang): the tests check these rules for every width on every architecture.
 """
@@ -60,7 +60,7 @@ def per_thread(N: int, threads_per_row: int) -> int:
 def threads_per_row(N: int) -> int:
     """The most threads (a power of two, at most 1024) that still give each thread MIN_SHARE elements of the row
     on average (ODD_MIN_SHARE when loads are single elements): fewer threads would leave each with more work
-    than the registers like, more would leave each too few bytes in flight. A thread then holds fewer than
+    than the registers like, more would leave each too few bytes in flight. A thread then holds at most
     2·MIN_SHARE elements, padding included (a share is whole vectors)."""
     share = MIN_SHARE if vector_width(N) > 1 else ODD_MIN_SHARE
     t = 1
