@@ -151,7 +151,8 @@ MACHINES = {"hopper": Machine(5.4e12, 100e9, 3.2e12), "ampere": Machine(2.3e12, 
             "ada": Machine(1.2e12, 50e9, 0.8e12), "turing": Machine(0.5e12, 40e9, 0.5e12)}
 MEMORY_LATENCY = 1.6e-6  # a load's round trip under load: bytes in flight / latency bounds a block's stream
 # A tile's tensor-core rate per FLOP against the 128x256 tile's, compute-bound (8192^3 on an H200): smaller
-# tiles issue shorter MMAs and read more operand bytes per FLOP from shared memory.
+# tiles issue shorter MMAs and read more operand bytes per FLOP from shared memory. 128x192 (FullRow: one
+# m64n192 MMA per warpgroup) is set between its neighbours.
 TILE_EFFICIENCY = {(128, 256): 1.0, (128, 192): 0.92, (128, 128): 0.85, (64, 256): 0.82, (64, 128): 0.62,
                    (64, 64): 0.45}
 
@@ -184,7 +185,7 @@ def estimate_seconds(M: int, N: int, K: int, config: GemmConfig, family: str, sm
     stream = min(machine.load_per_sm, together * in_flight / MEMORY_LATENCY)
     math_s = 2 * config.block_M * config.block_N * depth / (machine.flops_per_sm * tile_efficiency(config))
     load_s = depth * (config.block_M + config.block_N) * 2 / stream
-    wave_s = max(together * math_s, together * load_s) + machine.block_overhead
+    wave_s = together * max(math_s, load_s) + machine.block_overhead
     memory_s = (M * K + K * N + M * N) * 2 / machine.memory
     total = max(waves * wave_s, memory_s) + machine.launch
     if config.split_k > 1:
@@ -232,13 +233,20 @@ def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget) -> str
         return f"{c.block_M}x{c.block_N} tiles{split}: {blocks} blocks on {sm_count} SMs ({waves:.2f} waves)"
 
     biggest = options[0]
-    other = min((i for i, c in enumerate(options) if c != pick), key=lambda i: times[i], default=None)
-    if pick != biggest:
-        other = 0
+    if pick == biggest:
+        other = min((i for i, c in enumerate(options) if c != pick), key=lambda i: times[i], default=None)
+        why = "the biggest tile reads the fewest bytes a FLOP"
+    else:
+        other, blocks = 0, -(-M // biggest.block_M) * -(-N // biggest.block_N)
+        waves = blocks / sm_count
+        why = ("as few blocks: at this size the launch and latency count, and a smaller tile wastes less"
+               if blocks * biggest.split_k == -(-M // pick.block_M) * -(-N // pick.block_N) * pick.split_k else
+               "too few blocks for the SMs" if blocks < sm_count else
+               f"its last wave would run {100 * (1 - waves % 1):.0f}% empty" if 0 < waves % 1 < 0.75 else
+               "it streams fewer bytes per SM" if M <= 64 else "it costs more per FLOP here")
     line = f"{said(pick)}, estimated {pick_s * 1e6:.0f} us"
     if other is None:
         return line
-    why = "leaving SMs idle or streaming less per SM" if pick != biggest else "the biggest tile reads the fewest bytes a FLOP"
     return f"{line}; {said(options[other])} would take {times[other] * 1e6:.0f} us ({why})"
 
 
