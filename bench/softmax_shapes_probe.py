@@ -65,8 +65,8 @@ def alternatives(M: int, N: int, smem: int, family: str) -> list:
     if N % 2 and N <= 2048 and M % 4 == 0:  # the previous rule for short odd rows
         add(P.SoftmaxPlan("registers", 4, 128, min_blocks_per_sm=8))
     if N % 8 == 0 and 1024 < N <= 32768 and 2 * N + P.SMEM_SLACK <= smem:
-        for threads in (256, 1024):
-            if 8 <= N // threads <= 64:
+        for threads in (256, 1024):  # only where the row splits evenly: no masked read past the buffer
+            if 8 <= N // threads <= 64 and N % threads == 0:
                 add(P.SoftmaxPlan("staged", 1, threads))
     if N > 8192:  # the online kernel: step shapes, and the staged head whole, halved, or none
         for per_thread, threads in ((16, 512), (16, 1024), (32, 256)):
