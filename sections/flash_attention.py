@@ -333,6 +333,7 @@ def kernels(ctx) -> list:
 def show_generated(ctx, source: str) -> None:
     """Where the two GEMMs meet: on Hopper the asynchronous wgmma waits, elsewhere the mma.sync loop."""
     for pattern, what in ((r"wait_wgmma<1>", "the FA3 schedule: wait for Q·Kᵀ only, P·V still in flight"),
+                          (r"wgmma_rs<", "P·V as a warpgroup MMA, issued and waited by the compiler's pipeline"),
                           (r"mma_sync|mma\.sync", "warp-level tensor-core MMA")):
         if excerpt := tourkit.source_excerpt(source, pattern, context=4, limit=10):
             ctx.log(f"\ngenerated CUDA of the lesson's kernel, {what}:\n" + tourkit.indent(excerpt, "  "))
