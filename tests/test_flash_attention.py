@@ -116,8 +116,8 @@ def test_declared_kernels_lesson_and_appendix_side_by_side_on_hopper():
     names = [d.name for d in FA.kernels(ctx)]
     for mode in ("full", "causal"):  # the benchmarked problem: both kernels, each mode
         assert f"lesson B4 H32 S4096 D128 {mode}" in names and f"appendix B4 H32 S4096 D128 {mode}" in names
-    assert "lesson B2 H4 S1000 D64 causal" in names and "appendix B2 H4 S1000 D64 causal" in names
-    assert "lesson B1 H8 KVH2 S333 D64 full" in names
+    for odd in ("B1 H3 S777 D128 causal", "B1 H8 KVH2 S333 D64 full"):  # ragged, grouped-query attention
+        assert f"lesson {odd}" in names and f"appendix {odd}" in names
     assert not any("S16384" in n for n in names)  # only with --full
     assert any("S16384" in n for n in (d.name for d in FA.kernels(tourkit.TourContext(device=H200, full=True, echo=False))))
     quick = FA.kernels(tourkit.TourContext(device=H200, quick=True, echo=False))
