@@ -125,7 +125,7 @@ def hopper_config(problem: Problem, sms: int):
     rows, walk = query_rows(problem, sms), key_walk(problem)
     threads = 2 * rows  # one warp group (128 threads) per 64 query rows
     if problem.dim == 128 and walk >= ASYNC_MIN_WALK:
-        if problem.causal:
+        if problem.causal or rows == 64:  # 64 rows: few, short blocks; 128-wide tiles as validated
             width, widths = 128, ""
         else:
             width = key_tile_width(problem.seq_len, ASYNC_KEY_WIDTHS, ASYNC_EXTRA_ITERATION)
