@@ -223,6 +223,16 @@ def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_bud
     return pick, explain(M, N, K, pick, times[order[0]], options, times, sm_count, smem_budget)
 
 
+def neighbours(plan, family: str, sm_count: int, smem_budget: int) -> list[GemmConfig]:
+    """What a plan's pick is timed beside: the best estimate with another tile, and the lesson's default."""
+    M, N, K = plan.kernel_shape
+    others = [c for c in candidate_schedules(M, N, K, family, sm_count, smem_budget)
+              if (c.block_M, c.block_N) != (plan.config.block_M, plan.config.block_N)]
+    runner_up = min(others, key=lambda c: estimate_seconds(M, N, K, c, family, sm_count, smem_budget), default=None)
+    configs = [c for c in (runner_up, lesson_schedules(family)[0]) if c is not None and fits(c, smem_budget)]
+    return [c for i, c in enumerate(configs) if c != plan.config and c not in configs[:i]]
+
+
 def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget) -> str:
     """One or two lines: the blocks the pick makes against the SMs; what the biggest tile (or, when the pick
     is the biggest, the next best candidate) would make and take."""

@@ -42,8 +42,8 @@ import tilelang.language as T
 import tourkit
 from sections.gemm_epilogue import epilogue_pass_configs
 from sections.gemm_plans import (PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher, check_problem,  # noqa: F401
-                                 GemmPlan, candidate_schedules, consumer_registers, epilogue_macro, estimate_seconds,
-                                 fits, gemm_flops, gemm_prim_func, lesson_schedules, plan_problem, wave_traffic)
+                                 GemmPlan, consumer_registers, epilogue_macro, fits, gemm_flops, gemm_prim_func,
+                                 lesson_schedules, neighbours, plan_problem, wave_traffic)
 from tourkit import KernelDecl, Section, SectionSkip
 
 # ---- The schedule: a GemmConfig (sections/gemm_plans.py), chosen per problem by choose_schedule ----------
@@ -160,14 +160,8 @@ def plan(ctx):
     if ctx.shape is not None:
         M, N, K = ctx.shape
         pick = rule(ctx, M, N, K)
-        family = tourkit.ARCH_SPECS[ctx.arch].family
-        others = [c for c in candidate_schedules(M, pick.kernel_shape[1], pick.kernel_shape[2], family,
-                                                 sm_count(ctx), ctx.smem_budget) if c.block_N != pick.config.block_N
-                  or c.block_M != pick.config.block_M]
-        runner_up = min(others, key=lambda c: estimate_seconds(M, pick.kernel_shape[1], pick.kernel_shape[2], c,
-                        family, sm_count(ctx), ctx.smem_budget), default=None)
-        rows = [pick] + [replace(pick, config=c, reason="") for c in (runner_up, lesson_schedules(family)[0])
-                         if c is not None and c != pick.config and fits(c, ctx.smem_budget)]
+        others = neighbours(pick, tourkit.ARCH_SPECS[ctx.arch].family, sm_count(ctx), ctx.smem_budget)
+        rows = [pick] + [replace(pick, config=c, reason="") for c in others]
         return list(dict.fromkeys(rows)), appendix_plan(ctx, M, N, K), []
     size = 2048 if ctx.quick or ctx.compile_only else 8192
     configs = [c for c in lesson_schedules(tourkit.ARCH_SPECS[ctx.arch].family) if fits(c, ctx.smem_budget)]
