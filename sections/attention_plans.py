@@ -39,7 +39,8 @@ class Problem:
     def size(self) -> str:
         """The problem without its mode: B4 H32 S4096 D128, with KVH8 for grouped-query attention, bf16."""
         kv = f" KVH{self.kv_heads}" if self.kv_heads != self.heads else ""
-        return f"B{self.batch} H{self.heads}{kv} S{self.seq_len} D{self.dim}{' bf16' if self.dtype == 'bfloat16' else ''}"
+        kind = " bf16" if self.dtype == "bfloat16" else ""
+        return f"B{self.batch} H{self.heads}{kv} S{self.seq_len} D{self.dim}{kind}"
 
     @property
     def name(self) -> str:
@@ -134,9 +135,10 @@ def hopper_config(problem: Problem, sms: int):
                f"with P·V) to pay for its extra masked iteration; {width}-wide key tiles{widths}")
         cfg = dict(kind="async", block_M=rows, block_N=width, num_stages=2, threads=threads, fast_math=True)
     else:
+        tiles = f"{walk:g} key tile{'s' * (walk != 1)}"
         why = ("head dim 64: a tile's GEMMs are too short to hide the softmax behind, so the compiler's pipeline"
-               if problem.dim == 64 else f"a query block walks {walk:g} key tile{'s' * (walk != 1)}, too few for the FA3 "
-               f"schedule's extra masked iteration to pay: the compiler's pipeline")
+               if problem.dim == 64 else f"a query block walks {tiles}, too few for the FA3 schedule's extra masked "
+               f"iteration to pay: the compiler's pipeline")
         cfg = dict(kind="pipelined", block_M=rows, block_N=128 if problem.seq_len > 64 else 64, num_stages=2,
                    threads=threads, fast_math=True)
     if problem.causal:
@@ -160,8 +162,8 @@ def choose_config(problem: Problem, family: str, smem_budget: int, sms: int | No
         if problem.causal and stages > 1 and family != "hopper":
             continue  # tilelang 0.1.15: a cp.async pipeline over the clamped (data-dependent) bound fails codegen
         if smem_estimate(problem.dim, block_M, block_N, stages) <= smem_budget:
-            why = (f"no wgmma here: the compiler's pipeline with the largest tiles whose {stages} stage(s) fit "
-                   f"{smem_budget // 1024} KiB of shared memory")
+            why = (f"{'no wgmma here' if family != 'hopper' else 'little shared memory'}: the compiler's pipeline "
+                   f"with the largest tiles whose {stages} stage(s) fit {smem_budget // 1024} KiB of shared memory")
             return dict(kind="pipelined", block_M=block_M, block_N=block_N, num_stages=stages,
                         threads=256 if block_M == 128 else 128), why
     raise ValueError(f"flash_attention: no tile configuration fits {smem_budget} bytes of shared memory "

@@ -311,10 +311,9 @@ def plan(ctx) -> list:
     sms = ctx.device.sm_count if ctx.device is not None and not ctx.compile_only else None
     timed = [ctx.shape] if ctx.shape else QUICK_SHAPES if ctx.quick else FULL_SHAPES if ctx.full else BENCH_SHAPES
     odd = [] if ctx.shape else ODD_SHAPES[1:] if ctx.quick else ODD_SHAPES
-    problems = [(plans.from_shape(dims, causal, ctx.dtype), is_timed)
-                for dims, is_timed in [(d, True) for d in timed] + [(d, False) for d in odd] for causal in (False, True)]
     items = []
-    for problem, is_timed in problems:
+    for dims, is_timed, causal in [(d, d in timed, c) for d in timed + odd for c in (False, True)]:
+        problem = plans.from_shape(dims, causal, ctx.dtype)
         cfg, why = plans.choose_config(problem, family, ctx.smem_budget, sms)
         items.append((f"lesson {problem.name}", "lesson", problem, cfg, why, is_timed))
         if (cfg := attention_ws.choose_config(problem, family, ctx.smem_budget, sms)) is not None:
