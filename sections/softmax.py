@@ -171,16 +171,14 @@ def running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads: int, 
 def long_rows_online(M: int, N: int, per_thread: int, threads: int, dtype: str = "float16", staged: int = 0,
                      bulk_copy: bool = True):
     """Version 3, rows too long for registers, one a block, walked twice in steps of threads · per_thread
-    elements (the docstring's online softmax). The first `staged` columns are copied into shared memory at once
-    (a TMA bulk copy on Hopper: the whole row when it fits, then it costs one read of global memory); the rest
-    of a row longer than shared memory (a vocabulary: 128256 columns) is streamed from global memory in both
-    passes, the second mostly hitting the L2 cache. Each thread keeps its OWN running (max, sum), so no
-    block-wide exchange stalls the loop; the block merges the threads' pairs once. Any width: loads as wide
-    as the rows' alignment allows, masked past the end."""
+    elements (the online softmax). The first `staged` columns are copied into shared memory at once (TMA on
+    Hopper; the whole row when it fits: one read of global memory); the rest of a longer row (a vocabulary) is
+    streamed from global memory in both passes, the second mostly from the L2 cache. Each thread keeps its
+    OWN running (max, sum): no block-wide exchange stalls the loop; the block merges the pairs once."""
     vec = vector_width(N)
-    if per_thread % vec or staged % 8 or staged > N or (staged and N % 8):
-        raise ValueError(f"long-row softmax: {per_thread} elements a thread must be whole vectors of {vec}; the "
-                         f"staged head ({staged}) a multiple of 8 within a 16-byte aligned row of {N}")
+    if per_thread % vec or staged > N or (bulk_copy and staged and (staged % 8 or N % 8)):
+        raise ValueError(f"long-row softmax: {per_thread} elements a thread must be whole vectors of {vec}; a bulk "
+                         f"copy's head ({staged}) a multiple of 8 within a 16-byte aligned row of {N}")
     step = threads * per_thread
     head_steps, tail_steps = -(-staged // step), -(-(N - staged) // step)
     padded = max(head_steps * step, 8)  # TileLang reads a masked vector of shared memory before its mask: pad
@@ -239,12 +237,17 @@ def long_rows_online(M: int, N: int, per_thread: int, threads: int, dtype: str =
 
 # --- Building the plan (the rules that choose it: sections/softmax_plans.py) ------------------------------
 def build(M: int, N: int, plan: SoftmaxPlan, family: str = "hopper", dtype: str = "float16"):
+    bulk = uses_bulk_copy(plan, N, family)
     if plan.kind == "registers":
         return rows_in_registers(M, N, plan.rows_per_block, plan.threads, dtype, plan.min_blocks_per_sm)
-    bulk = family == "hopper"
     if plan.kind == "staged":
         return rows_staged_in_shared(M, N, plan.rows_per_block, plan.threads, dtype, bulk, plan.min_blocks_per_sm)
     return long_rows_online(M, N, plan.rows_per_block, plan.threads, dtype, plan.staged, bulk)
+
+
+def uses_bulk_copy(plan: SoftmaxPlan, N: int, family: str) -> bool:
+    """Hopper stages with TMA: the staged kernel's aligned groups of rows, the online kernel's aligned rows."""
+    return family == "hopper" and (plan.kind == "staged" or (plan.kind == "online" and plan.staged and N % 8 == 0))
 
 
 def launcher(kernel, plan: SoftmaxPlan):
@@ -287,20 +290,18 @@ def problems(ctx) -> list[Problem]:
 
 
 def kernels(ctx) -> list[tourkit.KernelDecl]:
-    family = tourkit.ARCH_SPECS[ctx.arch].family
-    bulk = ("tma_load", "mbarrier") if family == "hopper" else ()  # Hopper stages rows with TMA under mbarriers
+    family = tourkit.ARCH_SPECS[ctx.arch].family  # a TMA copy completes on an mbarrier:
     return [tourkit.KernelDecl(p.name, functools.partial(build, p.M, p.N, p.plan, family, ctx.dtype),
                                threads=p.plan.threads, smem_limit=ctx.smem_budget,
-                               markers=bulk if p.plan.kind == "staged" or p.plan.staged else ())
+                               markers=("tma_load", "mbarrier") if uses_bulk_copy(p.plan, p.N, family) else ())
             for p in problems(ctx)]
 
 
 # --- The reference, the check, the benchmark ------------------------------------------------------------
 def reference(x):
-    """torch.softmax in float32: the higher-precision reference for a float16 or bfloat16 kernel."""
     import torch
 
-    return torch.softmax(x.float(), dim=-1)
+    return torch.softmax(x.float(), dim=-1)  # float32: the higher-precision reference
 
 
 def tolerance(dtype: str) -> float:
@@ -350,8 +351,7 @@ def run(ctx) -> None:
     if ctx.shape:  # the user's problem: which kernel, and why
         M, N = ctx.shape
         ctx.log(f"softmax {M}x{N} {ctx.dtype}: {todo[0].plan.describe()}\n  why: {todo[0].plan.why}")
-        tourkit.require_device_memory(ctx, 40 * M * N, f"softmax {M}x{N} (input, output, float32 and float64 "
-                                                       "references)")
+        tourkit.require_device_memory(ctx, 40 * M * N, f"softmax {M}x{N} (with float32 and float64 references)")
     if ctx.compile_only:
         for p in todo if not ctx.shape else []:
             ctx.log(f"{p.M}x{p.N}: {p.plan.describe()}")

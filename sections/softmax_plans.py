@@ -94,22 +94,17 @@ def choose_plan(M: int, N: int, smem_budget: int, family: str = "hopper") -> Sof
         return register_plan(M, N)
     head = staged_head(N, smem_budget, ONLINE_THREADS * ONLINE_PER_THREAD)
     if head == N:
-        why = (f"a row of {N} is too long for registers but its {row_bytes // 1024} KB fit shared memory: one bulk "
-               "copy (one read of global memory), then walked twice with the online max and sum")
-    elif head:
+        why = (f"a row of {N} is too long for registers but its {row_bytes // 1024} KB fit shared memory: one copy "
+               "(one read of global memory; a bulk copy where rows are 16-byte aligned), then walked twice with the "
+               "online max and sum")
+    else:
         why = (f"a row of {N} is too long for registers and for shared memory: its first {head} columns are staged "
                "at once, the rest streamed twice from global memory (the second pass mostly hits the L2 cache)")
-    else:
-        why = (f"a row of {N} is too long for registers, and its rows do not start 16-byte aligned (no bulk copy): "
-               "streamed twice from global memory (the second pass mostly hits the L2 cache)")
     return SoftmaxPlan("online", ONLINE_PER_THREAD, ONLINE_THREADS, staged=head, why=why)
 
 
 def staged_head(N: int, smem_budget: int, step: int) -> int:
     """Columns of a long row the online kernel stages in shared memory: the whole row when it fits (its
-    buffer padded to whole steps of the kernel), else as many whole steps as fit; none when rows are not
-    16-byte aligned (no bulk copy)."""
-    if N % 8:
-        return 0
+    buffer padded to whole steps of the kernel), else as many whole steps as fit."""
     fit = (smem_budget - SMEM_SLACK) // 2
     return N if -(-N // step) * step <= fit else fit // step * step

@@ -41,8 +41,8 @@ def plan_fits(M, N, plan, smem):
         assert plan.kind == "online" and plan.rows_per_block % P.vector_width(N) == 0
         step = plan.threads * plan.rows_per_block
         padded = -(-plan.staged // step) * step  # the head buffer, padded to whole steps
-        assert plan.staged % 8 == 0 and plan.staged <= N and 2 * padded + P.SMEM_SLACK <= smem
-        assert plan.staged == 0 or N % 8 == 0
+        assert plan.staged <= N and 2 * padded + P.SMEM_SLACK <= smem
+        assert plan.staged % 8 == 0 or plan.staged == N  # a bulk copy moves whole 16-byte units
     assert plan.why
     return True
 
@@ -100,7 +100,9 @@ def test_long_rows_stream_what_shared_memory_cannot_hold():
     step = vocab.threads * vocab.rows_per_block
     assert vocab.kind == "online" and vocab.staged % step == 0 and "L2" in vocab.why
     assert 2 * vocab.staged + P.SMEM_SLACK <= HOPPER < 2 * (vocab.staged + step) + P.SMEM_SLACK  # as much as fits
-    assert S.choose_plan(2048, 50257, HOPPER).staged == 0  # odd rows: no 16-byte aligned bulk copy
+    odd = S.choose_plan(2048, 50257, HOPPER)  # odd rows: staged whole with a plain copy (no bulk copy: unaligned)
+    assert odd.staged == 50257 and not S.uses_bulk_copy(odd, 50257, "hopper")
+    assert S.uses_bulk_copy(vocab, 128256, "hopper") and not S.uses_bulk_copy(vocab, 128256, "ampere")
     assert S.choose_plan(8192, 32000, HOPPER).staged == 32000  # fits, but no chunk divides it
 
 
@@ -151,6 +153,7 @@ VARIANTS = {  # kind: (M, N, plan); nvcc compiles the first three, the others ar
     "narrow": (1001, 64, S.SoftmaxPlan("registers", 64, 256)),  # a partial last block of rows
     "odd narrow": (4097, 7, S.SoftmaxPlan("registers", 256, 256)),
     "odd streamed": (3, 50257, S.SoftmaxPlan("online", 16, 512)),
+    "odd staged": (3, 20001, S.SoftmaxPlan("online", 16, 512, staged=20001)),  # a plain copy, even on Hopper
 }
 NVCC = ("registers", "online", "streamed")
 
@@ -212,6 +215,7 @@ def test_narrow_rows_load_whole_vectors_and_mask_the_last_block(reports):
     narrow = reps["narrow"].source  # 1001 rows of 64: 16 rows a block of 256 threads... 64 here; 4 threads a row
     assert "uint4" in narrow and "< 1001" in narrow
     assert "AllReduce<tl::MaxOp, 4," in narrow  # the row's 4 threads exchange, not the block
+    assert reps["odd staged"].markers["tma_load"] == 0 and "< 20001" in reps["odd staged"].source
     streamed = reps["odd streamed"].source  # odd width: single-element loads, masked past the row's end
     assert "< 50257" in streamed and streamed.count("AllReduce<") == 2  # two block exchanges per row, not per step
 
@@ -275,7 +279,8 @@ def test_softmax_matches_torch(shape, dtype):
     (S.SoftmaxPlan("staged", 8, 256), (1000, 1823)), (S.SoftmaxPlan("registers", 1, 1024), (37, 32768)),
     (S.SoftmaxPlan("online", 8, 512, staged=32768), (37, 32768)), (S.SoftmaxPlan("registers", 128, 256), (1001, 32)),
     (S.SoftmaxPlan("online", 16, 512), (5, 40000)), (S.SoftmaxPlan("online", 16, 1024, staged=8192), (5, 40000)),
-    (S.SoftmaxPlan("online", 32, 256, staged=40000), (5, 40000)), (S.SoftmaxPlan("online", 8, 512), (3, 9001))])
+    (S.SoftmaxPlan("online", 32, 256, staged=40000), (5, 40000)), (S.SoftmaxPlan("online", 8, 512), (3, 9001)),
+    (S.SoftmaxPlan("online", 16, 512, staged=9001), (3, 9001)), (S.SoftmaxPlan("online", 16, 512, staged=8192), (3, 9001))])
 def test_each_kernel_variant_matches_torch(plan, shape):
     device = tourkit.detect_device()
     check = S.check_shape(*shape, plan, family=device.family)
