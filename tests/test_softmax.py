@@ -257,11 +257,12 @@ def test_kernels_declared_for_a_run_are_what_it_checks_and_times():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(256, 4096), (64, 8192), (16, 32768), (1000, 1823), (1001, 1823), (37, 4096),
-                                   (999, 3000), (37, 32768), (64, 2047), (1000, 4001), (1, 1), (3, 2), (5, 9),
-                                   (4097, 7), (1001, 64), (999, 100), (7, 8193), (3, 100000), (2, 50257),
-                                   (1, 262144), (5, 128256), (33, 1000), (2, 65536)])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape, dtype", [
+    ((256, 4096), "float16"), ((16, 32768), "float16"), ((1001, 1823), "float16"), ((37, 4096), "float16"),
+    ((999, 3000), "float16"), ((64, 2047), "float16"), ((1, 1), "float16"), ((5, 9), "float16"),
+    ((4097, 7), "float16"), ((1001, 64), "float16"), ((999, 100), "float16"), ((7, 8193), "float16"),
+    ((3, 100000), "float16"), ((2, 50257), "float16"), ((1, 262144), "float16"), ((33, 1000), "bfloat16"),
+    ((5, 128256), "bfloat16"), ((3, 2), "bfloat16"), ((2, 65536), "bfloat16")])
 def test_softmax_matches_torch(shape, dtype):
     device = tourkit.detect_device()
     if dtype == "bfloat16" and device.capability < (8, 0):
