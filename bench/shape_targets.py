@@ -80,10 +80,14 @@ def main() -> int:
     parser.add_argument("words", nargs="*", help="run only the problems of sections whose name contains one")
     parser.add_argument("--out", help="folder for each run's JSON record and log (default: a temporary one)")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds for one run")
+    parser.add_argument("--problems", help="SECTION:SHAPE[:DTYPE],... instead of the list above")
     args = parser.parse_args()
     out_dir = args.out or tempfile.mkdtemp(prefix="shape_targets_")
     os.makedirs(out_dir, exist_ok=True)
-    chosen = [p for p in PROBLEMS if not args.words or any(w in p[0] for w in args.words)]
+    problems = PROBLEMS
+    if args.problems:
+        problems = [(*p.split(":")[:2], (p.split(":") + ["float16"])[2]) for p in args.problems.split(",")]
+    chosen = [p for p in problems if not args.words or any(w in p[0] for w in args.words)]
     for section, shape, dtype in chosen:
         result = run_one(section, shape, dtype, out_dir, args.timeout)
         cells = ", ".join(f"{k} {v}" for k, v in result["headline"].items()) or " ".join(result.get("error", []))
