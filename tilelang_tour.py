@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import tourkit
+import tourplots  # matplotlib only when drawing
 import tourrunner
 from sections import SECTION_NAMES
 from tourkit import SectionResult, SectionSkip, TourContext, UsageError
@@ -107,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--only", action="append", default=[], metavar="A,B", help="run only these sections")
     parser.add_argument("--skip", action="append", default=[], metavar="A,B", help="skip these sections")
     parser.add_argument("--json", metavar="PATH", help="write the environment and every section's record")
+    parser.add_argument("--plots", metavar="DIR", help="write the plots (GEMM bars, throughput, roofline) to DIR")
     parser.add_argument("--quick", action="store_true", help="small problem sizes")
     parser.add_argument("--full", action="store_true", help="the long sweeps (GEMM shape set, full tuning space)")
     parser.add_argument("-x", "--exitfirst", action="store_true", help="stop after the first failed section")
@@ -682,6 +684,7 @@ def _finish(args, names, options, results, environment, interrupted, sigint) -> 
             print(f"\nwrote {args.json}", flush=True)
         except OSError as exc:
             print(f"tilelang_tour.py: could not write {args.json}: {exc}", file=sys.stderr, flush=True)
+    tourplots.after_tour(results, environment, out_dir=args.plots, inline=_in_notebook())
     if sigint.fired:
         run.exit_code = 130
     return run

@@ -71,6 +71,20 @@ class KernelReport:
     grid: tuple[int, int, int]
     nvcc: str  # "compiled", "not run (nvcc not found)", "lowered only" (nvcc not run, to save time), "failed: ..."
     source: str = ""
+    # From ptxas (-v) when nvcc ran: registers per thread (the most any entry function uses) and the bytes of
+    # register spills to local memory (stores, loads), which on the hot path of a tile kernel cost bandwidth.
+    registers: int | None = None
+    spill_stores: int | None = None
+    spill_loads: int | None = None
+
+    @property
+    def spills(self) -> str:
+        """"-" when nvcc did not run, "0" without spills, else "<stores>/<loads> B"."""
+        if self.spill_stores is None:
+            return "-"
+        if not (self.spill_stores or self.spill_loads):
+            return "0"
+        return f"{self.spill_stores}/{self.spill_loads} B"
 
     @property
     def smem_bytes(self) -> int:
@@ -78,7 +92,8 @@ class KernelReport:
 
     def summary(self) -> dict[str, Any]:
         return {"name": self.name, "arch": self.arch, "markers": self.markers, "smem_bytes": self.smem_bytes,
-                "threads": self.threads, "grid": list(self.grid), "nvcc": self.nvcc}
+                "threads": self.threads, "grid": list(self.grid), "nvcc": self.nvcc, "registers": self.registers,
+                "spill_stores": self.spill_stores, "spill_loads": self.spill_loads}
 
 
 def _launch_shape(device_mod) -> tuple[int, tuple[int, int, int], int]:
@@ -244,22 +259,78 @@ def quiet_tilelang() -> None:
 def inspect_kernel(name: str, func, arch: str, *, pass_configs: dict[str, Any] | None = None,
                    nvcc: bool = True) -> KernelReport:
     """Lower `func` for `arch`, count the instruction markers, read shared memory and the launch shape,
-    and (when nvcc is present and asked for) compile it to a cubin to prove nvcc accepts it."""
+    and (when nvcc is present and asked for) compile the generated CUDA to a cubin as TileLang does, with
+    ptxas reporting registers and spills, to prove nvcc accepts it."""
     artifact = lower_for_arch(func, arch, pass_configs)
     source = artifact.kernel_source
     threads, grid, dyn = _launch_shape(artifact.device_mod)
+    usage: dict[str, int] = {}
     if not nvcc:
         nvcc_status = "lowered only"
     elif find_nvcc() is None:
         nvcc_status = "not run (nvcc not found)"
     else:
         try:
-            compile_for_arch(func, arch, pass_configs)
+            usage = ptxas_usage(compile_cubin(source, arch, pass_configs))
             nvcc_status = "compiled"
         except Exception as exc:  # report, don't crash: the section decides whether this is fatal
             nvcc_status = f"failed: {one_line(exc)}"
     return KernelReport(name, arch, count_markers(source), dyn, static_smem_bytes(source), threads, grid,
-                        nvcc_status, source)
+                        nvcc_status, source, **usage)
+
+
+def nvcc_options(arch: str, pass_configs: dict[str, Any] | None = None) -> list[str]:
+    """The nvcc options TileLang 0.1.15 compiles a kernel's device code with (tilelang/cuda/backend.py): the
+    gencode for the target, C++20, its template and CUTLASS includes, and the pass configs that reach nvcc."""
+    import shlex
+
+    from tilelang.contrib import nvcc as tl_nvcc
+    from tilelang.env import CUTLASS_INCLUDE_DIR, TILELANG_TEMPLATE_PATH
+
+    target_arch, target_code = tl_nvcc.get_target_arch_and_code(cuda_target(arch))
+    gencode = tl_nvcc.format_target_code_for_gencode(target_code) or f"sm_{target_arch}"
+    options = ["-gencode", f"arch=compute_{target_arch},code={gencode}", "-O3", "-std=c++20",
+               "-I" + TILELANG_TEMPLATE_PATH, "-I" + CUTLASS_INCLUDE_DIR]
+    configs = pass_configs or {}
+    extra = configs.get("tl.device_compile_flags")
+    if extra:
+        options += [tok for flag in ([extra] if isinstance(extra, str) else extra) for tok in shlex.split(str(flag))]
+    if configs.get("tl.enable_fast_math"):
+        options.append("--use_fast_math")
+    if configs.get("tl.ptxas_register_usage_level") is not None:
+        options.append(f"--ptxas-options=--register-usage-level={int(configs['tl.ptxas_register_usage_level'])}")
+    return options
+
+
+def compile_cubin(source: str, arch: str, pass_configs: dict[str, Any] | None = None) -> str:
+    """nvcc the generated CUDA `source` to a cubin with ptxas's report on (-Xptxas -v); returns that report.
+    One nvcc run per kernel, the same one TileLang's compile makes, so the compile-only check costs no more."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="tour_nvcc_") as folder:
+        path = os.path.join(folder, "kernel.cu")
+        with open(path, "w") as fh:
+            fh.write(source)
+        cmd = [find_nvcc() or "nvcc", "--cubin", *nvcc_options(arch, pass_configs), "-w", "-Xptxas", "-v",
+               "-o", os.path.join(folder, "kernel.cubin"), path]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        errors = [ln for ln in (done.stderr + done.stdout).splitlines() if "error" in ln.lower()]
+        raise RuntimeError("; ".join(errors[:3]) or f"nvcc exited with {done.returncode}")
+    return done.stdout + done.stderr
+
+
+_PTXAS_REGISTERS = re.compile(r"Used (\d+) registers")
+_PTXAS_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def ptxas_usage(report: str) -> dict[str, int]:
+    """Registers (the most any function uses) and spill bytes (summed over functions) from ptxas -v."""
+    registers = [int(n) for n in _PTXAS_REGISTERS.findall(report)]
+    spills = [(int(a), int(b)) for a, b in _PTXAS_SPILLS.findall(report)]
+    return {"registers": max(registers, default=0), "spill_stores": sum(a for a, _ in spills),
+            "spill_loads": sum(b for _, b in spills)}
 
 
 def inspect_kernels(jobs: Sequence[tuple], *, nvcc: bool = True) -> list[KernelReport]:
@@ -280,7 +351,8 @@ def inspect_kernels(jobs: Sequence[tuple], *, nvcc: bool = True) -> list[KernelR
 
 
 def report_kernels(ctx: TourContext, reports: Sequence[KernelReport], requested_threads: dict[str, int] | None = None) -> None:
-    """Print the compile-only table: markers found, shared memory, threads as launched, nvcc status."""
+    """Print the compile-only table: markers found, shared memory, threads as launched, nvcc status, and
+    ptxas's registers per thread and spill bytes (stores/loads) where nvcc ran."""
     rows = []
     for rep in reports:
         found = ", ".join(f"{k}×{v}" for k, v in rep.markers.items() if v) or "-"
@@ -288,8 +360,9 @@ def report_kernels(ctx: TourContext, reports: Sequence[KernelReport], requested_
         asked = (requested_threads or {}).get(rep.name)
         if asked and asked != rep.threads:
             threads += f" (asked {asked})"
-        rows.append([rep.name, rep.arch, format_bytes(rep.smem_bytes), threads, rep.nvcc, found])
-    ctx.table(["kernel", "arch", "smem", "threads", "nvcc", "markers"], rows)
+        regs = "-" if rep.registers is None else str(rep.registers)
+        rows.append([rep.name, rep.arch, format_bytes(rep.smem_bytes), threads, rep.nvcc, regs, rep.spills, found])
+    ctx.table(["kernel", "arch", "smem", "threads", "nvcc", "regs", "spills", "markers"], rows)
     ctx.metric(kernels=[r.summary() for r in reports])
 
 

@@ -75,6 +75,9 @@ class SectionResult:
         return asdict(self)
 
 
+TIMING_KINDS = ("lesson", "appendix", "pytorch", "copy")
+
+
 class TourContext:
     """What a section gets: the run's options and device, and a place to report to.
 
@@ -125,6 +128,17 @@ class TourContext:
 
     def metric(self, **values: Any) -> None:
         self.metrics.update(values)
+
+    def timing(self, name: str, ms: float, *, flops: float | None = None, nbytes: float | None = None,
+               kind: str = "lesson", problem: str = "") -> None:
+        """Record one timed kernel or PyTorch path (median ms; the FLOPs and the bytes it must move, where they
+        mean something) in metrics["timings"], for the plots (tourplots.py): kind "lesson", "appendix",
+        "pytorch" or "copy"; `problem` names the problem it solved (e.g. "4096x4096x4096")."""
+        if kind not in TIMING_KINDS:
+            raise ValueError(f"timing kind {kind!r} is not one of {TIMING_KINDS}")
+        self.metrics.setdefault("timings", []).append(
+            {"name": name, "ms": float(ms), "flops": None if flops is None else float(flops),
+             "nbytes": None if nbytes is None else float(nbytes), "kind": kind, "problem": str(problem)})
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -511,7 +525,7 @@ def _median(values: Sequence[float]) -> float:
 # Building and inspecting kernels lives in tourkernels.py; its names are tourkit's too
 # ---------------------------------------------------------------------------------------------------------
 
-KERNEL_NAMES = frozenset(('MARKERS', 'TENSOR_CORE_MARKERS', 'count_markers', 'cuda_target', '_STATIC_SMEM', '_SCALAR_BYTES', 'KernelReport', '_launch_shape', 'static_smem_bytes', 'lower_for_arch', 'compile_for_arch', 'compile_many', 'KernelDecl', 'build_declared', 'inspect_declared', '_DropMemoryCacheHits', 'quiet_tilelang', 'inspect_kernel', 'inspect_kernels', 'report_kernels', 'require_markers', 'source_excerpt'))
+KERNEL_NAMES = frozenset(('MARKERS', 'TENSOR_CORE_MARKERS', 'count_markers', 'cuda_target', '_STATIC_SMEM', '_SCALAR_BYTES', 'KernelReport', '_launch_shape', 'static_smem_bytes', 'lower_for_arch', 'compile_for_arch', 'compile_many', 'KernelDecl', 'build_declared', 'inspect_declared', '_DropMemoryCacheHits', 'quiet_tilelang', 'inspect_kernel', 'inspect_kernels', 'report_kernels', 'require_markers', 'source_excerpt', 'compile_cubin', 'ptxas_usage'))
 
 
 def __getattr__(name: str):
