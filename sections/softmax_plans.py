@@ -86,21 +86,36 @@ def choose_plan(M: int, N: int, smem_budget: int, family: str = "hopper") -> Sof
     per block on a GPU of `family`. Every width from 1 up has a plan on every GPU."""
     if M < 1 or N < 1:
         raise ValueError(f"softmax: shape ({M}, {N}) must be positive")
-    row_bytes = 2 * N
     if family == "hopper" and 2048 < N <= 4096 and N % (256 * 8) == 0:
         return SoftmaxPlan("staged", 1, 256, why=f"a row of {N} is one TMA bulk copy into shared memory and splits "
                            "into whole 16-byte vectors over 256 threads, 16 floats each")
     if N <= REGISTER_ROW_LIMIT:
         return register_plan(M, N)
+    return online_plan(N, smem_budget)
+
+
+def online_plan(N: int, smem_budget: int) -> SoftmaxPlan:
+    """A row too long for registers, walked twice. Threads: a block of 512 when the whole row fits shared memory
+    (two or more such blocks share an SM: one's copy overlaps another's arithmetic); 1024 when it does not (its
+    head fills the SM alone, so the block itself must keep twice the loads of the streamed rest in flight).
+    A row that does not start 16-byte aligned (N % 8) is streamed: its copy would be one element at a time."""
+    if N % 8:
+        return SoftmaxPlan("online", ONLINE_PER_THREAD, 1024, why=(
+            f"a row of {N} is too long for registers and its rows do not start 16-byte aligned (N % 8 != 0): no "
+            "bulk copy into shared memory, a plain one goes in narrow pieces, so it is streamed twice from global memory (the "
+            "second pass mostly hits the L2 cache) by 1024 threads, 16 loads in flight each"))
     head = staged_head(N, smem_budget, ONLINE_THREADS * ONLINE_PER_THREAD)
     if head == N:
-        why = (f"a row of {N} is too long for registers but its {row_bytes // 1024} KB fit shared memory: one copy "
-               "(one read of global memory; a bulk copy where rows are 16-byte aligned), then walked twice with the "
-               "online max and sum")
-    else:
-        why = (f"a row of {N} is too long for registers and for shared memory: its first {head} columns are staged "
-               "at once, the rest streamed twice from global memory (the second pass mostly hits the L2 cache)")
-    return SoftmaxPlan("online", ONLINE_PER_THREAD, ONLINE_THREADS, staged=head, why=why)
+        return SoftmaxPlan("online", ONLINE_PER_THREAD, ONLINE_THREADS, staged=N, why=(
+            f"a row of {N} is too long for registers but its {2 * N // 1024} KB fit shared memory: one copy (one "
+            "read of global memory; a bulk copy where rows are 16-byte aligned), then walked twice with the online "
+            "max and sum; 512 threads, so that blocks sharing an SM overlap copies with arithmetic"))
+    threads = 2 * ONLINE_THREADS
+    head = staged_head(N, smem_budget, threads * ONLINE_PER_THREAD)
+    return SoftmaxPlan("online", ONLINE_PER_THREAD, threads, staged=head, why=(
+        f"a row of {N} is too long for registers and for shared memory: its first {head} columns are staged at "
+        "once, the rest streamed twice from global memory (the second pass mostly hits the L2 cache); the head "
+        f"fills the SM alone, so a block of {threads} threads keeps twice the loads in flight"))
 
 
 def staged_head(N: int, smem_budget: int, step: int) -> int:

@@ -100,10 +100,15 @@ def test_long_rows_stream_what_shared_memory_cannot_hold():
     step = vocab.threads * vocab.rows_per_block
     assert vocab.kind == "online" and vocab.staged % step == 0 and "L2" in vocab.why
     assert 2 * vocab.staged + P.SMEM_SLACK <= HOPPER < 2 * (vocab.staged + step) + P.SMEM_SLACK  # as much as fits
-    odd = S.choose_plan(2048, 50257, HOPPER)  # odd rows: staged whole with a plain copy (no bulk copy: unaligned)
-    assert odd.staged == 50257 and not S.uses_bulk_copy(odd, 50257, "hopper")
+    assert vocab.threads == 1024  # the head fills the SM alone: the block keeps twice the loads in flight
+    odd = S.choose_plan(2048, 50257, HOPPER)  # odd rows: no bulk copy (unaligned), streamed by 1024 threads
+    assert odd.staged == 0 and odd.threads == 1024 and not S.uses_bulk_copy(odd, 50257, "hopper")
+    assert "aligned" in odd.why
     assert S.uses_bulk_copy(vocab, 128256, "hopper") and not S.uses_bulk_copy(vocab, 128256, "ampere")
     assert S.choose_plan(8192, 32000, HOPPER).staged == 32000  # fits, but no chunk divides it
+    assert S.choose_plan(8192, 32000, HOPPER).threads == 512  # rows that fit: blocks share an SM
+    for M, N in ((1, 262144), (32, 151936), (256, 262144), (5, 128256)):  # heads that fill the SM: 1024 threads
+        assert S.choose_plan(M, N, HOPPER).threads == 1024 and 0 < S.choose_plan(M, N, HOPPER).staged < N
 
 
 @pytest.mark.parametrize("N", [32000, 40000, 65536, 128256, 262144])
