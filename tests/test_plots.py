@@ -180,3 +180,8 @@ def test_ptxas_registers_and_spills_are_read():
                                  spill_loads=0)
     assert clean.spills == "0"
     assert tourkit.KernelReport("k", "sm_80", {}, 0, 0, 128, (1, 1, 1), "lowered only").spills == "-"
+    ctx = TourContext(echo=False)
+    ctx.headline(kernels=1)  # a section's count must not hide the reports
+    tourkit.report_kernels(ctx, [report, clean])
+    assert "spills" in ctx.report[0] and "40/32 B" in ctx.report[2]
+    assert [r["spill_stores"] for r in ctx.metrics["kernel_reports"]] == [40, 0]
