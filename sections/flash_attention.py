@@ -103,6 +103,23 @@ def kernel_steps(seq_len: int, dim: int, block_M: int, block_N: int, causal: boo
     return -(-seq_len // block_N), -(-seq_len // block_M), start, online_softmax, finish
 
 
+def share_sm(blocks_per_sm: int, threads: int):
+    """A macro that asks for `blocks_per_sm` resident blocks: nvcc caps every thread's registers at the SM's 64K
+    / n over the block's threads (on Hopper with the producer warp group TileLang adds); the producer then drops
+    to 24 registers and the consumers take what it freed (asking for more than the block holds would stall)."""
+    cap = 65536 // (blocks_per_sm * (threads + 128)) // 8 * 8
+    consumer = min(240, (cap + 128 * (cap - 24) // threads) // 8 * 8)
+
+    @T.macro
+    def annotate():
+        if blocks_per_sm > 1:
+            T.annotate_min_blocks_per_sm(blocks_per_sm)
+            T.annotate_producer_reg_dealloc(24)
+            T.annotate_consumer_reg_alloc(consumer)
+
+    return annotate
+
+
 def shapes(batch: int, heads: int, seq_len: int, dim: int, kv_heads: int | None):
     """Q and O (B, S, H, D); K and V (B, S, KVH, D), each K/V head shared by `groups` neighbouring query heads."""
     kv_heads = kv_heads or heads
@@ -113,13 +130,16 @@ def shapes(batch: int, heads: int, seq_len: int, dim: int, kv_heads: int | None)
 
 def flash_attention_forward(batch: int, heads: int, seq_len: int, dim: int, causal: bool, *, block_M: int = 128,
                             block_N: int = 128, num_stages: int = 2, threads: int = 256, heavy_first: bool = False,
-                            dtype: str = "float16", kv_heads: int | None = None):
+                            dtype: str = "float16", kv_heads: int | None = None, blocks_per_sm: int = 1):
     """The forward kernel for one problem and one tile configuration: T.Pipelined infers the software pipeline
     from `num_stages` (later K/V loads run ahead of this tile's math). heavy_first=True (causal): the last query
-    blocks, which have the most key tiles, launch first, so that the short ones fill the tail of the grid."""
+    blocks, which have the most key tiles, launch first, so that the short ones fill the tail of the grid.
+    blocks_per_sm > 1: the registers are capped so that as many blocks share an SM (one's loads and stores
+    overlap another's math)."""
     shape, kv_shape, groups = shapes(batch, heads, seq_len, dim, kv_heads)
     n_tiles, n_query_blocks, start, online_softmax, finish = kernel_steps(seq_len, dim, block_M, block_N, causal,
                                                                           seq_len % block_N != 0)
+    occupancy = share_sm(blocks_per_sm, threads)
 
     @T.prim_func
     def flash_attention_fwd(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
@@ -129,6 +149,7 @@ def flash_attention_forward(batch: int, heads: int, seq_len: int, dim: int, caus
             kv = by // groups  # the key/value head of query head by
             Q_s, K_s, V_s, O_s, scores, probs, acc_o, m, m_prev, rescale, row_sum, l = alloc_buffers(
                 block_M, block_N, dim, dtype)
+            occupancy()
 
             start(Q, Q_s, acc_o, l, m, bx, by, bz)
             # Causal: key tiles that start after this block's last query row are all masked: never visit them.
@@ -149,7 +170,8 @@ def flash_attention_forward(batch: int, heads: int, seq_len: int, dim: int, caus
 
 def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int, causal: bool, *,
                                   block_M: int = 128, block_N: int = 128, num_stages: int = 2, threads: int = 256,
-                                  heavy_first: bool = False, dtype: str = "float16", kv_heads: int | None = None):
+                                  heavy_first: bool = False, dtype: str = "float16", kv_heads: int | None = None,
+                                  blocks_per_sm: int = 1):
     """Hopper: the FlashAttention-3 schedule in the same T.Pipelined loop. `T.wgmma_gemm` issues a warpgroup MMA
     and does not wait; `T.wait_wgmma(n)` waits until at most n are in flight. Iteration k issues S(k) = Q·K(k)ᵀ
     and O += P(k-1)·V(k-1), waits for the first only, runs the softmax of S(k) while P·V still runs, then waits,
@@ -158,6 +180,7 @@ def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int
     # mask_tail always: the ragged last tile, and the extra all-masked iteration k = n_tiles below
     n_tiles, n_query_blocks, start, online_softmax, finish = kernel_steps(seq_len, dim, block_M, block_N, causal,
                                                                           True)
+    occupancy = share_sm(blocks_per_sm, threads)
 
     @T.prim_func
     def flash_attention_fwd_async(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype),
@@ -168,6 +191,7 @@ def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int
             Q_s, K_s, V_s, O_s, scores, probs, acc_o, m, m_prev, rescale, row_sum, l = alloc_buffers(
                 block_M, block_N, dim, dtype)
             touch = T.alloc_local((1,), dtype)
+            occupancy()
 
             start(Q, Q_s, acc_o, l, m, bx, by, bz)
             last = T.min(n_tiles, T.ceildiv((bx + 1) * block_M, block_N)) if causal else n_tiles
