@@ -25,11 +25,10 @@ if ROOT not in sys.path:
 
 from sections import gemm_plans as P  # noqa: E402
 
-SHAPES = ["64x8192x8192", "128x4096x11008", "2000x3000x4000", "1536x1536x1536", "4096x4096x1024",
-          "8192x2048x8192", "5120x13824x5120", "8192x8192x8192", "8192x8192x8192:bfloat16", "fused:5120x13824x5120",
-          "fused:2000x3000x4000", "1x4096x4096", "16x5120x5120", "256x1024x8192", "777x4097x1234", "3000x3000x3000",
-          "4096x14336x4096", "33x4097x65", "7x13x5", "512x512x512", "2000x3000x4000:bfloat16", "12288x12288x12288"]
-ALTERNATIVES = 4  # candidates timed beside the pick, by estimate
+SHAPES = ["2000x3000x4000", "1536x1536x1536", "3000x3000x3000", "4096x4096x1024", "1024x1024x1024",
+          "2048x2048x2048", "4096x4096x4096", "2500x1000x3000", "16x5120x5120", "128x4096x11008", "7x13x5",
+          "33x4097x65", "100x100x100", "777x4097x1234", "12288x12288x12288", "fused:2000x3000x4000",
+          "fused:5120x13824x5120"]
 
 
 def parse(text: str):
@@ -45,7 +44,10 @@ def plans_for(M, N, K, dtype, fused, family, sms, smem):
     tile with twice or half its split; the lesson's default."""
     pick = P.plan_problem(M, N, K, family, sms, smem, dtype)
     if fused:
-        return [pick]
+        return [pick] + [replace(pick, config=c) for c in (
+            P.GemmConfig(128, 192, 64, 4, 256, True, policy="FullRow", persistent=sms),
+            P.GemmConfig(128, 256, 64, 3, 256, True, persistent=sms), P.GemmConfig(128, 128, 64, 4, 256, True))
+            if P.fits(c, smem)]
     Na, Ka = P.aligned(N), P.aligned(K)
     options = P.candidate_schedules(M, Na, Ka, family, sms, smem)
     est = {c: P.estimate_seconds(M, Na, Ka, c, family, sms, smem) for c in options}
@@ -63,16 +65,51 @@ def plans_for(M, N, K, dtype, fused, family, sms, smem):
     default = P.lesson_schedules(family)[0]
     if default not in configs and P.fits(default, smem):
         configs.append(default)
-    return [replace(pick, config=c) for c in configs]
+    plans = [replace(pick, config=c) for c in configs] + variants(pick, M, N, K, family, sms, smem)
+    return list(dict.fromkeys(plans))
+
+
+def variants(pick, M, N, K, family, sms, smem):
+    """Beside the rule's candidates: persistent lesson kernels (one block an SM walking tiles), the appendix's
+    hand-written kernel with three tiles, a wider swizzle panel; unaligned problems loaded masked, unpadded."""
+    out = []
+    if pick.padded:
+        out.append(replace(pick, pad=False))
+        small = P.GemmConfig(64, 64, 32, 2, 128, False)
+        out.append(replace(pick, config=small, pad=False))
+        return out
+    if family != "hopper" or M * N < 1024 * 1024:
+        return out
+    from sections.hopper import gemm_ws
+
+    for c in (P.GemmConfig(128, 256, 64, 3, 256, True, persistent=sms),
+              P.GemmConfig(128, 192, 64, 4, 256, True, policy="FullRow", persistent=sms),
+              P.GemmConfig(128, 128, 64, 4, 256, True, persistent=sms)):
+        if P.fits(c, smem):
+            out.append(replace(pick, config=c))
+    for bn, buffers in ((256, 4), (192, 3), (128, 2)) if M * N <= 6144 * 6144 else ((256, 4),):
+        out.append(replace(pick, config=gemm_ws.WsConfig(128, bn, 64, 3 if bn == 256 else 4, 256, True,
+                                                         persistent=sms, store_buffers=buffers, even_rounds=True)))
+    if M * N >= 8192 * 8192:
+        out.append(replace(pick, config=replace(pick.config, panel=16)))
+    return out
 
 
 def estimate_us(plan, family, sms, smem):
+    if not isinstance(plan.config, P.GemmConfig):
+        return 0.0
     return P.estimate_seconds(plan.M, P.aligned(plan.N), P.aligned(plan.K), plan.config, family, sms, smem) * 1e6
 
 
-def short(config):
+def short(plan):
+    config = plan.config
+    if not isinstance(config, P.GemmConfig):
+        return f"ws {config.block_M}x{config.block_N} s{config.num_stages}"
     split = f" /{config.split_k}" if config.split_k > 1 else ""
-    return f"{config.block_M}x{config.block_N}x{config.block_K} s{config.num_stages} t{config.threads}{split}"
+    more = (" P" if config.persistent else "") + (f" pn{config.panel}" if config.panel != 10 else "")
+    more += " " + config.policy[:4] if config.policy != "Square" else ""
+    more += " nopad" if not plan.pad else ""
+    return f"{config.block_M}x{config.block_N}x{config.block_K} s{config.num_stages} t{config.threads}{split}{more}"
 
 
 def log(*a):
@@ -92,7 +129,7 @@ def main():
     if args.list:
         for M, N, K, dtype, fused in shapes:
             for plan in plans_for(M, N, K, dtype, fused, "hopper", 132, 232448):
-                log(f"{M}x{N}x{K} {dtype}{' fused' if fused else ''}: {short(plan.config)} "
+                log(f"{M}x{N}x{K} {dtype}{' fused' if fused else ''}: {short(plan)} "
                     f"est {estimate_us(plan, 'hopper', 132, 232448):.0f} us")
             log("   ", P.plan_problem(M, N, K, "hopper", 132, 232448, dtype).describe())
         return
@@ -142,7 +179,7 @@ def main():
             ref = reference(a, b, bias, "gelu" if fused else None)
             fns, rows = {}, {}
             for plan, fut in plans:
-                label = short(plan.config)
+                label = short(plan)
                 try:
                     launcher = P.GemmLauncher(plan, fut.result())
                     call = (lambda L=launcher: L(a, b, bias, c)) if fused else (lambda L=launcher: L(a, b, c))
@@ -167,7 +204,7 @@ def main():
                 if label in ms:
                     log(f"  {label:<28} est {est:8.1f} us  got {ms[label] * 1e3:8.1f} us  "
                         f"{base / ms[label]:.3f}x  err {err:.1e}{'  <- pick' if plan is plans[0][0] else ''}")
-            pick = short(plans[0][0].config)
+            pick = short(plans[0][0])
             ours = {k: v for k, v in ms.items() if k in rows}
             best = min(ours, key=ours.get) if ours else "-"
             summary.append(f"{name:<34} pick {pick:<26} {base / ms[pick] if pick in ms else 0:.3f}x   best {best:<26} "

@@ -45,6 +45,7 @@ class GemmConfig:
     policy: str = "Square"
     staged_store: bool = True
     split_k: int = 1
+    persistent: int = 0
 
     def smem_bytes(self, dtype_bytes: int = 2) -> int:
         """An upper bound of the kernel's shared memory: `num_stages` copies of the A and B tiles, or the C tile
@@ -53,7 +54,9 @@ class GemmConfig:
         pipeline = max(1, self.num_stages) * (self.block_M * self.block_K + self.block_K * self.block_N) * dtype_bytes
         c_bytes = 4 if self.split_k > 1 else dtype_bytes
         c_tile = self.block_M * self.block_N * c_bytes if self.staged_store else 0
-        return max(pipeline, c_tile) + self.block_N * dtype_bytes + 1024
+        # A persistent block's next loads fly during its store: the C tile cannot reuse the A/B buffers.
+        both = pipeline + c_tile if self.persistent else max(pipeline, c_tile)
+        return both + self.block_N * dtype_bytes + 1024
 
     def columns(self) -> dict:
         """The schedule as the table shows it."""
@@ -313,8 +316,10 @@ def aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def check_problem(M: int, N: int, K: int, activation, dtype: str) -> None:
-    """Sizes any of the GEMM kernels can take (tails in M, N and K are fine; rows must be 16-byte aligned)."""
+def check_problem(M: int, N: int, K: int, activation, dtype: str, aligned_rows: bool = True) -> None:
+    """Sizes any of the GEMM kernels can take (tails in M, N and K are fine). aligned_rows: rows must be
+    16-byte aligned (the appendix's TMA kernels); the lesson's kernel takes any (T.copy then loads with
+    narrower, masked copies instead of TMA)."""
     for name, value in (("M", M), ("N", N), ("K", K)):
         if not isinstance(value, int) or value <= 0:
             raise ValueError(f"GEMM size {name}={value!r} must be a positive integer")
@@ -324,7 +329,7 @@ def check_problem(M: int, N: int, K: int, activation, dtype: str) -> None:
         raise ValueError(f"GEMM dtype {dtype!r} is not one of {DTYPES}")
     # Rows of A (K elements) and of B and C (N elements) must start 16-byte aligned: TMA descriptors and
     # vectorized copies need it. GemmLauncher pads other problems.
-    if K % ALIGN or N % ALIGN:
+    if aligned_rows and (K % ALIGN or N % ALIGN):
         raise ValueError(f"GEMM with N={N}, K={K}: rows must be multiples of 16 bytes (N and K multiples of "
                          f"{ALIGN}); pad the operands (GemmLauncher does)")
 
@@ -413,14 +418,15 @@ class GemmPlan:
     config: GemmConfig
     dtype: str = "float16"
     reason: str = ""
+    pad: bool = True  # unaligned rows: run on zero-padded copies (False: the kernel loads them masked)
 
     @property
     def padded(self) -> bool:
-        return (self.N, self.K) != (aligned(self.N), aligned(self.K))
+        return self.pad and (self.N, self.K) != (aligned(self.N), aligned(self.K))
 
     @property
     def kernel_shape(self) -> tuple[int, int, int]:
-        return self.M, aligned(self.N), aligned(self.K)
+        return (self.M, aligned(self.N), aligned(self.K)) if self.pad else (self.M, self.N, self.K)
 
     def programs(self, bias: bool = False, activation=None) -> dict:
         """{"gemm": prim_func} and, with a split K, {"reduce": prim_func}: what the launcher runs."""

@@ -53,7 +53,7 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
     """C = activation(A @ B + Bias) over A[M, K], B[K, N], (Bias[N],) C[M, N]: T.Pipelined + T.gemm.
     With config.split_k > 1, block z of the grid takes the z-th run of K steps and C is W[split_k, M, N],
     fp32 partials that gemm_plans.splitk_reduce_program adds up (and applies the epilogue to)."""
-    check_problem(M, N, K, activation, dtype)
+    check_problem(M, N, K, activation, dtype, aligned_rows=False)
     if config.policy not in WARP_POLICIES:
         raise ValueError(f"warp policy {config.policy!r} is not one of {WARP_POLICIES}")
     bM, bN, bK, splits = config.block_M, config.block_N, config.block_K, config.split_k
@@ -63,36 +63,70 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
     epilogue = epilogue_macro(bM, bN, bias, activation)  # bias and GELU on the accumulator (the fusion lesson)
 
     @T.macro
+    def tile(A, B, Bias, C, A_shared, B_shared, C_local, Bias_shared, C_shared, bx, by, bz):
+        """One block_M x block_N tile of C (rows by, columns bx), over the bz-th run of K steps."""
+        if bias:
+            T.copy(Bias[bx * bN], Bias_shared)
+        T.clear(C_local)
+        # num_stages buffers of A and B: the copies for step k + num_stages - 1 fly while step k computes.
+        for k in T.Pipelined(steps, num_stages=config.num_stages):
+            T.copy(A[by * bM, (bz * steps + k) * bK], A_shared)
+            T.copy(B[(bz * steps + k) * bK, bx * bN], B_shared)
+            T.gemm(A_shared, B_shared, C_local, policy=policy)
+
+        epilogue(C_local, Bias_shared)
+        out = C[by * bM, bx * bN] if splits == 1 else C[bz, by * bM, bx * bN]
+        if config.staged_store:  # registers -> shared -> global: coalesced stores (TMA on Hopper)
+            T.copy(C_local, C_shared)
+            T.copy(C_shared, out)
+        else:
+            T.copy(C_local, out)
+
+    @T.macro
+    def buffers():
+        A_shared = T.alloc_shared((bM, bK), dtype)
+        B_shared = T.alloc_shared((bK, bN), dtype)
+        C_local = T.alloc_fragment((bM, bN), accum_dtype)  # the accumulator: registers, never global
+        Bias_shared = T.alloc_shared((bN,), dtype) if bias else None
+        C_shared = T.alloc_shared((bM, bN), out_dtype) if config.staged_store else None
+        return A_shared, B_shared, C_local, Bias_shared, C_shared
+
+    @T.macro
+    def registers():
+        if config.threads > 256:  # Hopper: say how the 64K registers split (TileLang warns otherwise)
+            T.annotate_producer_reg_dealloc(PRODUCER_REGISTERS)
+            T.annotate_consumer_reg_alloc(consumer_registers(config.threads))
+
+    @T.macro
     def body(A, B, Bias, C):
         with T.Kernel(T.ceildiv(N, bN), T.ceildiv(M, bM), splits, threads=config.threads) as (bx, by, bz):
-            A_shared = T.alloc_shared((bM, bK), dtype)
-            B_shared = T.alloc_shared((bK, bN), dtype)
-            C_local = T.alloc_fragment((bM, bN), accum_dtype)  # the accumulator: registers, never global
-            Bias_shared = T.alloc_shared((bN,), dtype) if bias else None
-            C_shared = T.alloc_shared((bM, bN), out_dtype) if config.staged_store else None
-            if config.threads > 256:  # Hopper: say how the 64K registers split (TileLang warns otherwise)
-                T.annotate_producer_reg_dealloc(PRODUCER_REGISTERS)
-                T.annotate_consumer_reg_alloc(consumer_registers(config.threads))
+            A_shared, B_shared, C_local, Bias_shared, C_shared = buffers()
+            registers()
             T.use_swizzle(panel_size=config.panel, enable=config.swizzle)
-            if bias:
-                T.copy(Bias[bx * bN], Bias_shared)
-            T.clear(C_local)
-            # num_stages buffers of A and B: the copies for step k + num_stages - 1 fly while step k computes.
-            for k in T.Pipelined(steps, num_stages=config.num_stages):
-                T.copy(A[by * bM, (bz * steps + k) * bK], A_shared)
-                T.copy(B[(bz * steps + k) * bK, bx * bN], B_shared)
-                T.gemm(A_shared, B_shared, C_local, policy=policy)
+            tile(A, B, Bias, C, A_shared, B_shared, C_local, Bias_shared, C_shared, bx, by, bz)
 
-            epilogue(C_local, Bias_shared)
-            out = C[by * bM, bx * bN] if splits == 1 else C[bz, by * bM, bx * bN]
-            if config.staged_store:  # registers -> shared -> global: coalesced stores (TMA on Hopper)
-                T.copy(C_local, C_shared)
-                T.copy(C_shared, out)
-            else:
-                T.copy(C_local, out)
+    m_tiles, n_tiles = -(-M // bM), -(-N // bN)
+    workers = min(config.persistent, m_tiles * n_tiles)
+    panel = min(config.panel if config.swizzle else 1, m_tiles)
+
+    @T.macro
+    def persistent_body(A, B, Bias, C):
+        """`workers` blocks (one an SM), block w taking tiles w, w + workers, ... in the swizzled order: down
+        a panel of `panel` tile rows column by column. A block's next tile's loads start during its epilogue."""
+        with T.Kernel(workers, threads=config.threads) as w:
+            registers()
+            A_shared, B_shared, C_local, Bias_shared, C_shared = buffers()
+            for r in T.serial(T.ceildiv(m_tiles * n_tiles, workers)):
+                t = r * workers + w
+                rows = T.max(1, T.min(panel, m_tiles - t // (panel * n_tiles) * panel))  # the last panel: fewer
+                by = t // (panel * n_tiles) * panel + t % (panel * n_tiles) % rows
+                bx = t % (panel * n_tiles) // rows
+                if t < m_tiles * n_tiles:
+                    tile(A, B, Bias, C, A_shared, B_shared, C_local, Bias_shared, C_shared, bx, by, 0)
 
     c_shape = (M, N) if splits == 1 else (splits, M, N)
-    return gemm_prim_func(M, N, K, body, bias, dtype, c_shape, out_dtype)
+    return gemm_prim_func(M, N, K, persistent_body if config.persistent else body, bias, dtype, c_shape,
+                          out_dtype)
 
 
 def compile_gemm(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = False, activation: str | None = None,
