@@ -24,7 +24,9 @@ import sys
 from typing import Any, Callable, Iterable, Sequence
 
 INSTALL_HINT = "pip install matplotlib"
-THROUGHPUT_SECTIONS = ("softmax", "flash_attention")
+# The sections drawn across their shapes, each in the rate that judges it: softmax moves bytes (GB/s against
+# the copy), attention is matrix work (TFLOP/s).
+THROUGHPUT_SECTIONS = {"softmax": "bytes", "flash_attention": "flops"}
 OURS = ("lesson", "appendix")
 # One marker per kind, so PyTorch's paths stand beside ours on every plot.
 MARKERS = {"lesson": "o", "appendix": "s", "pytorch": "^", "copy": "D"}
@@ -159,11 +161,12 @@ def draw_gemm(entries: Sequence[dict], environment: dict | None = None):
     return fig
 
 
-def draw_throughput(entries: Sequence[dict], section: str, environment: dict | None = None):
+def draw_throughput(entries: Sequence[dict], section: str, environment: dict | None = None, unit: str | None = None):
     """One section's throughput across the problems it ran: per problem the fastest timing of each kind, as
-    grouped bars (TFLOP/s where the timings count FLOPs, else GB/s); None when the section timed nothing."""
+    grouped bars in TFLOP/s (unit "flops") or GB/s ("bytes"; the default where a timing lacks FLOPs); None
+    when the section timed nothing."""
     rows = [e for e in entries if e["section"] == section and e.get("kind") != "copy"]
-    use_flops = bool(rows) and all(flops_per_s(e) for e in rows)
+    use_flops = bool(rows) and all(flops_per_s(e) for e in rows) and (unit or "flops") == "flops"
     rate = (lambda e: flops_per_s(e) / 1e12) if use_flops else (lambda e: (bytes_per_s(e) or 0) / 1e9)
     rows = [e for e in rows if rate(e) > 0]
     if not rows:
@@ -270,8 +273,8 @@ def draw_all(sections: Iterable[Any], out_dir: str, environment: dict | None = N
         return []
     _figure(1, 1)  # fail early, with the one line, when matplotlib is missing
     figures = {"gemm": draw_gemm(entries, environment), "roofline": draw_roofline(entries, environment)}
-    for name in THROUGHPUT_SECTIONS:
-        figures[name] = draw_throughput(entries, name, environment)
+    for name, unit in THROUGHPUT_SECTIONS.items():
+        figures[name] = draw_throughput(entries, name, environment, unit)
     os.makedirs(out_dir, exist_ok=True)
     paths = []
     for key in ("gemm", *THROUGHPUT_SECTIONS, "roofline"):

@@ -185,3 +185,13 @@ def test_ptxas_registers_and_spills_are_read():
     tourkit.report_kernels(ctx, [report, clean])
     assert "spills" in ctx.report[0] and "40/32 B" in ctx.report[2]
     assert [r["spill_stores"] for r in ctx.metrics["kernel_reports"]] == [40, 0]
+
+
+def test_softmax_is_drawn_in_bytes_and_attention_in_flops():
+    pytest.importorskip("matplotlib")
+    entries = tourplots.timings(fake_record())
+    for section in ("softmax", "flash_attention"):
+        fig = tourplots.draw_throughput(entries, section, unit=tourplots.THROUGHPUT_SECTIONS[section])
+        label = fig.axes[0].get_ylabel()
+        assert ("GB/s" in label) == (section == "softmax") and ("TFLOP/s" in label) == (section != "softmax")
+    assert tourplots.draw_throughput(entries, "vector_add") is None  # nothing timed there
