@@ -195,3 +195,12 @@ def test_softmax_is_drawn_in_bytes_and_attention_in_flops():
         label = fig.axes[0].get_ylabel()
         assert ("GB/s" in label) == (section == "softmax") and ("TFLOP/s" in label) == (section != "softmax")
     assert tourplots.draw_throughput(entries, "vector_add") is None  # nothing timed there
+
+
+def test_a_notebook_shows_the_plots_inline_without_a_folder(monkeypatch):
+    pytest.importorskip("matplotlib")
+    shown = []
+    monkeypatch.setattr(tourplots, "show_inline", shown.extend)
+    lines = []
+    paths = tourplots.after_tour(fake_record(), inline=True, log=lines.append)
+    assert shown == paths and len(paths) == 4 and lines == []  # drawn to a temporary folder, nothing said
