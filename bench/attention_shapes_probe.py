@@ -1,6 +1,7 @@
 """Probe for flash_attention's configuration rule on problems of every kind: for each problem, the rule's choice
-(sections/attention_plans.choose_config) and alternatives (tile sizes, async vs pipelined, the appendix's
-hand-written kernel), each validated against a float32 reference and timed in turns with SDPA.
+(sections/attention_plans.choose_config), the appendix's hand-written kernel and alternatives of the lesson's
+kernel (tile sizes, stages, three consumer warp groups, two or three blocks per SM, async vs pipelined), each
+validated against a float32 reference and timed in turns with SDPA.
 
     python bench/attention_shapes_probe.py [--out DIR] [--budget SECONDS] [--filter TEXT] [--list]
 
@@ -230,7 +231,8 @@ def main(argv=None):
         best_other = max(others, key=others.get) if others else "-"
         rows.append([problem.name, f"{sdpa:.3f}", f"{ratios.get('rule', 0):.3f}",
                      f"{ratios['appendix']:.3f}" if "appendix" in ratios else "-",
-                     f"{best_other} {others[best_other]:.3f}" if others else "-", " ".join(map(str, plans.describe(cands["rule"])))])
+                     f"{best_other} {others[best_other]:.3f}" if others else "-",
+                     " ".join(map(str, plans.describe(cands["rule"])))])
         del q, k, v, o
         torch.cuda.empty_cache()
     pool.shutdown(cancel_futures=True)

@@ -3,7 +3,7 @@
 A problem is (batch, heads, sequence length, head dim, causal), with grouped-query attention's key/value head
 count and the element type. A configuration is a dict: the kernel kind ("pipelined": T.Pipelined infers the
 pipeline; "async": the FA3 schedule; "ws": the appendix's hand-written warp specialization), the tile sizes,
-stages, threads and flags (fast_math, heavy_first). `choose_config` returns one with the reason it was chosen.
+stages, threads, flags (fast_math, heavy_first) and blocks_per_sm (blocks sharing an SM). `choose_config` returns one with the reason it was chosen.
 """
 
 from __future__ import annotations
@@ -68,6 +68,14 @@ def from_shape(dims, causal: bool, dtype: str = "float16") -> Problem:
     return Problem(batch, heads, seq_len, dim, causal, kv[0] if kv else None, dtype)
 
 
+def shapes(batch: int, heads: int, seq_len: int, dim: int, kv_heads: int | None):
+    """Q and O (B, S, H, D); K and V (B, S, KVH, D), each K/V head shared by `groups` neighbouring query heads."""
+    kv_heads = kv_heads or heads
+    if heads % kv_heads:
+        raise ValueError(f"flash_attention: {heads} query heads do not split into groups of {kv_heads} KV heads")
+    return (batch, seq_len, heads, dim), (batch, seq_len, kv_heads, dim), heads // kv_heads
+
+
 def smem_estimate(dim: int, block_M: int, block_N: int, num_stages: int, output_reuses_kv: bool = False) -> int:
     """Bytes of shared memory (2-byte elements): Q, `num_stages` K and V tiles, O. With `output_reuses_kv` O
     takes the K/V buffers after the loop (TileLang's planner in its Hopper kernels); otherwise an upper bound."""
@@ -99,12 +107,21 @@ def key_tile_width(seq_len: int, widths, extra_iterations: float) -> int:
 # * the FA3 async schedule wins when a query block walks many key tiles: it overlaps the softmax with the MMAs
 #   and pays one extra, fully masked iteration, which a long walk amortizes. From 12 key tiles (128 wide) on
 #   average it was ahead at head dim 128 (causal blocks walk half the tiles on average);
-# * at head dim 64 a tile's two GEMMs are half as long, too short to hide the softmax: the compiler's pipeline
-#   was ahead on 8 of 10 problems, from 1K to 8K keys;
+# * below that, and at head dim 64 (a tile's two GEMMs too short to hide the softmax behind), the compiler's
+#   pipeline. Its two consumer warp groups of one 128-row block lost to two 64-row blocks per SM, one warp group
+#   each (registers capped at 128 a thread, see flash_attention.share_sm): a block's Q load, O store and
+#   softmax then overlap the other block's MMAs. At head dim 64 (64x128 tiles) that won on every problem from
+#   1K to 8K keys; at 16K keys 128-row blocks with 3 stages were ahead (a 64-row block re-reads each K/V tile for
+#   half as many queries, and a long walk makes that traffic count). At head dim 128 two blocks fit shared
+#   memory with 64x64 tiles: well ahead on short causal walks (finer diagonal tiles too) and a few percent
+#   behind the FA3 schedule at its threshold; even with or ahead of 128-row blocks on full problems of 4 key
+#   tiles or fewer, so full ones walking 5 to 11 tiles keep 128-row blocks;
 # * full attention's async key tiles: 144 or 176 columns, whichever wastes less of the last tile (160 measured
 #   slower than both); causal ones 128 wide (a finer diagonal), the longest query blocks launched first.
 ASYNC_MIN_WALK = 12
 ASYNC_KEY_WIDTHS = (144, 176)
+# The longest average walk (128-wide tiles) given two blocks per SM; causal at head dim 128: up to ASYNC_MIN_WALK.
+PAIRED_MAX_WALK = {64: 64, 128: 4}
 # Ampere/Ada/Turing (or a Hopper budget too small for the above): no wgmma; the largest tiles that fit.
 OTHER_CANDIDATES = [(128, 128, 2), (128, 128, 1), (128, 64, 2), (128, 64, 1), (64, 64, 2), (64, 64, 1)]
 
@@ -122,29 +139,56 @@ def key_walk(problem: Problem) -> float:
     return (n + 1) / 2 if problem.causal else n
 
 
-def hopper_config(problem: Problem, sms: int):
+def register_split(blocks_per_sm: int, threads: int) -> int:
+    """Registers a consumer thread may take when `blocks_per_sm` blocks of `threads` (plus the producer warp
+    group TileLang adds on Hopper) share an SM: nvcc caps every thread at 64K / n over all the block's threads,
+    the producer then drops to 24 and the consumers take what it freed (asking for more would stall)."""
+    cap = 65536 // (blocks_per_sm * (threads + 128)) // 8 * 8
+    return min(240, (cap + 128 * (cap - 24) // threads) // 8 * 8)
+
+
+def paired_blocks(problem: Problem, rows: int, walk: float, smem_budget: int) -> dict | None:
+    """Two 64-row blocks per SM where they fit shared memory twice over and the rule above prefers them (or
+    128-row blocks would leave SMs idle anyway): the configuration, else None."""
+    width = 64 if problem.dim == 128 or problem.seq_len <= 64 else 128
+    if 2 * smem_estimate(problem.dim, 64, width, 2) > smem_budget:
+        return None
+    preferred = walk <= PAIRED_MAX_WALK[problem.dim] or (problem.causal and problem.dim == 128)
+    if not (preferred or rows == 64):
+        return None
+    return dict(kind="pipelined", block_M=64, block_N=width, num_stages=2, threads=128, fast_math=True,
+                blocks_per_sm=2)
+
+
+def hopper_config(problem: Problem, sms: int, smem_budget: int):
     rows, walk = query_rows(problem, sms), key_walk(problem)
-    threads = 2 * rows  # one warp group (128 threads) per 64 query rows
+    tiles = f"{walk:g} key tile{'s' * (walk != 1)}"
     if problem.dim == 128 and walk >= ASYNC_MIN_WALK:
         if problem.causal or rows == 64:  # 64 rows: few, short blocks; 128-wide tiles as validated
             width, widths = 128, ""
         else:
             width = key_tile_width(problem.seq_len, ASYNC_KEY_WIDTHS, ASYNC_EXTRA_ITERATION)
             widths = f" (of {' or '.join(map(str, ASYNC_KEY_WIDTHS))}: the least work for {problem.seq_len} keys)"
-        why = (f"a query block walks {walk:g} key tiles, enough for the FA3 schedule (the next Q·Kᵀ in flight "
+        why = (f"a query block walks {tiles}, enough for the FA3 schedule (the next Q·Kᵀ in flight "
                f"with P·V) to pay for its extra masked iteration; {width}-wide key tiles{widths}")
-        cfg = dict(kind="async", block_M=rows, block_N=width, num_stages=2, threads=threads, fast_math=True)
+        cfg = dict(kind="async", block_M=rows, block_N=width, num_stages=2, threads=2 * rows, fast_math=True)
+    elif (cfg := paired_blocks(problem, rows, walk, smem_budget)) is not None:
+        short = ("head dim 64: a tile's GEMMs are too short to hide the softmax behind" if problem.dim == 64 else
+                 f"a query block walks {tiles}, too few for the FA3 schedule")
+        why = (f"{short}; two 64-row blocks share each SM (128 registers a thread), one's loads, stores and "
+               f"softmax beside the other's MMAs; {cfg['block_N']}-wide key tiles"
+               + (", so that two blocks fit shared memory" if problem.dim == 128 else ""))
     else:
-        tiles = f"{walk:g} key tile{'s' * (walk != 1)}"
-        why = ("head dim 64: a tile's GEMMs are too short to hide the softmax behind, so the compiler's pipeline"
-               if problem.dim == 64 else f"a query block walks {tiles}, too few for the FA3 schedule's extra masked "
-               f"iteration to pay: the compiler's pipeline")
-        cfg = dict(kind="pipelined", block_M=rows, block_N=128 if problem.seq_len > 64 else 64, num_stages=2,
-                   threads=threads, fast_math=True)
+        stages = 3 if problem.dim == 64 else 2
+        why = (f"head dim 64, a long walk ({tiles}): 128-row blocks, each K/V tile read once per 128 queries, "
+               f"{stages} K/V stages" if problem.dim == 64 else f"a query block walks {tiles}, too few for the FA3 "
+               f"schedule's extra masked iteration to pay: the compiler's pipeline, 128-row blocks")
+        cfg = dict(kind="pipelined", block_M=rows, block_N=128 if problem.seq_len > 64 else 64, num_stages=stages,
+                   threads=2 * rows, fast_math=True)
     if problem.causal:
         cfg["heavy_first"] = True
         why += "; causal: the longest query blocks launch first"
-    if rows == 64:
+    if rows == 64 and cfg["block_M"] == 64 and not cfg.get("blocks_per_sm"):
         why += (f"; 64-row query blocks: 128-row ones would fill only "
                 f"{key_tiles(problem.seq_len, 128) * problem.heads * problem.batch} of {sms} SMs")
     return cfg, why
@@ -154,7 +198,7 @@ def choose_config(problem: Problem, family: str, smem_budget: int, sms: int | No
     """The lesson kernel's configuration for a problem on a GPU, and why (one line for the learner)."""
     sms = sms or DEFAULT_SMS
     if family == "hopper":
-        cfg, why = hopper_config(problem, sms)
+        cfg, why = hopper_config(problem, sms, smem_budget)
         if smem_estimate(problem.dim, cfg["block_M"], cfg["block_N"], cfg["num_stages"],
                          cfg["kind"] == "async") <= smem_budget:
             return cfg, why
@@ -178,5 +222,7 @@ WORDS = {"pipelined": "compiler pipeline", "async": "FA3 async wgmma", "ws": "ha
 def describe(cfg: dict) -> list:
     """Table cells: tiles, stages, threads, schedule."""
     notes = [WORDS[cfg["kind"]]] + [word for key, word in WORDS.items() if cfg.get(key) is True]
+    if cfg.get("blocks_per_sm", 1) > 1:
+        notes.insert(1, f"{cfg['blocks_per_sm']} blocks per SM")
     return [f"{cfg['block_M']}x{cfg['block_N']}", cfg["num_stages"], cfg["threads"], ", ".join(notes)]
 

@@ -8,6 +8,7 @@ You will learn:
 * causal attention at half the work (tiles past the diagonal never loaded, only the diagonal tile masked),
   and odd lengths (loads past the end read zeros, the last key tile masks its columns);
 * on Hopper, the FA3 schedule: S(k) = Q·K(k)ᵀ and P(k-1)·V(k-1) in flight together, the softmax in between;
+  or two blocks per SM (registers capped), one block's softmax, loads and stores beside the other's MMAs;
 * grouped-query attention: KVH key/value heads, each read by H/KVH query heads (an index, not a copy).
 
 The algorithm (scale = log2(e)/√d; per query block m = -inf, l = 0, O = 0):
@@ -103,43 +104,16 @@ def kernel_steps(seq_len: int, dim: int, block_M: int, block_N: int, causal: boo
     return -(-seq_len // block_N), -(-seq_len // block_M), start, online_softmax, finish
 
 
-def share_sm(blocks_per_sm: int, threads: int):
-    """A macro that asks for `blocks_per_sm` resident blocks: nvcc caps every thread's registers at the SM's 64K
-    / n over the block's threads (on Hopper with the producer warp group TileLang adds); the producer then drops
-    to 24 registers and the consumers take what it freed (asking for more than the block holds would stall)."""
-    cap = 65536 // (blocks_per_sm * (threads + 128)) // 8 * 8
-    consumer = min(240, (cap + 128 * (cap - 24) // threads) // 8 * 8)
-
-    @T.macro
-    def annotate():
-        if blocks_per_sm > 1:
-            T.annotate_min_blocks_per_sm(blocks_per_sm)
-            T.annotate_producer_reg_dealloc(24)
-            T.annotate_consumer_reg_alloc(consumer)
-
-    return annotate
-
-
-def shapes(batch: int, heads: int, seq_len: int, dim: int, kv_heads: int | None):
-    """Q and O (B, S, H, D); K and V (B, S, KVH, D), each K/V head shared by `groups` neighbouring query heads."""
-    kv_heads = kv_heads or heads
-    if heads % kv_heads:
-        raise ValueError(f"flash_attention: {heads} query heads do not split into groups of {kv_heads} KV heads")
-    return (batch, seq_len, heads, dim), (batch, seq_len, kv_heads, dim), heads // kv_heads
-
-
 def flash_attention_forward(batch: int, heads: int, seq_len: int, dim: int, causal: bool, *, block_M: int = 128,
                             block_N: int = 128, num_stages: int = 2, threads: int = 256, heavy_first: bool = False,
                             dtype: str = "float16", kv_heads: int | None = None, blocks_per_sm: int = 1):
     """The forward kernel for one problem and one tile configuration: T.Pipelined infers the software pipeline
     from `num_stages` (later K/V loads run ahead of this tile's math). heavy_first=True (causal): the last query
     blocks, which have the most key tiles, launch first, so that the short ones fill the tail of the grid.
-    blocks_per_sm > 1: the registers are capped so that as many blocks share an SM (one's loads and stores
-    overlap another's math)."""
-    shape, kv_shape, groups = shapes(batch, heads, seq_len, dim, kv_heads)
+    blocks_per_sm = n (Hopper): n blocks share an SM, their registers split by plans.register_split."""
+    shape, kv_shape, groups = plans.shapes(batch, heads, seq_len, dim, kv_heads)
     n_tiles, n_query_blocks, start, online_softmax, finish = kernel_steps(seq_len, dim, block_M, block_N, causal,
                                                                           seq_len % block_N != 0)
-    occupancy = share_sm(blocks_per_sm, threads)
 
     @T.prim_func
     def flash_attention_fwd(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
@@ -149,7 +123,10 @@ def flash_attention_forward(batch: int, heads: int, seq_len: int, dim: int, caus
             kv = by // groups  # the key/value head of query head by
             Q_s, K_s, V_s, O_s, scores, probs, acc_o, m, m_prev, rescale, row_sum, l = alloc_buffers(
                 block_M, block_N, dim, dtype)
-            occupancy()
+            if blocks_per_sm > 1:
+                T.annotate_min_blocks_per_sm(blocks_per_sm)
+                T.annotate_producer_reg_dealloc(24)
+                T.annotate_consumer_reg_alloc(plans.register_split(blocks_per_sm, threads))
 
             start(Q, Q_s, acc_o, l, m, bx, by, bz)
             # Causal: key tiles that start after this block's last query row are all masked: never visit them.
@@ -170,17 +147,15 @@ def flash_attention_forward(batch: int, heads: int, seq_len: int, dim: int, caus
 
 def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int, causal: bool, *,
                                   block_M: int = 128, block_N: int = 128, num_stages: int = 2, threads: int = 256,
-                                  heavy_first: bool = False, dtype: str = "float16", kv_heads: int | None = None,
-                                  blocks_per_sm: int = 1):
+                                  heavy_first: bool = False, dtype: str = "float16", kv_heads: int | None = None):
     """Hopper: the FlashAttention-3 schedule in the same T.Pipelined loop. `T.wgmma_gemm` issues a warpgroup MMA
     and does not wait; `T.wait_wgmma(n)` waits until at most n are in flight. Iteration k issues S(k) = Q·K(k)ᵀ
     and O += P(k-1)·V(k-1), waits for the first only, runs the softmax of S(k) while P·V still runs, then waits,
     rescales O and turns S(k) into the next P. TileLang splits the block into a TMA producer and consumers."""
-    shape, kv_shape, groups = shapes(batch, heads, seq_len, dim, kv_heads)
+    shape, kv_shape, groups = plans.shapes(batch, heads, seq_len, dim, kv_heads)
     # mask_tail always: the ragged last tile, and the extra all-masked iteration k = n_tiles below
     n_tiles, n_query_blocks, start, online_softmax, finish = kernel_steps(seq_len, dim, block_M, block_N, causal,
                                                                           True)
-    occupancy = share_sm(blocks_per_sm, threads)
 
     @T.prim_func
     def flash_attention_fwd_async(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype),
@@ -191,7 +166,6 @@ def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int
             Q_s, K_s, V_s, O_s, scores, probs, acc_o, m, m_prev, rescale, row_sum, l = alloc_buffers(
                 block_M, block_N, dim, dtype)
             touch = T.alloc_local((1,), dtype)
-            occupancy()
 
             start(Q, Q_s, acc_o, l, m, bx, by, bz)
             last = T.min(n_tiles, T.ceildiv((bx + 1) * block_M, block_N)) if causal else n_tiles
@@ -303,8 +277,7 @@ def peak_memory(problem: Problem, attention) -> tuple[int, int]:
     """Peak bytes allocated beyond the inputs: naive attention (S×S scores materialized) vs the kernel."""
     import torch
 
-    q, k, v, o = make_inputs(problem)
-    del o
+    q, k, v = make_inputs(problem)[:3]
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     try:  # the scores and the probabilities, B·H·S² each (P·V adds only the output)
@@ -376,7 +349,7 @@ def run(ctx) -> None:
     if ctx.compile_only:
         reports = tourkit.inspect_declared(ctx, decls)
         if tourkit.ARCH_SPECS[ctx.arch].family == "hopper":
-            ctx.log("TileLang adds a TMA producer warp group to the lesson's kernels (384 threads where 256 were "
+            ctx.log("TileLang adds a TMA producer warp group to the lesson's kernels (128 threads beyond those "
                     "asked for);\nthe appendix writes that split, its barriers and its register split by hand.")
         show_generated(ctx, reports[decls[0].name].source)
         ctx.headline(kernels=len(reports), arch=ctx.arch)

@@ -65,25 +65,45 @@ def test_hopper_rule_per_problem():
     assert (full["block_N"], causal["block_N"]) == (176, 128) and causal["heavy_first"] and not full.get("heavy_first")
     assert hopper(Problem(1, 32, 3000, 128, False))["block_N"] == 144
     assert hopper(Problem(1, 32, 4096, 128, True, kv_heads=8, dtype="bfloat16"))["kind"] == "async"
-    # short walks (a causal block walks about half the tiles) and head dim 64: the compiler's pipeline
-    for problem in (Problem(8, 32, 512, 128, False), Problem(2, 4, 1536, 128, True), Problem(2, 8, 8192, 64, False),
-                    Problem(4, 16, 2048, 64, True), Problem(2, 16, 2048, 64, False, kv_heads=2)):
+    # head dim 64 up to 64 key tiles a block: two 64-row blocks per SM, 128-wide key tiles; longer: 128 rows, 3 stages
+    for problem in (Problem(2, 8, 8192, 64, False), Problem(4, 16, 2048, 64, True), Problem(4, 8, 1000, 64, True),
+                    Problem(2, 16, 2048, 64, False, kv_heads=2), Problem(1, 1, 8192, 64, False)):
         cfg = hopper(problem)
-        assert cfg["kind"] == "pipelined" and (cfg["block_M"], cfg["block_N"]) == (128, 128), (problem, cfg)
-        assert cfg.get("heavy_first", False) == problem.causal
+        assert cfg["kind"] == "pipelined" and (cfg["block_M"], cfg["block_N"], cfg["threads"]) == (64, 128, 128)
+        assert cfg["blocks_per_sm"] == 2 and cfg.get("heavy_first", False) == problem.causal, (problem, cfg)
+    for problem in (Problem(1, 16, 16384, 64, False), Problem(1, 16, 16384, 64, True)):
+        cfg = hopper(problem)
+        assert (cfg["kind"], cfg["block_M"], cfg["num_stages"], cfg.get("blocks_per_sm", 1)) == ("pipelined", 128, 3, 1)
+    # head dim 128, short walks: 64x64 tiles two per SM (full: up to 4 key tiles; causal: up to the FA3 schedule)
+    for problem in (Problem(8, 32, 512, 128, False), Problem(8, 32, 512, 128, True), Problem(32, 16, 256, 128, True),
+                    Problem(2, 4, 1536, 128, True), Problem(1, 64, 1, 128, True)):
+        cfg = hopper(problem)
+        assert (cfg["kind"], cfg["block_M"], cfg["block_N"], cfg["blocks_per_sm"]) == ("pipelined", 64, 64, 2), cfg
+    cfg = hopper(Problem(4, 16, 1024, 128, False))  # full, 8 key tiles: 128-row blocks
+    assert (cfg["kind"], cfg["block_M"], cfg["block_N"], cfg.get("blocks_per_sm", 1)) == ("pipelined", 128, 128, 1)
     assert plans.key_walk(Problem(1, 1, 1536, 128, False)) == 12 == plans.ASYNC_MIN_WALK
     assert hopper(Problem(1, 32, 1536, 128, False))["kind"] == "async"
     # a grid that would leave most SMs idle: 64-row query blocks (one warp group)
     for problem in (Problem(1, 64, 1, 128, True), Problem(1, 8, 128, 64, False), Problem(1, 4, 7, 64, False),
-                    Problem(1, 1, 4096, 128, False)):
+                    Problem(1, 1, 4096, 128, False), Problem(1, 4, 1024, 128, False)):
         cfg = hopper(problem)
         assert cfg["block_M"] == 64 and cfg["threads"] == 128, (problem, cfg)
     assert hopper(Problem(1, 64, 1, 128, True))["block_N"] == 64
+    # the register split of two blocks per SM: 128 registers a thread at launch, the producer's share to the
+    # consumers; whatever the split, the consumers never ask for more than the block holds
+    assert plans.register_split(2, 128) == 232 and plans.register_split(1, 256) == 240
+    for n, threads in ((2, 128), (2, 256), (3, 128), (4, 128)):
+        cap = 65536 // (n * (threads + 128)) // 8 * 8
+        assert threads * plans.register_split(n, threads) + 128 * 24 <= cap * (threads + 128)
+    # two blocks must fit shared memory twice over; a smaller budget keeps one 128-row block
+    assert hopper(Problem(8, 32, 512, 128, True))["blocks_per_sm"] == 2
+    assert plans.choose_config(Problem(8, 32, 512, 128, True), "hopper", 150 * 1024)[0].get("blocks_per_sm", 1) == 1
     # every choice says why
     cfg, why = plans.choose_config(Problem(1, 32, 3000, 128, False), "hopper", HOPPER, 132)
     assert "24 key tiles" in why and "144-wide" in why
     assert "head dim 64" in plans.choose_config(Problem(1, 32, 3000, 64, True), "hopper", HOPPER, 132)[1]
-    assert "fill only 64 of 132 SMs" in plans.choose_config(Problem(1, 64, 1, 128, True), "hopper", HOPPER, 132)[1]
+    assert "fill only 64 of 132 SMs" in plans.choose_config(Problem(1, 2, 4096, 128, True), "hopper", HOPPER, 132)[1]
+    assert "two 64-row blocks share each SM" in plans.choose_config(Problem(4, 16, 2048, 64, True), "hopper", HOPPER)[1]
     # a smaller budget (an sm_80-class GPU) falls back to a pipelined configuration that fits
     assert plans.choose_config(Problem(4, 32, 4096, 128, False), "hopper", 160 * 1024)[0]["kind"] == "pipelined"
 
@@ -152,10 +172,10 @@ def test_elsewhere_the_lesson_kernel_alone():
 # ---------------------------------------------------------------------------------------------------------
 
 # full and causal at head dim 128 (the FA3 schedule on Hopper), grouped-query attention in bf16 and head dim 64
-# (the compiler's pipeline), 64-row blocks for a short problem
+# (the compiler's pipeline, two blocks per SM on Hopper), 64-row blocks for a short problem, a short causal walk
 LOWERED = [Problem(2, 4, 1600, 128, False, kv_heads=2), Problem(2, 4, 3000, 128, True),
            Problem(1, 8, 333, 64, True, kv_heads=2, dtype="bfloat16"), Problem(3, 4, 1537, 64, False, kv_heads=1),
-           Problem(1, 1, 5000, 128, False)]
+           Problem(1, 1, 5000, 128, False), Problem(3, 4, 300, 128, True)]
 
 
 @pytest.fixture(scope="module")
@@ -177,9 +197,13 @@ def test_expected_instructions_and_exp2(reports):
         assert "exp2f" in rep.source
         assert ("bfloat16_t" in rep.source) == (problem.dtype == "bfloat16"), (arch, problem)
     hopper = {problem: rep for arch, problem, _, rep in reports if arch == "sm_90a"}
-    for problem, rep in hopper.items():  # the FA3 schedule: one MMA left in flight
-        assert ("wait_wgmma<1>" in rep.source) == (problem.dim == 128), problem
-    assert hopper[LOWERED[-1]].threads == 256  # 64 query rows: one consumer warp group and TileLang's producer
+    for problem, rep in hopper.items():  # the FA3 schedule: one MMA left in flight (long walks at head dim 128)
+        assert ("wait_wgmma<1>" in rep.source) == (problem.dim == 128 and problem.seq_len > 1000), problem
+    assert hopper[LOWERED[4]].threads == 256  # 64 query rows: one consumer warp group and TileLang's producer
+    for problem in (LOWERED[2], LOWERED[3], LOWERED[5]):  # two blocks per SM: 128 registers a thread at launch
+        source = hopper[problem].source
+        assert "__launch_bounds__(256, 2)" in source and "reg_alloc<232>" in source and "reg_dealloc<24>" in source
+    assert "__launch_bounds__(384, 1)" in hopper[LOWERED[1]].source
 
 
 def test_shared_memory_estimates_bound_the_lowered_kernels(reports):
@@ -245,6 +269,9 @@ LESSON_SCHEDULES = [
     dict(kind="async", block_M=128, block_N=176, num_stages=2, threads=256, fast_math=True),
     dict(kind="async", block_M=192, block_N=128, num_stages=2, threads=384, fast_math=True),
     dict(kind="async", block_M=64, block_N=128, num_stages=2, threads=128, fast_math=True),
+    dict(kind="pipelined", block_M=64, block_N=128, num_stages=2, threads=128, fast_math=True, blocks_per_sm=2),
+    dict(kind="pipelined", block_M=64, block_N=64, num_stages=2, threads=128, fast_math=True, blocks_per_sm=2,
+         heavy_first=True),
 ]
 SCHEDULE_PROBLEMS = ((1, 3, 777, 128), (2, 4, 1000, 64, 2, "bfloat16"))
 

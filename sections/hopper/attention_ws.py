@@ -156,7 +156,7 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
     semantics; the finisher spins on each contributor's flag (acquire), resets it, meets the consumers,
     fences and merges. Contributors never wait, and all blocks are resident at once (grid <= SMs): no cycle.
     """
-    shape, kv_shape, groups = lesson.shapes(batch, heads, seq_len, dim, kv_heads)
+    shape, kv_shape, groups = plans.shapes(batch, heads, seq_len, dim, kv_heads)
     scale = lesson.LOG2E / math.sqrt(dim)
     accum = "float32"
     # the lesson's online softmax, unchanged (its start and finish steps are replaced here)
