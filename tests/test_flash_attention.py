@@ -139,7 +139,8 @@ def test_declared_kernels_lesson_and_appendix_side_by_side_on_hopper():
     for odd in ("B1 H3 S777 D128 causal", "B1 H8 KVH2 S333 D64 full"):  # ragged, grouped-query attention
         assert f"lesson {odd}" in names and f"appendix {odd}" in names
     assert not any("S16384" in n for n in names)  # only with --full
-    assert any("S16384" in n for n in (d.name for d in FA.kernels(tourkit.TourContext(device=H200, full=True, echo=False))))
+    full = FA.kernels(tourkit.TourContext(device=H200, full=True, echo=False))
+    assert any("S16384" in d.name for d in full)
     quick = FA.kernels(tourkit.TourContext(device=H200, quick=True, echo=False))
     assert len(quick) < len(names) and not any("S4096" in d.name for d in quick)
     # the appendix's persistent grid takes the GPU's SM count; compile-only the default
