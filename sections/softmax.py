@@ -20,9 +20,8 @@ A row too long to hold in registers is walked twice, in chunks (the online softm
     for each chunk c:  m' = max(m, max(c));  s = s·2^(m − m') + Σ 2^(c − m');  m = m'    # online rescale
     for each chunk c:  y[c] = 2^(c − m) / s
 
-Three kernels, each checked against torch.softmax before it is timed (choose_plan, in softmax_plans.py, picks
-one per shape and GPU by rules it prints): 1. rows_in_registers, 2. rows_staged_in_shared, 3. long_rows_online
-(the row staged in shared memory as far as it fits, the rest streamed: a vocabulary of 128256 columns).
+Three kernels, checked against torch.softmax, then timed (choose_plan, softmax_plans.py, picks one by rules it
+prints): 1. rows_in_registers, 2. rows_staged_in_shared, 3. long_rows_online (a vocabulary of 128256 or 50257).
 """
 
 import functools
@@ -32,7 +31,8 @@ import tilelang
 import tilelang.language as T
 
 import tourkit
-from sections.softmax_plans import SoftmaxPlan, choose_plan, vector_width  # noqa: F401  (the rules, in plain Python)
+from sections.softmax_plans import (SoftmaxPlan, aligned_body, choose_plan, row_split_layout,  # noqa: F401
+                                    staged_vector_width, uses_bulk_copy, vector_width)  # the rules: plain Python
 
 LOG2E = 1.4426950408889634
 BENCH_SHAPES = [(32768, 4096), (16384, 8192), (8192, 32768), (4096, 1823)]
@@ -99,22 +99,6 @@ def rows_in_registers(M: int, N: int, rows_per_block: int, threads: int, dtype: 
     return softmax_rows_in_registers
 
 
-def row_split_layout(rows: int, width: int, threads_per_row: int, vec: int):
-    """Fragment layout for (rows, width): row i belongs to threads [i·t, (i+1)·t); along the row, runs of
-    `vec` consecutive elements go to consecutive threads, so a warp reads 32·vec consecutive elements."""
-    from tilelang.layout import Fragment
-
-    t = threads_per_row
-    return Fragment([rows, width], forward_thread_fn=lambda i, j: i * t + (j // vec) % t,
-                    forward_index_fn=lambda i, j: (j // (vec * t)) * vec + j % vec)
-
-
-def staged_vector_width(N: int, per_row: int) -> int:
-    """Elements per shared-memory access in the staged kernel: 16-byte vectors only when they tile the row
-    exactly (a vector read of a padded tail would run past the shared buffer), else single masked ones."""
-    return 8 if N % (per_row * 8) == 0 else 1
-
-
 def rows_staged_in_shared(M: int, N: int, rows_per_block: int, threads: int, dtype: str = "float16",
                           bulk_copy: bool = True, min_blocks_per_sm: int = 0):
     """Version 2, staged: the block's R rows, one flat range of R·N elements (16-byte aligned when R·N % 8 == 0,
@@ -139,10 +123,7 @@ def rows_staged_in_shared(M: int, N: int, rows_per_block: int, threads: int, dty
             row_max = T.alloc_fragment((R,), "float32")
             row_sum = T.alloc_fragment((R,), "float32")
             T.annotate_layout({x: row_split_layout(R, padded, per_row, vec)})
-            if bulk_copy:  # Hopper: one TMA bulk copy, completion tracked by an mbarrier
-                T.copy(X[bx * R * N:(bx + 1) * R * N], rows, prefer_instruction="tma")
-            else:
-                T.copy(X[bx * R * N:(bx + 1) * R * N], rows)
+            T.copy(X[bx * R * N:(bx + 1) * R * N], rows, prefer_instruction="tma" if bulk_copy else None)  # TMA: Hopper
             for i, j in T.Parallel(R, padded):
                 x[i, j] = T.if_then_else(j < N, T.cast(rows[i * N + j], "float32"), -T.infinity("float32"))
             exponentials_and_reciprocal_sums(x, row_max, row_sum, R, padded)
@@ -174,21 +155,33 @@ def long_rows_online(M: int, N: int, per_thread: int, threads: int, dtype: str =
     elements (the online softmax). The first `staged` columns are copied into shared memory at once (TMA on
     Hopper; the whole row when it fits: one read of global memory); the rest of a longer row (a vocabulary) is
     streamed from global memory in both passes, the second mostly from the L2 cache. Each thread keeps its
-    OWN running (max, sum): no block-wide exchange stalls the loop; the block merges the pairs once."""
-    vec = vector_width(N)
-    if per_thread % vec or staged > N or (bulk_copy and staged and (staged % 8 or N % 8)):
-        raise ValueError(f"long-row softmax: {per_thread} elements a thread must be whole vectors of {vec}; a bulk "
-                         f"copy's head ({staged}) a multiple of 8 within a 16-byte aligned row of {N}")
+    OWN running (max, sum): no block-wide exchange stalls the loop; the block merges the pairs once.
+    A row that starts unaligned (N % 8: 50257 columns) is a body of whole 16-byte vectors (aligned_body(N)
+    columns), moved like an aligned row, and edges (up to 7 elements before it, 15 after) moved one by one."""
+    aligned, body = N % 8 == 0, aligned_body(N)
+    if per_thread % 8 or staged > body or staged % 8 and staged != N:
+        raise ValueError(f"long-row softmax: {per_thread} elements a thread must be whole 16-byte vectors; a "
+                         f"staged head ({staged}) whole vectors within the {body} aligned columns of each row")
     step = threads * per_thread
-    head_steps, tail_steps = -(-staged // step), -(-(N - staged) // step)
+    head_steps, tail_steps = -(-staged // step), -(-(body - staged) // step)
     padded = max(head_steps * step, 8)  # TileLang reads a masked vector of shared memory before its mask: pad
     low = -1.0e38  # a finite start for the running max: exp2(low - low) never meets inf - inf
 
-    def column(c, i, e):  # thread i's e-th element of step c: runs of `vec` in consecutive threads coalesce
-        return c * step + (e // vec) * (threads * vec) + i * vec + e % vec
+    def column(c, i, e):  # thread i's e-th element of step c: runs of 8 in consecutive threads coalesce
+        return c * step + (e // 8) * (threads * 8) + i * 8 + e % 8
+
+    def edge(i, first):  # flat index of edge element i: i < 8 before the body, 8 <= i < 24 after it
+        return T.if_then_else(i < 8, first - 8 + i, first + body + i - 8)
+
+    def edge_in_row(i, bx, first):  # ... if it is row bx's (the rest of those vectors belongs to other rows)
+        before, after = T.And(i < 8, first - 8 + i >= bx * N), T.And(i >= 8, i < 24)
+        return T.Or(before, T.And(after, first + body + i - 8 < bx * N + N))
+
+    def at(first, col):  # flat index of body column col; TileLang reads before it masks: a clamp to the last
+        return first + col if aligned else T.min(first // 8 + col // 8, M * N // 8 - 1) * 8 + col % 8  # whole vector
 
     @T.prim_func
-    def softmax_long_rows_online(X: T.Tensor((M, N), dtype), Y: T.Tensor((M, N), dtype)):
+    def softmax_long_rows_online(X: T.Tensor((M * N,), dtype), Y: T.Tensor((M * N,), dtype)):
         with T.Kernel(M, threads=threads) as bx:
             head = T.alloc_shared((padded,), dtype)
             x = T.alloc_fragment((threads, per_thread), "float32")  # row i of x: thread i's elements
@@ -199,21 +192,27 @@ def long_rows_online(M: int, N: int, per_thread: int, threads: int, dtype: str =
             row_max = T.alloc_fragment((1,), "float32")
             row_sum = T.alloc_fragment((1,), "float32")
             T.annotate_layout({x: row_split_layout(threads, per_thread, 1, per_thread)})
-            if staged and bulk_copy:
-                T.copy(X[bx, 0:staged], head[0:staged], prefer_instruction="tma")
-            elif staged:
-                T.copy(X[bx, 0:staged], head[0:staged])
-            T.fill(part_max, low)
-            T.fill(part_sum, 0.0)
+            first = bx * N if aligned else (bx * N + 7) // 8 * 8  # the body: [first, first + body)
+            if staged:  # Hopper: one TMA bulk copy, completion tracked by an mbarrier
+                T.copy(X[first:first + staged], head[0:staged], prefer_instruction="tma" if bulk_copy else None)
+            if aligned:
+                T.fill(part_max, low)
+                T.fill(part_sum, 0.0)
+            else:  # the edges start the running pairs: thread i < 8 the element first - 8 + i, 8 <= i < 24 ...
+                for i in T.Parallel(threads):  # ... the element i - 8 after the body: each alone, sum 1
+                    part_max[i] = T.if_then_else(edge_in_row(i, bx, first),
+                                                 T.cast(X[edge(i, first)], "float32") * LOG2E, low)
+                    part_sum[i] = T.if_then_else(part_max[i] > low, 1.0, 0.0)
             for c in T.serial(head_steps):  # pass 1 over the staged head (none when staged == 0) ...
                 for i, e in T.Parallel(threads, per_thread):
                     x[i, e] = T.if_then_else(column(c, i, e) < staged, T.cast(head[column(c, i, e)], "float32") * LOG2E,
                                              -T.infinity("float32"))
                 running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads, per_thread)
-            for c in T.serial(tail_steps):  # ... and over the rest, from global memory
+            for c in T.serial(tail_steps):  # ... and over the rest, from global memory, whole vectors
                 for i, e in T.Parallel(threads, per_thread):
                     col = staged + column(c, i, e)
-                    x[i, e] = T.if_then_else(col < N, T.cast(X[bx, col], "float32") * LOG2E, -T.infinity("float32"))
+                    x[i, e] = T.if_then_else(col < body, T.cast(X[at(first, col)], "float32") * LOG2E,
+                                             -T.infinity("float32"))
                 running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads, per_thread)
             T.reduce_max(part_max, row_max, dim=0)  # the block's one exchange for the max ...
             for i in T.Parallel(threads):
@@ -224,13 +223,19 @@ def long_rows_online(M: int, N: int, per_thread: int, threads: int, dtype: str =
             for c in T.serial(head_steps):  # pass 2: y, a step at a time, consecutive threads on consecutive columns
                 for j in T.Parallel(step):
                     if c * step + j < staged:
-                        Y[bx, c * step + j] = T.cast(
+                        Y[first + c * step + j] = T.cast(
                             T.exp2(T.cast(head[c * step + j], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
             for c in T.serial(tail_steps):
                 for j in T.Parallel(step):
-                    if staged + c * step + j < N:
-                        Y[bx, staged + c * step + j] = T.cast(T.exp2(
-                            T.cast(X[bx, staged + c * step + j], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
+                    col = staged + c * step + j
+                    if col < body:
+                        Y[at(first, col)] = T.cast(
+                            T.exp2(T.cast(X[at(first, col)], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
+            if not aligned:
+                for i in T.Parallel(threads):
+                    if edge_in_row(i, bx, first):
+                        Y[edge(i, first)] = T.cast(
+                            T.exp2(T.cast(X[edge(i, first)], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
 
     return softmax_long_rows_online
 
@@ -245,14 +250,9 @@ def build(M: int, N: int, plan: SoftmaxPlan, family: str = "hopper", dtype: str 
     return long_rows_online(M, N, plan.rows_per_block, plan.threads, dtype, plan.staged, bulk)
 
 
-def uses_bulk_copy(plan: SoftmaxPlan, N: int, family: str) -> bool:
-    """Hopper stages with TMA: the staged kernel's aligned groups of rows, the online kernel's aligned rows."""
-    return family == "hopper" and (plan.kind == "staged" or (plan.kind == "online" and plan.staged and N % 8 == 0))
-
-
 def launcher(kernel, plan: SoftmaxPlan):
     """softmax(x, y) -> y for (M, N) tensors, from a compiled kernel of `plan`."""
-    flat = plan.kind == "staged"  # its blocks are flat ranges of the tensor
+    flat = plan.kind != "registers"  # blocks of the staged and online kernels index the flat tensor
 
     def softmax(x, y):
         kernel(x.view(-1), y.view(-1)) if flat else kernel(x, y)

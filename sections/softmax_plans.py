@@ -11,7 +11,8 @@ and never holds more of a row than the registers or shared memory can take:
   when it fits (one read of global memory), else as much of it as fits, the rest streamed from global memory
   in both passes (the second mostly hits the L2 cache, which holds the rows the resident blocks work on).
 
-Pure Python (no torch, no tilelang): the tests check these rules for every width on every architecture.
+Pure Python (no torch; tilelang only inside row_split_layout): the tests check these rules for every width on
+every architecture.
 """
 
 import math
@@ -98,18 +99,15 @@ def online_plan(N: int, smem_budget: int) -> SoftmaxPlan:
     """A row too long for registers, walked twice. Threads: a block of 512 when the whole row fits shared memory
     (two or more such blocks share an SM: one's copy overlaps another's arithmetic); 1024 when it does not (its
     head fills the SM alone, so the block itself must keep twice the loads of the streamed rest in flight).
-    A row that does not start 16-byte aligned (N % 8) is streamed: its copy would be one element at a time."""
-    if N % 8:
-        return SoftmaxPlan("online", ONLINE_PER_THREAD, 1024, why=(
-            f"a row of {N} is too long for registers and its rows do not start 16-byte aligned (N % 8 != 0): no "
-            "bulk copy into shared memory, a plain one goes in narrow pieces, so it is streamed twice from global memory (the "
-            "second pass mostly hits the L2 cache) by 1024 threads, 16 loads in flight each"))
+    A row that does not start 16-byte aligned (N % 8) is staged and streamed by its aligned body (the kernel
+    moves its few edge elements one at a time), so the same rule applies."""
     head = staged_head(N, smem_budget, ONLINE_THREADS * ONLINE_PER_THREAD)
-    if head == N:
-        return SoftmaxPlan("online", ONLINE_PER_THREAD, ONLINE_THREADS, staged=N, why=(
-            f"a row of {N} is too long for registers but its {2 * N // 1024} KB fit shared memory: one copy (one "
-            "read of global memory; a bulk copy where rows are 16-byte aligned), then walked twice with the online "
-            "max and sum; 512 threads, so that blocks sharing an SM overlap copies with arithmetic"))
+    edges = "" if N % 8 == 0 else f" (its {head} columns of whole 16-byte vectors: rows of {N} start unaligned)"
+    if head == aligned_body(N):
+        return SoftmaxPlan("online", ONLINE_PER_THREAD, ONLINE_THREADS, staged=head, why=(
+            f"a row of {N} is too long for registers but its {2 * N // 1024} KB fit shared memory: one bulk copy"
+            f"{edges}, one read of global memory, then walked twice with the online max and sum; 512 threads, so "
+            "that blocks sharing an SM overlap copies with arithmetic"))
     threads = 2 * ONLINE_THREADS
     head = staged_head(N, smem_budget, threads * ONLINE_PER_THREAD)
     return SoftmaxPlan("online", ONLINE_PER_THREAD, threads, staged=head, why=(
@@ -118,8 +116,35 @@ def online_plan(N: int, smem_budget: int) -> SoftmaxPlan:
         f"fills the SM alone, so a block of {threads} threads keeps twice the loads in flight"))
 
 
+def aligned_body(N: int) -> int:
+    """The whole 16-byte vectors inside every row of N: all of it when rows start 16-byte aligned (N % 8 == 0),
+    else N less up to 7 elements before the first vector and up to 7 after the last (rounded down to 8)."""
+    return N if N % 8 == 0 else N // 8 * 8 - 8
+
+
 def staged_head(N: int, smem_budget: int, step: int) -> int:
-    """Columns of a long row the online kernel stages in shared memory: the whole row when it fits (its
-    buffer padded to whole steps of the kernel), else as many whole steps as fit."""
-    fit = (smem_budget - SMEM_SLACK) // 2
-    return N if -(-N // step) * step <= fit else fit // step * step
+    """Columns of a long row the online kernel stages in shared memory: the whole row (its aligned body) when it
+    fits (the buffer padded to whole steps of the kernel), else as many whole steps as fit."""
+    fit, body = (smem_budget - SMEM_SLACK) // 2, aligned_body(N)
+    return body if -(-body // step) * step <= fit else fit // step * step
+
+
+def staged_vector_width(N: int, per_row: int) -> int:
+    """Elements per shared-memory access in the staged kernel: 16-byte vectors only when they tile the row
+    exactly (a vector read of a padded tail would run past the shared buffer), else single masked ones."""
+    return 8 if N % (per_row * 8) == 0 else 1
+
+
+def uses_bulk_copy(plan: SoftmaxPlan, N: int, family: str) -> bool:
+    """Hopper stages with TMA: the staged kernel's aligned groups of rows, the online kernel's rows' aligned bodies."""
+    return family == "hopper" and (plan.kind == "staged" or (plan.kind == "online" and plan.staged > 0))
+
+
+def row_split_layout(rows: int, width: int, threads_per_row: int, vec: int):
+    """Fragment layout for (rows, width): row i belongs to threads [i·t, (i+1)·t); along the row, runs of
+    `vec` consecutive elements go to consecutive threads, so a warp reads 32·vec consecutive elements."""
+    from tilelang.layout import Fragment
+
+    t = threads_per_row
+    return Fragment([rows, width], forward_thread_fn=lambda i, j: i * t + (j // vec) % t,
+                    forward_index_fn=lambda i, j: (j // (vec * t)) * vec + j % vec)

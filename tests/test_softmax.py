@@ -101,9 +101,9 @@ def test_long_rows_stream_what_shared_memory_cannot_hold():
     assert vocab.kind == "online" and vocab.staged % step == 0 and "L2" in vocab.why
     assert 2 * vocab.staged + P.SMEM_SLACK <= HOPPER < 2 * (vocab.staged + step) + P.SMEM_SLACK  # as much as fits
     assert vocab.threads == 1024  # the head fills the SM alone: the block keeps twice the loads in flight
-    odd = S.choose_plan(2048, 50257, HOPPER)  # odd rows: no bulk copy (unaligned), streamed by 1024 threads
-    assert odd.staged == 0 and odd.threads == 1024 and not S.uses_bulk_copy(odd, 50257, "hopper")
-    assert "aligned" in odd.why
+    odd = S.choose_plan(2048, 50257, HOPPER)  # odd rows: their aligned bodies staged whole, by a bulk copy
+    assert odd.staged == P.aligned_body(50257) == 50248 and odd.threads == 512
+    assert S.uses_bulk_copy(odd, 50257, "hopper") and "unaligned" in odd.why
     assert S.uses_bulk_copy(vocab, 128256, "hopper") and not S.uses_bulk_copy(vocab, 128256, "ampere")
     assert S.choose_plan(8192, 32000, HOPPER).staged == 32000  # fits, but no chunk divides it
     assert S.choose_plan(8192, 32000, HOPPER).threads == 512  # rows that fit: blocks share an SM
@@ -157,8 +157,8 @@ VARIANTS = {  # kind: (M, N, plan); nvcc compiles the first three, the others ar
     "staged": (4096, 1999, S.SoftmaxPlan("staged", 8, 256)),
     "narrow": (1001, 64, S.SoftmaxPlan("registers", 64, 256)),  # a partial last block of rows
     "odd narrow": (4097, 7, S.SoftmaxPlan("registers", 256, 256)),
-    "odd streamed": (3, 50257, S.SoftmaxPlan("online", 16, 512)),
-    "odd staged": (3, 20001, S.SoftmaxPlan("online", 16, 512, staged=20001)),  # a plain copy, even on Hopper
+    "odd streamed": (3, 50257, S.SoftmaxPlan("online", 16, 1024)),  # 3·50257 elements: no whole last vector
+    "odd staged": (3, 20001, S.SoftmaxPlan("online", 16, 512, staged=19992)),  # the aligned body, TMA on Hopper
 }
 NVCC = ("registers", "online", "streamed")
 
@@ -220,9 +220,42 @@ def test_narrow_rows_load_whole_vectors_and_mask_the_last_block(reports):
     narrow = reps["narrow"].source  # 1001 rows of 64: 16 rows a block of 256 threads... 64 here; 4 threads a row
     assert "uint4" in narrow and "< 1001" in narrow
     assert "AllReduce<tl::MaxOp, 4," in narrow  # the row's 4 threads exchange, not the block
-    assert reps["odd staged"].markers["tma_load"] == 0 and "< 20001" in reps["odd staged"].source
-    streamed = reps["odd streamed"].source  # odd width: single-element loads, masked past the row's end
-    assert "< 50257" in streamed and streamed.count("AllReduce<") == 2  # two block exchanges per row, not per step
+    streamed = reps["odd streamed"].source  # odd width: the body in 16-byte vectors, the edges one by one
+    assert streamed.count("AllReduce<") == 2  # two block exchanges per row, not per step
+
+
+def test_unaligned_rows_move_whole_16_byte_vectors_and_stay_in_their_buffers(reports):
+    """3 rows of 50257 (150771 elements, not whole vectors): every 16-byte access of X and Y is clamped to the
+    tensor's last whole vector (18845), TileLang's hoisted reads included; the edges are single, guarded."""
+    arch, reps = reports
+    for kind, (M, N, _) in (("odd streamed", VARIANTS["odd streamed"]), ("odd staged", VARIANTS["odd staged"])):
+        source = reps[kind].source
+        vector_lines = [line for line in source.splitlines() if re.search(r"\*\(uint4\*\)\((X|Y) \+", line)]
+        assert any(line.lstrip().startswith("*(uint4*)(Y +") for line in vector_lines), (arch, kind)  # pass 2's write
+        if kind == "odd streamed":  # a read TileLang makes before testing the mask is clamped; the others guarded
+            lines = source.splitlines()
+            reads = [k for k, line in enumerate(lines) if "= *(uint4*)(X +" in line]
+            clamped = [k for k in reads if f", {M * N // 8 - 1}) * 8)" in lines[k]]
+            assert clamped and all(k in clamped or lines[k - 1].lstrip().startswith("if (") for k in reads), arch
+        assert "vec_copy_s" not in source  # no element-by-element fallback
+        assert re.search(rf"< {M * N}\)", source)  # the edges' single reads, bounded by the tensor
+    if arch == "sm_90a":
+        tourkit.require_markers(reps["odd staged"], ["tma_load", "mbarrier"])  # the body is 16-byte aligned
+
+
+@pytest.mark.parametrize("M, N", [(3, 50257), (2048, 50257), (7, 8193), (5, 100003), (1000, 50265), (4, 8194),
+                                  (9, 8196), (13, 8199)])
+def test_a_rows_body_and_edges_cover_it_exactly(M, N):
+    """The index arithmetic of long_rows_online for unaligned rows, in Python: each row's body (aligned_body(N)
+    columns from its first 16-byte aligned element) and its edges (8 before, 16 after, those inside the row)
+    cover the row exactly once, and no 16-byte vector reaches past the tensor once clamped."""
+    body = P.aligned_body(N)
+    for bx in sorted({0, 1, 2, M // 2, M - 2, M - 1} & set(range(M))):
+        first = (bx * N + 7) // 8 * 8
+        edges = [first - 8 + i for i in range(8)] + [first + body + i for i in range(16)]
+        covered = list(range(first, first + body)) + [e for e in edges if bx * N <= e < bx * N + N]
+        assert sorted(covered) == list(range(bx * N, bx * N + N)), (M, N, bx)
+        assert first % 8 == 0 and min(first // 8 + (body - 1) // 8, M * N // 8 - 1) * 8 + 8 <= M * N
 
 
 def test_turing_plans_fit_its_64_kib_and_hopper_plans_stay():
@@ -267,7 +300,9 @@ def test_kernels_declared_for_a_run_are_what_it_checks_and_times():
     ((999, 3000), "float16"), ((64, 2047), "float16"), ((1, 1), "float16"), ((5, 9), "float16"),
     ((4097, 7), "float16"), ((1001, 64), "float16"), ((999, 100), "float16"), ((7, 8193), "float16"),
     ((3, 100000), "float16"), ((2, 50257), "float16"), ((1, 262144), "float16"), ((33, 1000), "bfloat16"),
-    ((5, 128256), "bfloat16"), ((3, 2), "bfloat16"), ((2, 65536), "bfloat16")])
+    ((5, 128256), "bfloat16"), ((3, 2), "bfloat16"), ((2, 65536), "bfloat16"),
+    ((2048, 50257), "float16"), ((3, 50257), "bfloat16"), ((1, 50257), "float16"), ((5, 100003), "float16"),
+    ((1000, 50265), "bfloat16"), ((9, 8193), "float16"), ((3, 262147), "float16")])
 def test_softmax_matches_torch(shape, dtype):
     device = tourkit.detect_device()
     if dtype == "bfloat16" and device.capability < (8, 0):
@@ -286,7 +321,9 @@ def test_softmax_matches_torch(shape, dtype):
     (S.SoftmaxPlan("online", 8, 512, staged=32768), (37, 32768)), (S.SoftmaxPlan("registers", 128, 256), (1001, 32)),
     (S.SoftmaxPlan("online", 16, 512), (5, 40000)), (S.SoftmaxPlan("online", 16, 1024, staged=8192), (5, 40000)),
     (S.SoftmaxPlan("online", 32, 256, staged=40000), (5, 40000)), (S.SoftmaxPlan("online", 8, 512), (3, 9001)),
-    (S.SoftmaxPlan("online", 16, 512, staged=9001), (3, 9001)), (S.SoftmaxPlan("online", 16, 512, staged=8192), (3, 9001))])
+    (S.SoftmaxPlan("online", 16, 512, staged=8992), (3, 9001)), (S.SoftmaxPlan("online", 16, 512, staged=8192), (3, 9001)),
+    (S.SoftmaxPlan("online", 16, 1024), (3, 50257)), (S.SoftmaxPlan("online", 16, 1024, staged=16384), (5, 100003)),
+    (S.SoftmaxPlan("online", 16, 512, staged=50256), (9, 50266)), (S.SoftmaxPlan("online", 8, 1024), (17, 8194))])
 def test_each_kernel_variant_matches_torch(plan, shape):
     device = tourkit.detect_device()
     check = S.check_shape(*shape, plan, family=device.family)
