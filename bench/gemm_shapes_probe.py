@@ -1,7 +1,9 @@
 """Probe for the GEMM on users' problems: for many shapes (the targets, skinny, tiny, ragged, unaligned, huge,
 bfloat16) build the rule's pick (gemm_plans.plan_problem) and the next candidates by the cost model, validate
 each against a float32 reference, then time them in turns with cuBLAS (torch.matmul). Also the fused
-bias + GELU pick against eager PyTorch on two shapes. Prints one table per shape and a summary.
+bias + GELU pick against eager PyTorch on two shapes. Beside the rule's candidates (`variants`): on Hopper the
+persistent lesson kernel and the appendix's hand-written kernel at three tile widths; unaligned problems
+also unpadded (loaded masked). Prints one table per shape and a summary.
 
     python bench/gemm_shapes_probe.py [--shapes 64x8192x8192,8192x8192x8192:bfloat16] [--budget-s 220]
     python bench/gemm_shapes_probe.py --list       # the plans and estimates per shape, no GPU

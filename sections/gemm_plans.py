@@ -12,8 +12,14 @@ the big 128x256 tile; skinny and small ones, whose few big tiles would leave SMs
 split K.
 
 Problems whose rows are not 16-byte aligned (N or K not a multiple of 8 two-byte elements: TMA descriptors
-and cp.async need aligned rows) run on zero-padded copies of A and B (`GemmLauncher`); the zeros add nothing
-to the sums, and C comes back out of a padded buffer. The copies are part of what is timed.
+and 16-byte cp.async need aligned rows) run on zero-padded copies of A and B (`GemmLauncher`); the zeros add
+nothing to the sums, and C comes back out of a padded buffer. The copies are part of what is timed. Where the
+copies would cost more than the GEMM (small problems: each copy is a launch) the kernel takes the rows as
+they are instead: T.copy then loads them with narrower, masked copies (`plan_problem`).
+
+`persistent` (a GemmConfig knob, not among the rule's candidates): one block an SM walks the tiles, so its
+next loads start during its store. On an H200 it did not beat the plain grid on the shapes measured: the
+compiler's pipeline still waits for each K step's tensor-core work, which costs more than the store.
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
@@ -33,7 +39,8 @@ PRODUCER_REGISTERS = 24  # a thread of the TMA producer warpgroup (Hopper warp s
 @dataclass(frozen=True)
 class GemmConfig:
     """One schedule: tile, stages, threads, swizzle (panel: tile rows), T.GemmWarpPolicy, C through shared,
-    split_k (blocks sharing one tile's K loop; 1: none)."""
+    split_k (blocks sharing one tile's K loop; 1: none), persistent (that many blocks walk the tiles; 0: one
+    block a tile)."""
 
     block_M: int
     block_N: int
@@ -61,6 +68,7 @@ class GemmConfig:
     def columns(self) -> dict:
         """The schedule as the table shows it."""
         split = f", K split {self.split_k}" if self.split_k > 1 else ""
+        split += f", persistent on {self.persistent} SMs" if self.persistent else ""
         return {"kernel": "T.Pipelined", "tile": f"{self.block_M}x{self.block_N}x{self.block_K}",
                 "stages": self.num_stages, "threads": self.threads,
                 "swizzle": f"panel {self.panel}" if self.swizzle else "off",
@@ -70,7 +78,8 @@ class GemmConfig:
         c = self.columns()
         policy = self.policy + ("" if self.staged_store else ", direct store")
         return (f"{c['kernel']} {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}"
-                + (f", {policy}" if policy != "Square" else "") + (f", K split {self.split_k}" if self.split_k > 1 else ""))
+                + (f", {policy}" if policy != "Square" else "") + (f", K split {self.split_k}" if self.split_k > 1 else "")
+                + (f", persistent on {self.persistent} SMs" if self.persistent else ""))
 
 
 def fits(config, smem_budget: int) -> bool:
@@ -453,11 +462,31 @@ class GemmPlan:
         return self.reason + pad
 
 
+def padding_seconds(M: int, N: int, K: int, family: str) -> float:
+    """What the zero-padded copies of an unaligned problem cost: A in (when K is unaligned), B in, C out (when
+    N is), each read and written once, and a launch each."""
+    machine = MACHINES[family]
+    Na, Ka = aligned(N), aligned(K)
+    copies = [M * K + M * Ka if Ka != K else 0, K * N + Ka * Na, M * Na + M * N if Na != N else 0]
+    return sum(2 * elements / machine.memory + machine.launch for elements in copies if elements)
+
+
 def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int,
                  dtype: str = "float16") -> GemmPlan:
-    """The rule's schedule for a problem, at its aligned sizes."""
+    """The rule's schedule for a problem, at its aligned sizes. Unaligned rows: zero-padded copies, unless the
+    copies would cost more than the GEMM itself (small problems, where each copy's launch counts): then the
+    kernel loads the rows as they are, with narrower masked copies (no TMA, no 16-byte cp.async), which we
+    take to make it up to twice as slow."""
     config, reason = choose_schedule(M, aligned(N), aligned(K), family, sm_count, smem_budget)
-    return GemmPlan(M, N, K, config, dtype, reason)
+    plan = GemmPlan(M, N, K, config, dtype, reason)
+    if not plan.padded:
+        return plan
+    gemm_s = estimate_seconds(M, aligned(N), aligned(K), config, family, sm_count, smem_budget)
+    copies_s = padding_seconds(M, N, K, family)
+    if copies_s <= gemm_s or (M == 1 and K % 2):  # one row of odd length: TileLang picks a 2-byte cp.async
+        return plan
+    return replace(plan, pad=False, reason=f"{reason}; rows of N={N} or K={K} elements are not 16-byte aligned: "
+                   f"loaded as they are, masked (zero-padded copies would take {copies_s * 1e6:.0f} us)")
 
 
 class GemmLauncher:

@@ -13,7 +13,9 @@ You will learn:
   second wave runs half empty; 128x192 tiles make 256 blocks, 1.94 waves. A skinny problem (64x8192x8192)
   has too few tall tiles to fill the SMs: 64-row tiles, and where even those are few, a split K (block z
   sums its run of K into fp32 partials, `splitk_reduce_program` adds them). `choose_schedule` estimates
-  each candidate (waves x a block's math or loads, against streaming the operands once) and says why.
+  each candidate (waves x a block's math or loads, against streaming the operands once) and says why;
+- that T.copy takes rows of any length: unaligned ones (N or K not a multiple of 8) load with narrower,
+  masked copies instead of TMA, which small problems prefer to three padding copies (`plan_problem`).
 
 The algorithm, one thread block per C tile:
 

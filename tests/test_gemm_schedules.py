@@ -95,8 +95,7 @@ def test_wave_traffic_of_the_docstrings_example():
     assert (row_major, swizzled) == (138 * 2**20, 76 * 2**20)
 
 
-@pytest.mark.parametrize("M,N,K,activation", [(0, 64, 64, None), (64, 1001, 64, None), (64, 64, 1001, None),
-                                               (64, 64, 64, "relu")])
+@pytest.mark.parametrize("M,N,K,activation", [(0, 64, 64, None), (64, 64, 64, "relu")])
 def test_bad_problems_are_rejected_clearly(M, N, K, activation):
     with pytest.raises(ValueError):
         gemm_program(M, N, K, lesson_schedules("hopper")[0], activation=activation)

@@ -87,12 +87,27 @@ class WsConfig:
                 f"{c['policy']}{grid}")
 
 
-def appendix_schedule(M: int, N: int, K: int, sm_count: int) -> WsConfig:
-    """The kernel the lesson times beside its own: 128x256x64 tiles, a 3-stage ring next to the whole C tile
+# The appendix's tiles, 128 rows by block_N columns: (ring stages, C strips staged: the whole tile).
+APPENDIX_TILES = {256: (3, 4), 192: (4, 3), 128: (4, 2)}
+
+
+def appendix_schedule(M: int, N: int, K: int, sm_count: int, smem_budget: int = 232448) -> WsConfig:
+    """The kernel the lesson times beside its own: 128-row tiles with a ring of stages next to the whole C tile
     staged (the epilogue never waits for a store), persistent on as few of the `sm_count` blocks as take the
-    same number of tile rounds. It led the GEMM shape set (4096^3 to 16384^3, LLM-like shapes) of the
-    schedules tried; the rule does not depend on the shape."""
-    return WsConfig(128, 256, 64, 3, 256, True, persistent=sm_count, store_buffers=4, even_rounds=True)
+    same number of tile rounds. Its width (256, 192 or 128 columns) is the one the lesson's cost model
+    estimates fastest (gemm_plans.estimate_seconds: the tiles' rounds on the SMs): 128x256 on big problems,
+    where it led the shape set of the schedules tried; 128x192 where 128x256 tiles would leave a part-empty
+    last round (2000x3000x4000, 3000^3); 128x128 where wider tiles are too few for the SMs."""
+    from sections.gemm_plans import GemmConfig, estimate_seconds
+
+    def estimate(block_N: int) -> float:
+        config = GemmConfig(128, block_N, 64, APPENDIX_TILES[block_N][0], 256, True)
+        return estimate_seconds(M, N, K, config, "hopper", sm_count, smem_budget)
+
+    block_N = min(APPENDIX_TILES, key=estimate)  # ties: the widest
+    stages, strips = APPENDIX_TILES[block_N]
+    return WsConfig(128, block_N, 64, stages, 256, True, persistent=sm_count, store_buffers=strips,
+                    even_rounds=True)
 
 
 def check_ws(config: WsConfig) -> None:
