@@ -30,7 +30,8 @@ from sections import softmax_plans as P  # noqa: E402
 SHAPES = ["8192x32000", "1024x128256", "65536x256", "16384x3072", "4097x5000", "131072x64", "8192x32000:bfloat16",
           "1x262144", "3x100000", "2048x50257", "100000x100", "32x151936", "1000000x32", "4097x7", "512x65536",
           "32768x4096", "16384x8192", "8192x32768", "4096x1823", "65536x1024:bfloat16", "32768x1000", "256x262144",
-          "1x1", "5x9", "1001x64", "7x8193", "5x128256:bfloat16", "3x50257:bfloat16"]
+          "1x1", "5x9", "1001x64", "7x8193", "5x128256:bfloat16", "3x50257:bfloat16", "1000x50265:bfloat16",
+          "5x100003", "4096x50257", "1x50257", "512x151937", "8192x8193"]
 GROUP = 7  # shapes per child process
 SMALL = 1 << 16  # elements: below this a shape is checked with the pick alone (correctness of odd sizes)
 SECTION_RUN = (8192, 32000, "bfloat16")  # the first group also runs the section on this problem, as --shape does

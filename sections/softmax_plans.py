@@ -9,7 +9,9 @@ and never holds more of a row than the registers or shared memory can take:
   narrow rows (64 columns: 4 threads a row, 32 rows a block), a wide row alone;
 * a row longer than REGISTER_ROW_LIMIT is walked twice with the online max and sum: staged in shared memory
   when it fits (one read of global memory), else as much of it as fits, the rest streamed from global memory
-  in both passes (the second mostly hits the L2 cache, which holds the rows the resident blocks work on).
+  in both passes (the second mostly hits the L2 cache, which holds the rows the resident blocks work on);
+  512 threads when the row fits (blocks share an SM), 1024 when its head fills the SM alone; a row that starts
+  unaligned (N % 8) is staged and streamed by its aligned body (aligned_body), its few edge elements singly.
 
 Pure Python (no torch; tilelang only inside row_split_layout): the tests check these rules for every width on
 every architecture.
