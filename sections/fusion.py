@@ -150,7 +150,7 @@ def kernels(ctx) -> list[KernelDecl]:
     markers = tuple(tourkit.TENSOR_CORE_MARKERS[tourkit.ARCH_SPECS[ctx.arch].family])
     return [KernelDecl(kernel_name(p, act, part), (lambda p=p, a=act, part=part: p.programs(True, a)[part]),
                        pass_configs=epilogue_pass_configs(act), threads=p.config.threads, nvcc=nvcc,
-                       markers=markers if part == "gemm" else (), smem_limit=p.config.smem_bytes())
+                       markers=p.markers(markers) if part == "gemm" else (), smem_limit=p.config.smem_bytes())
             for p, act, _, nvcc in planned(ctx) for part in parts(p)]
 
 

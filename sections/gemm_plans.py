@@ -437,6 +437,13 @@ class GemmPlan:
     def kernel_shape(self) -> tuple[int, int, int]:
         return (self.M, aligned(self.N), aligned(self.K)) if self.pad else (self.M, self.N, self.K)
 
+    def markers(self, family_markers) -> tuple:
+        """What the GEMM's CUDA must contain: the family's markers; only its tensor-core instruction where the
+        rows are loaded masked (no TMA, no cp.async of whole 16-byte segments)."""
+        _, N, K = self.kernel_shape
+        masked = N % ALIGN or K % ALIGN
+        return tuple(m for m in family_markers if not masked or m in ("wgmma", "mma_sync"))
+
     def programs(self, bias: bool = False, activation=None) -> dict:
         """{"gemm": prim_func} and, with a split K, {"reduce": prim_func}: what the launcher runs."""
         M, N, K = self.kernel_shape
