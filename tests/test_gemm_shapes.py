@@ -253,7 +253,8 @@ def test_autotune_tunes_the_users_problem_rounded_up():
 @pytest.mark.gpu
 @pytest.mark.parametrize("M,N,K,dtype", [(1, 1, 1, "float16"), (7, 13, 5, "float16"), (33, 4097, 65, "float16"),
                                          (64, 8192, 1000, "float16"), (128, 4096, 11008, "bfloat16"),
-                                         (2000, 3000, 4000, "bfloat16"), (1, 4096, 4096, "float16")])
+                                         (2000, 3000, 4000, "bfloat16"), (1, 4096, 4096, "float16"),
+                                         (2, 4097, 4095, "float16"), (100, 100, 100, "bfloat16")])
 @pytest.mark.parametrize("epilogue", [False, True])
 def test_the_rules_pick_is_correct_on_odd_sizes(M, N, K, dtype, epilogue):
     import tilelang
