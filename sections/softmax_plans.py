@@ -99,7 +99,7 @@ def choose_plan(M: int, N: int, smem_budget: int, family: str = "hopper") -> Sof
 
 def online_plan(N: int, smem_budget: int) -> SoftmaxPlan:
     """A row too long for registers, walked twice. Threads: a block of 512 when the whole row fits shared memory
-    (two or more such blocks share an SM: one's copy overlaps another's arithmetic); 1024 when it does not (its
+    (where two or more such blocks fit an SM, one's copy overlaps another's arithmetic); 1024 when it does not (its
     head fills the SM alone, so the block itself must keep twice the loads of the streamed rest in flight).
     A row that does not start 16-byte aligned (N % 8) is staged and streamed by its aligned body (the kernel
     moves its few edge elements one at a time), so the same rule applies."""
@@ -108,8 +108,8 @@ def online_plan(N: int, smem_budget: int) -> SoftmaxPlan:
     if head == aligned_body(N):
         return SoftmaxPlan("online", ONLINE_PER_THREAD, ONLINE_THREADS, staged=head, why=(
             f"a row of {N} is too long for registers but its {2 * N // 1024} KB fit shared memory: one bulk copy"
-            f"{edges}, one read of global memory, then walked twice with the online max and sum; 512 threads, so "
-            "that blocks sharing an SM overlap copies with arithmetic"))
+            f"{edges}, one read of global memory, then walked twice with the online max and sum; 512 threads: where "
+            "two or more such blocks fit an SM, one's copy overlaps another's arithmetic"))
     threads = 2 * ONLINE_THREADS
     head = staged_head(N, smem_budget, threads * ONLINE_PER_THREAD)
     return SoftmaxPlan("online", ONLINE_PER_THREAD, threads, staged=head, why=(
