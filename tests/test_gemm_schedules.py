@@ -110,7 +110,9 @@ def test_declared_kernels_follow_the_arch():
     assert len(set(names)) == len(names) == 4 + 3 + 2  # rows, the rule's pick at the odd sizes, the appendix twice
     assert sum("hand-written" in n for n in names) == 2 and not any("hand-written" in d.name for d in ampere)
     assert [d.nvcc for d in hopper].count(True) == 3  # the default, one ragged size, the appendix kernel
-    assert all(d.smem_limit and d.markers == ("wgmma", "tma_load", "mbarrier") for d in hopper)
+    assert all(d.smem_limit for d in hopper)
+    assert all(d.markers == (("wgmma",) if "@77x1001x999" in d.name else ("wgmma", "tma_load", "mbarrier"))
+               for d in hopper)  # the small unaligned problem loads its rows masked: no TMA
     assert hopper[-1].threads == 384 and hopper[0].threads == 256  # the appendix asks for its producer itself
     full = gemm_schedules.kernels(tourkit.TourContext(arch="sm_90a", echo=False))
     assert full[0].name.endswith("@8192x8192x8192")
