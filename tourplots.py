@@ -165,7 +165,8 @@ def draw_throughput(entries: Sequence[dict], section: str, environment: dict | N
     """One section's throughput across the problems it ran: per problem the fastest timing of each kind, as
     grouped bars in TFLOP/s (unit "flops") or GB/s ("bytes"; the default where a timing lacks FLOPs); None
     when the section timed nothing."""
-    rows = [e for e in entries if e["section"] == section and e.get("kind") != "copy"]
+    # A copy of the same bytes is the ceiling of a GB/s plot, and has no FLOPs to draw.
+    rows = [e for e in entries if e["section"] == section and (e.get("kind") != "copy" or unit == "bytes")]
     use_flops = bool(rows) and all(flops_per_s(e) for e in rows) and (unit or "flops") == "flops"
     rate = (lambda e: flops_per_s(e) / 1e12) if use_flops else (lambda e: (bytes_per_s(e) or 0) / 1e9)
     rows = [e for e in rows if rate(e) > 0]
