@@ -47,9 +47,7 @@ def plans_for(M, N, K, dtype, fused, family, sms, smem):
     pick = P.plan_problem(M, N, K, family, sms, smem, dtype)
     if fused:
         return [pick] + [replace(pick, config=c) for c in (
-            P.GemmConfig(128, 192, 64, 4, 256, True, policy="FullRow", persistent=sms),
-            P.GemmConfig(128, 256, 64, 3, 256, True, persistent=sms), P.GemmConfig(128, 128, 64, 4, 256, True))
-            if P.fits(c, smem)]
+            P.GemmConfig(128, 256, 64, 3, 256, True), P.GemmConfig(128, 128, 64, 4, 256, True)) if P.fits(c, smem)]
     Na, Ka = P.aligned(N), P.aligned(K)
     options = P.candidate_schedules(M, Na, Ka, family, sms, smem)
     est = {c: P.estimate_seconds(M, Na, Ka, c, family, sms, smem) for c in options}
@@ -72,8 +70,8 @@ def plans_for(M, N, K, dtype, fused, family, sms, smem):
 
 
 def variants(pick, M, N, K, family, sms, smem):
-    """Beside the rule's candidates: persistent lesson kernels (one block an SM walking tiles), the appendix's
-    hand-written kernel with three tiles, a wider swizzle panel; unaligned problems loaded masked, unpadded."""
+    """Beside the rule's candidates: the appendix's hand-written kernel with three tiles, a wider swizzle panel;
+    unaligned problems loaded masked, unpadded."""
     out = []
     if pick.padded:
         out.append(replace(pick, pad=False))
@@ -84,11 +82,6 @@ def variants(pick, M, N, K, family, sms, smem):
         return out
     from sections.hopper import gemm_ws
 
-    for c in (P.GemmConfig(128, 256, 64, 3, 256, True, persistent=sms),
-              P.GemmConfig(128, 192, 64, 4, 256, True, policy="FullRow", persistent=sms),
-              P.GemmConfig(128, 128, 64, 4, 256, True, persistent=sms)):
-        if P.fits(c, smem):
-            out.append(replace(pick, config=c))
     for bn, buffers in ((256, 4), (192, 3), (128, 2)) if M * N <= 6144 * 6144 else ((256, 4),):
         out.append(replace(pick, config=gemm_ws.WsConfig(128, bn, 64, 3 if bn == 256 else 4, 256, True,
                                                          persistent=sms, store_buffers=buffers, even_rounds=True)))

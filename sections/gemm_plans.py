@@ -16,10 +16,6 @@ and 16-byte cp.async need aligned rows) run on zero-padded copies of A and B (`G
 nothing to the sums, and C comes back out of a padded buffer. The copies are part of what is timed. Where the
 copies would cost more than the GEMM (small problems: each copy is a launch) the kernel takes the rows as
 they are instead: T.copy then loads them with narrower, masked copies (`plan_problem`).
-
-`persistent` (a GemmConfig knob, not among the rule's candidates): one block an SM walks the tiles, so its
-next loads start during its store. On an H200 it did not beat the plain grid on the shapes measured: the
-compiler's pipeline still waits for each K step's tensor-core work, which costs more than the store.
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
@@ -39,8 +35,7 @@ PRODUCER_REGISTERS = 24  # a thread of the TMA producer warpgroup (Hopper warp s
 @dataclass(frozen=True)
 class GemmConfig:
     """One schedule: tile, stages, threads, swizzle (panel: tile rows), T.GemmWarpPolicy, C through shared,
-    split_k (blocks sharing one tile's K loop; 1: none), persistent (that many blocks walk the tiles; 0: one
-    block a tile)."""
+    split_k (blocks sharing one tile's K loop; 1: none)."""
 
     block_M: int
     block_N: int
@@ -52,7 +47,6 @@ class GemmConfig:
     policy: str = "Square"
     staged_store: bool = True
     split_k: int = 1
-    persistent: int = 0
 
     def smem_bytes(self, dtype_bytes: int = 2) -> int:
         """An upper bound of the kernel's shared memory: `num_stages` copies of the A and B tiles, or the C tile
@@ -61,14 +55,11 @@ class GemmConfig:
         pipeline = max(1, self.num_stages) * (self.block_M * self.block_K + self.block_K * self.block_N) * dtype_bytes
         c_bytes = 4 if self.split_k > 1 else dtype_bytes
         c_tile = self.block_M * self.block_N * c_bytes if self.staged_store else 0
-        # A persistent block's next loads fly during its store: the C tile cannot reuse the A/B buffers.
-        both = pipeline + c_tile if self.persistent else max(pipeline, c_tile)
-        return both + self.block_N * dtype_bytes + 1024
+        return max(pipeline, c_tile) + self.block_N * dtype_bytes + 1024
 
     def columns(self) -> dict:
         """The schedule as the table shows it."""
         split = f", K split {self.split_k}" if self.split_k > 1 else ""
-        split += f", persistent on {self.persistent} SMs" if self.persistent else ""
         return {"kernel": "T.Pipelined", "tile": f"{self.block_M}x{self.block_N}x{self.block_K}",
                 "stages": self.num_stages, "threads": self.threads,
                 "swizzle": f"panel {self.panel}" if self.swizzle else "off",
@@ -78,8 +69,7 @@ class GemmConfig:
         c = self.columns()
         policy = self.policy + ("" if self.staged_store else ", direct store")
         return (f"{c['kernel']} {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}"
-                + (f", {policy}" if policy != "Square" else "") + (f", K split {self.split_k}" if self.split_k > 1 else "")
-                + (f", persistent on {self.persistent} SMs" if self.persistent else ""))
+                + (f", {policy}" if policy != "Square" else "") + (f", K split {self.split_k}" if self.split_k > 1 else ""))
 
 
 def fits(config, smem_budget: int) -> bool:

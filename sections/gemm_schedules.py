@@ -107,28 +107,8 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
             T.use_swizzle(panel_size=config.panel, enable=config.swizzle)
             tile(A, B, Bias, C, A_shared, B_shared, C_local, Bias_shared, C_shared, bx, by, bz)
 
-    m_tiles, n_tiles = -(-M // bM), -(-N // bN)
-    workers = min(config.persistent, m_tiles * n_tiles)
-    panel = min(config.panel if config.swizzle else 1, m_tiles)
-
-    @T.macro
-    def persistent_body(A, B, Bias, C):
-        """`workers` blocks (one an SM), block w taking tiles w, w + workers, ... in the swizzled order: down
-        a panel of `panel` tile rows column by column. A block's next tile's loads start during its epilogue."""
-        with T.Kernel(workers, threads=config.threads) as w:
-            registers()
-            A_shared, B_shared, C_local, Bias_shared, C_shared = buffers()
-            for r in T.serial(T.ceildiv(m_tiles * n_tiles, workers)):
-                t = r * workers + w
-                rows = T.max(1, T.min(panel, m_tiles - t // (panel * n_tiles) * panel))  # the last panel: fewer
-                by = t // (panel * n_tiles) * panel + t % (panel * n_tiles) % rows
-                bx = t % (panel * n_tiles) // rows
-                if t < m_tiles * n_tiles:
-                    tile(A, B, Bias, C, A_shared, B_shared, C_local, Bias_shared, C_shared, bx, by, 0)
-
     c_shape = (M, N) if splits == 1 else (splits, M, N)
-    return gemm_prim_func(M, N, K, persistent_body if config.persistent else body, bias, dtype, c_shape,
-                          out_dtype)
+    return gemm_prim_func(M, N, K, body, bias, dtype, c_shape, out_dtype)
 
 
 def compile_gemm(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = False, activation: str | None = None,
@@ -317,7 +297,7 @@ def run(ctx) -> None:
     best = rows[0] if ctx.shape is not None else min(rows, key=lambda p: ms[kernel_name(p)])
     ctx.log(f"\nC[{M}x{N}] = A @ B, {ctx.dtype} in, fp32 accumulation, {ctx.dtype} out; timed in turns with cuBLAS "
             f"after {tourkit.SETTLE_MS / 1e3:.1f} s of untimed load ({rounds // 2} forward/backward pairs)"
-            + (f"; padding copies included" if rows[0].padded else ""))
+            + ("; padding copies included" if rows[0].padded else ""))
     mark = "<- the rule's pick" if ctx.shape is not None else "<- lesson's fastest"
     table = [table_row(p.config, ms[kernel_name(p)], cublas_ms, flops) + [tourkit.format_error(errors[kernel_name(p)]),
              mark if p == best else ("appendix" if p == ws else "")] for p in timed]
