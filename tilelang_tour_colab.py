@@ -138,7 +138,8 @@ _tour_file('sections/attention_plans.py', r'''
 A problem is (batch, heads, sequence length, head dim, causal), with grouped-query attention's key/value head
 count and the element type. A configuration is a dict: the kernel kind ("pipelined": T.Pipelined infers the
 pipeline; "async": the FA3 schedule; "ws": the appendix's hand-written warp specialization), the tile sizes,
-stages, threads and flags (fast_math, heavy_first). `choose_config` returns one with the reason it was chosen.
+stages, threads, flags (fast_math, heavy_first) and blocks_per_sm (blocks sharing an SM). `choose_config`
+returns one with the reason it was chosen.
 """
 
 from __future__ import annotations
@@ -174,7 +175,8 @@ class Problem:
     def size(self) -> str:
         """The problem without its mode: B4 H32 S4096 D128, with KVH8 for grouped-query attention, bf16."""
         kv = f" KVH{self.kv_heads}" if self.kv_heads != self.heads else ""
-        return f"B{self.batch} H{self.heads}{kv} S{self.seq_len} D{self.dim}{' bf16' if self.dtype == 'bfloat16' else ''}"
+        kind = " bf16" if self.dtype == "bfloat16" else ""
+        return f"B{self.batch} H{self.heads}{kv} S{self.seq_len} D{self.dim}{kind}"
 
     @property
     def name(self) -> str:
@@ -202,6 +204,14 @@ def from_shape(dims, causal: bool, dtype: str = "float16") -> Problem:
     return Problem(batch, heads, seq_len, dim, causal, kv[0] if kv else None, dtype)
 
 
+def shapes(batch: int, heads: int, seq_len: int, dim: int, kv_heads: int | None):
+    """Q and O (B, S, H, D); K and V (B, S, KVH, D), each K/V head shared by `groups` neighbouring query heads."""
+    kv_heads = kv_heads or heads
+    if heads % kv_heads:
+        raise ValueError(f"flash_attention: {heads} query heads do not split into groups of {kv_heads} KV heads")
+    return (batch, seq_len, heads, dim), (batch, seq_len, kv_heads, dim), heads // kv_heads
+
+
 def smem_estimate(dim: int, block_M: int, block_N: int, num_stages: int, output_reuses_kv: bool = False) -> int:
     """Bytes of shared memory (2-byte elements): Q, `num_stages` K and V tiles, O. With `output_reuses_kv` O
     takes the K/V buffers after the loop (TileLang's planner in its Hopper kernels); otherwise an upper bound."""
@@ -215,7 +225,7 @@ def key_tiles(seq_len: int, block_N: int) -> int:
 
 # The per-iteration cost of the key loop outside the score columns themselves (row max and sum, rescaling O,
 # the waits), in columns' worth of work; the async kernel also runs one extra, fully masked iteration (its
-# Q·Kᵀ and softmax, no P·V: about half an iteration).
+# Q·Kᵀ and softmax, no P·V: about half an iteration). 32 matched the H200 (176 wide at 4096 keys, 144 at 3000).
 ITERATION_COST_COLUMNS = 32
 ASYNC_EXTRA_ITERATION = 0.5
 
@@ -229,14 +239,25 @@ def key_tile_width(seq_len: int, widths, extra_iterations: float) -> int:
     return min(sorted(widths, reverse=True), key=cost)
 
 
-# Hopper (wgmma): the FA3 schedule, by head dim. The async kernel's 128 query rows are two consumer warp
-# groups of 64; full attention streams the widest key tiles whose scores still fit in registers beside O
-# (head dim 128: 176 columns, as FlashAttention-3), causal attention 128-wide ones (the diagonal tile is
-# masked, so a narrower one wastes less). Fast math: exp2f becomes a bare ex2.approx.
-HOPPER_KEY_WIDTHS = {(False, 128): (128, 160, 176), (True, 128): (128,), (False, 64): (128, 160, 176),
-                     (True, 64): (128,)}
-# Below this many key tiles the async kernel's extra iteration costs more than its overlap saves.
-ASYNC_MIN_KEY_TILES = 3
+# Hopper (wgmma). Measured on an H200 over problems of many sizes (bench/attention_shapes_probe.py):
+# * the FA3 async schedule wins when a query block walks many key tiles: it overlaps the softmax with the MMAs
+#   and pays one extra, fully masked iteration, which a long walk amortizes. From 12 key tiles (128 wide) on
+#   average it was ahead at head dim 128 (causal blocks walk half the tiles on average);
+# * below that, and at head dim 64 (a tile's two GEMMs too short to hide the softmax behind), the compiler's
+#   pipeline. Its two consumer warp groups of one 128-row block lost to two 64-row blocks per SM, one warp group
+#   each (registers capped at 128 a thread, see flash_attention.share_sm): a block's Q load, O store and
+#   softmax then overlap the other block's MMAs. At head dim 64 (64x128 tiles) that won on every problem from
+#   1K to 8K keys; at 16K keys 128-row blocks with 3 stages were ahead (a 64-row block re-reads each K/V tile for
+#   half as many queries, and a long walk makes that traffic count). At head dim 128 two blocks fit shared
+#   memory with 64x64 tiles: well ahead on short causal walks (finer diagonal tiles too) and a few percent
+#   behind the FA3 schedule at its threshold; even with or ahead of 128-row blocks on full problems of 4 key
+#   tiles or fewer, so full ones walking 5 to 11 tiles keep 128-row blocks;
+# * full attention's async key tiles: 144 or 176 columns, whichever wastes less of the last tile (160 measured
+#   slower than both); causal ones 128 wide (a finer diagonal), the longest query blocks launched first.
+ASYNC_MIN_WALK = 12
+ASYNC_KEY_WIDTHS = (144, 176)
+# The longest average walk (128-wide tiles) given two blocks per SM; causal at head dim 128: up to ASYNC_MIN_WALK.
+PAIRED_MAX_WALK = {64: 64, 128: 4}
 # Ampere/Ada/Turing (or a Hopper budget too small for the above): no wgmma; the largest tiles that fit.
 OTHER_CANDIDATES = [(128, 128, 2), (128, 128, 1), (128, 64, 2), (128, 64, 1), (64, 64, 2), (64, 64, 1)]
 
@@ -248,28 +269,64 @@ def query_rows(problem: Problem, sms: int) -> int:
     return 64 if problem.seq_len <= 64 or 2 * blocks <= sms else 128
 
 
-def hopper_config(problem: Problem, sms: int):
-    rows = query_rows(problem, sms)
-    widths = HOPPER_KEY_WIDTHS[(problem.causal, problem.dim)]
-    n_tiles = key_tiles(problem.seq_len, 128)
-    threads = 2 * rows  # one warp group (128 threads) per 64 query rows
-    if n_tiles < ASYNC_MIN_KEY_TILES:
-        width = 128 if problem.seq_len > 64 else 64
-        why = (f"{n_tiles} key tile(s) per query block: too few for the FA3 overlap to pay for its extra masked "
-               f"iteration, so the compiler's pipeline")
-        cfg = dict(kind="pipelined", block_M=rows, block_N=width, num_stages=2, threads=threads, fast_math=True)
+def key_walk(problem: Problem) -> float:
+    """Key tiles (128 wide) a query block visits on average: all of them, or about half when causal."""
+    n = key_tiles(problem.seq_len, 128)
+    return (n + 1) / 2 if problem.causal else n
+
+
+def register_split(blocks_per_sm: int, threads: int) -> int:
+    """Registers a consumer thread may take when `blocks_per_sm` blocks of `threads` (plus the producer warp
+    group TileLang adds on Hopper) share an SM: nvcc caps every thread at 64K / n over all the block's threads,
+    the producer then drops to 24 and the consumers take what it freed (asking for more would stall)."""
+    cap = 65536 // (blocks_per_sm * (threads + 128)) // 8 * 8
+    return min(240, (cap + 128 * (cap - 24) // threads) // 8 * 8)
+
+
+def paired_blocks(problem: Problem, rows: int, walk: float, smem_budget: int) -> dict | None:
+    """Two 64-row blocks per SM where they fit shared memory twice over and the rule above prefers them (or
+    128-row blocks would leave SMs idle anyway): the configuration, else None."""
+    width = 64 if problem.dim == 128 or problem.seq_len <= 64 else 128
+    if 2 * smem_estimate(problem.dim, 64, width, 2) > smem_budget:
+        return None
+    preferred = walk <= PAIRED_MAX_WALK[problem.dim] or (problem.causal and problem.dim == 128)
+    if not (preferred or rows == 64):
+        return None
+    return dict(kind="pipelined", block_M=64, block_N=width, num_stages=2, threads=128, fast_math=True,
+                blocks_per_sm=2)
+
+
+def hopper_config(problem: Problem, sms: int, smem_budget: int):
+    rows, walk = query_rows(problem, sms), key_walk(problem)
+    tiles = f"{walk:g} key tile{'s' * (walk != 1)}"
+    if problem.dim == 128 and walk >= ASYNC_MIN_WALK:
+        if problem.causal or rows == 64:  # 64 rows: few, short blocks; 128-wide tiles as validated
+            width, widths = 128, ""
+        else:
+            width = key_tile_width(problem.seq_len, ASYNC_KEY_WIDTHS, ASYNC_EXTRA_ITERATION)
+            widths = f" (of {' or '.join(map(str, ASYNC_KEY_WIDTHS))}: the least work for {problem.seq_len} keys)"
+        why = (f"a query block walks {tiles}, enough for the FA3 schedule (the next Q·Kᵀ in flight "
+               f"with P·V) to pay for its extra masked iteration; {width}-wide key tiles{widths}")
+        cfg = dict(kind="async", block_M=rows, block_N=width, num_stages=2, threads=2 * rows, fast_math=True)
+    elif (cfg := paired_blocks(problem, rows, walk, smem_budget)) is not None:
+        short = ("head dim 64: a tile's GEMMs are too short to hide the softmax behind" if problem.dim == 64 else
+                 f"a query block walks {tiles}, too few for the FA3 schedule")
+        why = (f"{short}; two 64-row blocks share each SM (128 registers a thread), one's loads, stores and "
+               f"softmax beside the other's MMAs; {cfg['block_N']}-wide key tiles"
+               + (", so that two blocks fit shared memory" if problem.dim == 128 else ""))
     else:
-        width = key_tile_width(problem.seq_len, widths, ASYNC_EXTRA_ITERATION)
-        why = f"the FA3 schedule (Q·Kᵀ of the next tile in flight with P·V), {width}-wide key tiles"
-        if len(widths) > 1:
-            why += f" (of {', '.join(map(str, widths))}: the least work for {problem.seq_len} keys)"
-        cfg = dict(kind="async", block_M=rows, block_N=width, num_stages=2, threads=threads, fast_math=True)
+        stages = 3 if problem.dim == 64 else 2
+        why = (f"head dim 64, a long walk ({tiles}): 128-row blocks, each K/V tile read once per 128 queries, "
+               f"{stages} K/V stages" if problem.dim == 64 else f"a query block walks {tiles}, too few for the FA3 "
+               f"schedule's extra masked iteration to pay: the compiler's pipeline, 128-row blocks")
+        cfg = dict(kind="pipelined", block_M=rows, block_N=128 if problem.seq_len > 64 else 64, num_stages=stages,
+                   threads=2 * rows, fast_math=True)
     if problem.causal:
         cfg["heavy_first"] = True
         why += "; causal: the longest query blocks launch first"
-    if rows == 64:
-        why += f"; 64-row query blocks: 128-row ones would fill only {n_tiles * problem.heads * problem.batch} " \
-               f"of {sms} SMs"
+    if rows == 64 and cfg["block_M"] == 64 and not cfg.get("blocks_per_sm"):
+        why += (f"; 64-row query blocks: 128-row ones would fill only "
+                f"{key_tiles(problem.seq_len, 128) * problem.heads * problem.batch} of {sms} SMs")
     return cfg, why
 
 
@@ -277,7 +334,7 @@ def choose_config(problem: Problem, family: str, smem_budget: int, sms: int | No
     """The lesson kernel's configuration for a problem on a GPU, and why (one line for the learner)."""
     sms = sms or DEFAULT_SMS
     if family == "hopper":
-        cfg, why = hopper_config(problem, sms)
+        cfg, why = hopper_config(problem, sms, smem_budget)
         if smem_estimate(problem.dim, cfg["block_M"], cfg["block_N"], cfg["num_stages"],
                          cfg["kind"] == "async") <= smem_budget:
             return cfg, why
@@ -285,8 +342,8 @@ def choose_config(problem: Problem, family: str, smem_budget: int, sms: int | No
         if problem.causal and stages > 1 and family != "hopper":
             continue  # tilelang 0.1.15: a cp.async pipeline over the clamped (data-dependent) bound fails codegen
         if smem_estimate(problem.dim, block_M, block_N, stages) <= smem_budget:
-            why = (f"no wgmma here: the compiler's pipeline with the largest tiles whose {stages} stage(s) fit "
-                   f"{smem_budget // 1024} KiB of shared memory")
+            why = (f"{'no wgmma here' if family != 'hopper' else 'little shared memory'}: the compiler's pipeline "
+                   f"with the largest tiles whose {stages} stage(s) fit {smem_budget // 1024} KiB of shared memory")
             return dict(kind="pipelined", block_M=block_M, block_N=block_N, num_stages=stages,
                         threads=256 if block_M == 128 else 128), why
     raise ValueError(f"flash_attention: no tile configuration fits {smem_budget} bytes of shared memory "
@@ -301,12 +358,9 @@ WORDS = {"pipelined": "compiler pipeline", "async": "FA3 async wgmma", "ws": "ha
 def describe(cfg: dict) -> list:
     """Table cells: tiles, stages, threads, schedule."""
     notes = [WORDS[cfg["kind"]]] + [word for key, word in WORDS.items() if cfg.get(key) is True]
+    if cfg.get("blocks_per_sm", 1) > 1:
+        notes.insert(1, f"{cfg['blocks_per_sm']} blocks per SM")
     return [f"{cfg['block_M']}x{cfg['block_N']}", cfg["num_stages"], cfg["threads"], ", ".join(notes)]
-
-
-def waves(problem: Problem, block_M: int, sms: int) -> float:
-    """Query blocks per SM (one block per SM at a time: the tiles fill its shared memory)."""
-    return key_tiles(problem.seq_len, block_M) * problem.heads * problem.batch / sms
 
 ''')
 
@@ -314,6 +368,7 @@ _tour_file('sections/autotune.py', r'''
 """autotune: let `tilelang.autotune` pick the GEMM's schedule, check its pick against cuBLAS, and cache it.
 
 The GEMM is the gemm_schedules lesson's (T.Pipelined + T.gemm): its schedules differ in a handful of numbers.
+`--shape MxNxK` tunes your problem (N and K rounded up to multiples of 8, the kernels' 16-byte rows).
 
 You will learn:
 
@@ -350,7 +405,6 @@ import dataclasses
 import functools
 import hashlib
 import inspect
-import itertools
 import json
 import logging
 import os
@@ -362,7 +416,10 @@ import time
 from pathlib import Path
 
 import tourkit
-from sections.gemm_schedules import GemmConfig, fits, gemm_flops, gemm_program
+# The search space (a product of values per knob, filtered by shared memory) is a schedule rule: gemm_plans.
+from sections.gemm_plans import (SPACES, TUNED_KEYS, GemmLauncher, GemmPlan, aligned, describe, filter_space,  # noqa: F401
+                                 search_space, to_gemm_config)
+from sections.gemm_schedules import GemmConfig, gemm_flops, gemm_program
 from tourkit import ARCH_SPECS, KernelDecl, Section, SectionSkip
 
 TUNE_SIZE, QUICK_TUNE_SIZE = 8192, 2048
@@ -372,55 +429,19 @@ WARMUP_ITERS, TIMED_ITERS = 10, 50
 RUNNERS_UP = 2  # the autotuner's next fastest, re-timed with its pick and cuBLAS
 VERDICT_ROUNDS, QUICK_VERDICT_ROUNDS = 4, 2  # forward/backward rounds of bench_interleaved
 NVCC_BUILDS = 2  # compile-only: every configuration is lowered, this many also go through nvcc
-TOLERANCE = 2e-3  # fp16 output, fp32 accumulation, vs a float64 reference
-
-# The search space: a product of values per knob, filtered by shared memory.
-TUNED_KEYS = ("block_M", "block_N", "block_K", "num_stages", "threads", "swizzle")
-SPACES: dict[str, dict[str, dict[str, list]]] = {
-    # Hopper: two consumer warpgroups (256 threads; TileLang adds a producer warpgroup), as one alone cannot hold
-    # a 128x256 fp32 accumulator in registers. 256x256 with 4 stages needs 256 KiB: the filter drops it.
-    "hopper": {"default": {"block_M": [128, 256], "block_N": [128, 256], "block_K": [64], "num_stages": [3, 4],
-                           "threads": [256], "swizzle": [True, False]},
-               "full": {"block_M": [64, 128, 256], "block_N": [128, 256], "block_K": [32, 64],
-                        "num_stages": [2, 3, 4], "threads": [128, 256], "swizzle": [True, False]}},
-    "ampere": {"default": {"block_M": [128, 256], "block_N": [128, 256], "block_K": [32], "num_stages": [3, 4],
-                           "threads": [256], "swizzle": [True, False]},
-               "full": {"block_M": [64, 128, 256], "block_N": [64, 128, 256], "block_K": [32, 64],
-                        "num_stages": [2, 3, 4], "threads": [128, 256], "swizzle": [True, False]}},
-    "turing": {"default": {"block_M": [64, 128], "block_N": [64, 128], "block_K": [32], "num_stages": [2],
-                           "threads": [128, 256], "swizzle": [True, False]},
-               "full": {"block_M": [64, 128, 256], "block_N": [64, 128, 256], "block_K": [32, 64],
-                        "num_stages": [1, 2, 3], "threads": [128, 256], "swizzle": [True, False]}},
-}
-SPACES["ada"] = SPACES["ampere"]
-
-
-def search_space(family: str, full: bool = False) -> list[dict]:
-    """Every combination of the family's values: the config dicts tilelang.autotune takes."""
-    if family not in SPACES:
-        raise ValueError(f"no autotune space for architecture family {family!r}")
-    axes = SPACES[family]["full" if full else "default"]
-    return [dict(zip(TUNED_KEYS, values)) for values in itertools.product(*(axes[k] for k in TUNED_KEYS))]
-
-
-def to_gemm_config(config: dict) -> GemmConfig:
-    return GemmConfig(*(config[k] for k in TUNED_KEYS))
-
-
-def filter_space(configs: list[dict], smem_budget: int) -> tuple[list[dict], list[tuple[dict, int]]]:
-    """Split the space into what fits one block's shared memory and what does not (with the bytes it needs)."""
-    kept = [c for c in configs if fits(to_gemm_config(c), smem_budget)]
-    return kept, [(c, to_gemm_config(c).smem_bytes()) for c in configs if c not in kept]
-
-
-def describe(c: dict) -> str:
-    """A schedule in words: '128x256x64 tile, 3 stages, 256 threads, swizzled'."""
-    return (f"{c['block_M']}x{c['block_N']}x{c['block_K']} tile, {c['num_stages']} stages, {c['threads']} threads, "
-            f"{'swizzled' if c['swizzle'] else 'not swizzled'}")
-
+TOLERANCE = {"float16": 2e-3, "bfloat16": 5e-3}  # one output rounding, fp32 accumulation, vs float64
 
 def tuned_size(ctx) -> int:
     return QUICK_TUNE_SIZE if ctx.quick else TUNE_SIZE
+
+
+def tuned_shape(ctx) -> tuple[int, int, int]:
+    """The problem tuned: the user's (--shape; N and K rounded up to multiples of 8, the kernels' 16-byte
+    rows, the rest zeros) or the section's own square one."""
+    if ctx.shape is None:
+        return (tuned_size(ctx),) * 3
+    M, N, K = ctx.shape
+    return M, aligned(N), aligned(K)
 
 
 def kept_space(ctx) -> tuple[list[dict], list[dict], list[tuple[dict, int]]]:
@@ -432,20 +453,20 @@ def kernels(ctx) -> list[KernelDecl]:
     """Every configuration that passes the filter, at the tuned size, as tilelang.autotune compiles it
     (out_idx=[-1]: C is returned). Compiled in the background before the section runs, they make the
     autotuner's own compiles cache hits."""
-    family, size = ARCH_SPECS[ctx.arch].family, tuned_size(ctx)
+    family, shape = ARCH_SPECS[ctx.arch].family, tuned_shape(ctx)
     _, kept, _ = kept_space(ctx)
-    return [KernelDecl(to_gemm_config(c).label(), functools.partial(gemm_program, size, size, size, to_gemm_config(c)),
-                       out_idx=[-1], threads=c["threads"], nvcc=i < NVCC_BUILDS,
+    return [KernelDecl(to_gemm_config(c).label(), functools.partial(gemm_program, *shape, to_gemm_config(c),
+                                                                    dtype=ctx.dtype), out_idx=[-1], threads=c["threads"], nvcc=i < NVCC_BUILDS,
                        markers=tuple(tourkit.TENSOR_CORE_MARKERS[family]), smem_limit=ctx.smem_budget)
             for i, c in enumerate(kept)]
 
 
 # The tuned function, one tuning, and the cache.
 
-def gemm_for_tuning(M, N, K, builder="", block_M=128, block_N=128, block_K=64, num_stages=3, threads=256,
-                    swizzle=True):
+def gemm_for_tuning(M, N, K, builder="", dtype="float16", block_M=128, block_N=128, block_K=64, num_stages=3,
+                    threads=256, swizzle=True):
     """The gemm_schedules GEMM, with the schedule as keyword arguments. `builder` only enters the cache key."""
-    return gemm_program(M, N, K, GemmConfig(block_M, block_N, block_K, num_stages, threads, swizzle))
+    return gemm_program(M, N, K, GemmConfig(block_M, block_N, block_K, num_stages, threads, swizzle), dtype=dtype)
 
 
 def builder_hash() -> str:
@@ -515,13 +536,14 @@ class Tuned:
     searched: bool  # False: a cache hit, which holds no readings
 
 
-def tune(M: int, N: int, K: int, configs: list[dict], target="cuda", verbose: bool = False) -> Tuned:
+def tune(M: int, N: int, K: int, configs: list[dict], target="cuda", verbose: bool = False,
+         dtype: str = "float16") -> Tuned:
     """One tilelang.autotune call: a search, or a cache hit. `target`: "cuda" (this GPU) or a target dict."""
     tourkit.quiet_tilelang()
     readings: dict[int, float] = {}
     started = time.perf_counter()
     with quiet_autotuner(configs, readings, verbose):
-        kernel = make_tuner(configs, target)(M, N, K, builder_hash())
+        kernel = make_tuner(configs, target)(M, N, K, builder_hash(), dtype)
     config = {k: kernel.config[k] for k in TUNED_KEYS}
     return Tuned(kernel, config, time.perf_counter() - started, readings, bool(readings))
 
@@ -535,13 +557,14 @@ def forget_in_memory(kernel) -> int:
     return len([AutoTuner._memory_cache.pop(k) for k in keys])
 
 
-def readings_path(M: int, N: int, K: int, configs: list[dict], target="cuda") -> Path:
+def readings_path(M: int, N: int, K: int, configs: list[dict], target="cuda", dtype: str = "float16") -> Path:
     """Where the tour keeps the autotuner's per-configuration readings of a search, beside its cache: a later
     run that finds the pick cached still knows the runners-up."""
     import tilelang
     from tilelang.autotuner.tuner import AutoTuner
 
-    key = json.dumps([M, N, K, configs, str(target), builder_hash(), WARMUP_ITERS, TIMED_ITERS, tilelang.__version__])
+    key = json.dumps([M, N, K, configs, str(target), builder_hash(), WARMUP_ITERS, TIMED_ITERS, tilelang.__version__]
+                     + ([dtype] if dtype != "float16" else []))
     return AutoTuner._get_cache_dir().parent / "tour_autotune" / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
 
 
@@ -557,12 +580,12 @@ def load_readings(path: Path) -> dict[int, float]:
         return {}
 
 
-def tune_in_child(M: int, N: int, K: int, configs: list[dict]) -> dict:
+def tune_in_child(M: int, N: int, K: int, configs: list[dict], dtype: str = "float16") -> dict:
     """The same tuning in a new Python process, which finds the result on disk (--full only: a process start
     and its imports cost seconds)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = (f"import json, sys; sys.path.insert(0, {root!r}); from sections import autotune; "
-            f"t = autotune.tune({M}, {N}, {K}, {configs!r}); print('TUNED', json.dumps([t.seconds, t.config]))")
+            f"t = autotune.tune({M}, {N}, {K}, {configs!r}, dtype={dtype!r}); print('TUNED', json.dumps([t.seconds, t.config]))")
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           cwd=tempfile.gettempdir())
@@ -571,6 +594,17 @@ def tune_in_child(M: int, N: int, K: int, configs: list[dict]) -> dict:
         raise RuntimeError(f"the new process did not report (exit {done.returncode}): {done.stderr.strip()[-300:]}")
     seconds, config = json.loads(lines[-1][len("TUNED "):])
     return {"seconds": seconds, "config": config, "wall": time.perf_counter() - started}
+
+
+def on_padded(kernel, a, b, config: dict, N: int, K: int):
+    """kernel(a, b) -> c at the tuned sizes; where those are the problem's rounded up, through the GEMM's
+    launcher: zero-padded copies of A and B made at each call, as a user's call would, C copied out."""
+    if a.shape[1] == K and b.shape[1] == N:
+        return lambda: kernel(a, b)
+    run = GemmLauncher(GemmPlan(a.shape[0], b.shape[1], a.shape[1], to_gemm_config(config)), {"gemm": kernel},
+                       returns_c=True)
+    c = a.new_empty((a.shape[0], b.shape[1]))
+    return lambda: run(a, b, c)
 
 
 def leaders(readings: dict[int, float], pick: int, n: int = RUNNERS_UP) -> list[int]:
@@ -607,10 +641,10 @@ def report_space(ctx, space: list[dict], kept: list[dict], dropped: list[tuple[d
                           f"one block may use on {ctx.arch}: nothing to tune")
 
 
-def first_tuning(ctx, M: int, kept: list[dict]) -> Tuned:
+def first_tuning(ctx, shape: tuple[int, int, int], kept: list[dict]) -> Tuned:
     """The autotuner's search, or its cached pick with the readings of the search that found it."""
-    path = readings_path(M, M, M, kept)
-    tuned = tune(M, M, M, kept, verbose=ctx.full)
+    path = readings_path(*shape, kept, dtype=ctx.dtype)
+    tuned = tune(*shape, kept, verbose=ctx.full, dtype=ctx.dtype)
     if tuned.searched:
         save_readings(path, tuned.readings)
         ctx.log(f"searched in {tuned.seconds:.1f} s: {len(tuned.readings)} of {len(kept)} configurations timed")
@@ -625,7 +659,7 @@ def first_tuning(ctx, M: int, kept: list[dict]) -> Tuned:
 def report_verdict(ctx, kept: list[dict], tuned: Tuned, pick: int, retimed: dict[int, float], cublas_ms: float,
                    rounds: int) -> None:
     """The autotuner's readings, fastest first, beside the timing in turns of the pick, its runners-up and cuBLAS."""
-    flops = gemm_flops(*(tuned_size(ctx),) * 3)
+    flops = gemm_flops(*(ctx.shape or tuned_shape(ctx)))
     order = sorted(range(len(kept)), key=lambda i: (i not in tuned.readings, tuned.readings.get(i, 0), i))
     rows = []
     for i in order[:max(16, len(retimed))]:
@@ -656,37 +690,40 @@ def run(ctx) -> None:
     import torch
     from tilelang.env import env
 
-    M = N = K = tuned_size(ctx)
+    (M, N, K), (_, N0, K0) = tuned_shape(ctx), ctx.shape or tuned_shape(ctx)
     built = tourkit.build_declared(decls, log=ctx.log)
-    ctx.log(f"tilelang.autotune over {len(kept)} configurations at {M}^3 (warmup={WARMUP_ITERS}, rep={TIMED_ITERS} "
-            f"launches each, one configuration after another)")
-    tuned = first_tuning(ctx, M, kept)
+    ctx.log(f"tilelang.autotune over {len(kept)} configurations at {M}x{N}x{K} {ctx.dtype} (warmup={WARMUP_ITERS}, "
+            f"rep={TIMED_ITERS} launches each, one configuration after another)" + (
+                f"; the problem is {M}x{N0}x{K0}: the verdict times the padding copies too" if (N, K) != (N0, K0) else ""))
+    tuned = first_tuning(ctx, (M, N, K), kept)
     pick = kept.index(tuned.config)
 
     # The cache: drop the in-memory result and tune again, as a new process would: the disk answers.
     forget_in_memory(tuned.kernel)
-    again = tune(M, N, K, kept)
+    again = tune(M, N, K, kept, dtype=ctx.dtype)
     ctx.log(f"re-tune of the same space, in-memory result dropped: {again.seconds:.2f} s "
             f"({'searched again: the autotuner cache is off' if again.searched else 'from the on-disk cache'})")
     if again.config != tuned.config and env.is_cache_enabled() and not env.is_autotune_cache_disabled():
         raise tourkit.ValidationError(f"the cached re-tune returned {describe(again.config)}, "
                                       f"not {describe(tuned.config)}")
-    child = tune_in_child(M, N, K, kept) if ctx.full else None
+    child = tune_in_child(M, N, K, kept, ctx.dtype) if ctx.full else None
     if child:
         ctx.log(f"re-tune in a new process: {child['seconds']:.2f} s ({child['wall']:.1f} s with start and imports)")
 
-    a = tourkit.random_tensor((M, K), torch.float16, seed=11)
-    b = tourkit.random_tensor((K, N), torch.float16, seed=12)
-    c = torch.empty(M, N, dtype=torch.float16, device="cuda")
-    check = tourkit.validate(f"autotuned GEMM ({describe(tuned.config)})", lambda: c.copy_(tuned.kernel(a, b)), c,
-                             a.double() @ b.double(), TOLERANCE)
+    a = tourkit.random_tensor((M, K0), getattr(torch, ctx.dtype), seed=11)
+    b = tourkit.random_tensor((K0, N0), getattr(torch, ctx.dtype), seed=12)
+    c = torch.empty(M, N0, dtype=a.dtype, device="cuda")
+    call = {i: on_padded(tuned.kernel if i == pick else built[to_gemm_config(cfg).label()], a, b, cfg, N, K)
+            for i, cfg in enumerate(kept) if i == pick or to_gemm_config(cfg).label() in built}
+    check = tourkit.validate(f"autotuned GEMM ({describe(tuned.config)})", lambda: c.copy_(call[pick]()), c,
+                             a.double() @ b.double(), TOLERANCE[ctx.dtype])
     ctx.log(check.line())
     tourkit.require([check])
 
     # The verdict: the pick, its runners-up (the whole space with --full) and cuBLAS, in one timing in turns.
     label = {i: to_gemm_config(cfg).label() for i, cfg in enumerate(kept)}
     retime = list(range(len(kept))) if ctx.full else leaders(tuned.readings, pick)
-    contenders = {i: (lambda k=(tuned.kernel if i == pick else built[label[i]]): k(a, b)) for i in retime}
+    contenders = {i: call[i] for i in retime}
     rounds = QUICK_VERDICT_ROUNDS if ctx.quick or ctx.full else VERDICT_ROUNDS
     times = tourkit.bench_interleaved({**contenders, "cuBLAS": lambda: torch.matmul(a, b)}, rounds=rounds)
     verdict = judge(times, pick)
@@ -698,7 +735,7 @@ def run(ctx) -> None:
     ctx.log(f"the autotuner's pick, {describe(tuned.config)}: {verdict['vs_cublas']:.3f}x cuBLAS, {fastest}")
     ctx.headline(winner=describe(tuned.config), vs_cublas=round(verdict["vs_cublas"], 3),
                  gap=round(verdict["gap"], 4), retune_s=round(again.seconds, 3))
-    ctx.metric(size=M, winner_config=tuned.config, searched=tuned.searched, first_tune_s=tuned.seconds,
+    ctx.metric(size=M if ctx.shape is None else "x".join(map(str, ctx.shape)), dtype=ctx.dtype, winner_config=tuned.config, searched=tuned.searched, first_tune_s=tuned.seconds,
                autotuner_ms={label[i]: ms for i, ms in tuned.readings.items()}, cublas_ms=times["cuBLAS"],
                retimed_ms={label[i]: ms for i, ms in retimed.items()}, fastest_retimed=label[verdict["fastest"]],
                rel_error=check.rel_error, child=child)
@@ -1298,6 +1335,7 @@ You will learn:
 * causal attention at half the work (tiles past the diagonal never loaded, only the diagonal tile masked),
   and odd lengths (loads past the end read zeros, the last key tile masks its columns);
 * on Hopper, the FA3 schedule: S(k) = Q·K(k)ᵀ and P(k-1)·V(k-1) in flight together, the softmax in between;
+  or two blocks per SM (registers capped), one block's softmax, loads and stores beside the other's MMAs;
 * grouped-query attention: KVH key/value heads, each read by H/KVH query heads (an index, not a copy).
 
 The algorithm (scale = log2(e)/√d; per query block m = -inf, l = 0, O = 0):
@@ -1393,21 +1431,14 @@ def kernel_steps(seq_len: int, dim: int, block_M: int, block_N: int, causal: boo
     return -(-seq_len // block_N), -(-seq_len // block_M), start, online_softmax, finish
 
 
-def shapes(batch: int, heads: int, seq_len: int, dim: int, kv_heads: int | None):
-    """Q and O (B, S, H, D); K and V (B, S, KVH, D), each K/V head shared by `groups` neighbouring query heads."""
-    kv_heads = kv_heads or heads
-    if heads % kv_heads:
-        raise ValueError(f"flash_attention: {heads} query heads do not split into groups of {kv_heads} KV heads")
-    return (batch, seq_len, heads, dim), (batch, seq_len, kv_heads, dim), heads // kv_heads
-
-
 def flash_attention_forward(batch: int, heads: int, seq_len: int, dim: int, causal: bool, *, block_M: int = 128,
                             block_N: int = 128, num_stages: int = 2, threads: int = 256, heavy_first: bool = False,
-                            dtype: str = "float16", kv_heads: int | None = None):
+                            dtype: str = "float16", kv_heads: int | None = None, blocks_per_sm: int = 1):
     """The forward kernel for one problem and one tile configuration: T.Pipelined infers the software pipeline
     from `num_stages` (later K/V loads run ahead of this tile's math). heavy_first=True (causal): the last query
-    blocks, which have the most key tiles, launch first, so that the short ones fill the tail of the grid."""
-    shape, kv_shape, groups = shapes(batch, heads, seq_len, dim, kv_heads)
+    blocks, which have the most key tiles, launch first, so that the short ones fill the tail of the grid.
+    blocks_per_sm = n (Hopper): n blocks share an SM, their registers split by plans.register_split."""
+    shape, kv_shape, groups = plans.shapes(batch, heads, seq_len, dim, kv_heads)
     n_tiles, n_query_blocks, start, online_softmax, finish = kernel_steps(seq_len, dim, block_M, block_N, causal,
                                                                           seq_len % block_N != 0)
 
@@ -1419,6 +1450,10 @@ def flash_attention_forward(batch: int, heads: int, seq_len: int, dim: int, caus
             kv = by // groups  # the key/value head of query head by
             Q_s, K_s, V_s, O_s, scores, probs, acc_o, m, m_prev, rescale, row_sum, l = alloc_buffers(
                 block_M, block_N, dim, dtype)
+            if blocks_per_sm > 1:
+                T.annotate_min_blocks_per_sm(blocks_per_sm)
+                T.annotate_producer_reg_dealloc(24)
+                T.annotate_consumer_reg_alloc(plans.register_split(blocks_per_sm, threads))
 
             start(Q, Q_s, acc_o, l, m, bx, by, bz)
             # Causal: key tiles that start after this block's last query row are all masked: never visit them.
@@ -1444,7 +1479,7 @@ def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int
     and does not wait; `T.wait_wgmma(n)` waits until at most n are in flight. Iteration k issues S(k) = Q·K(k)ᵀ
     and O += P(k-1)·V(k-1), waits for the first only, runs the softmax of S(k) while P·V still runs, then waits,
     rescales O and turns S(k) into the next P. TileLang splits the block into a TMA producer and consumers."""
-    shape, kv_shape, groups = shapes(batch, heads, seq_len, dim, kv_heads)
+    shape, kv_shape, groups = plans.shapes(batch, heads, seq_len, dim, kv_heads)
     # mask_tail always: the ragged last tile, and the extra all-masked iteration k = n_tiles below
     n_tiles, n_query_blocks, start, online_softmax, finish = kernel_steps(seq_len, dim, block_M, block_N, causal,
                                                                           True)
@@ -1565,15 +1600,15 @@ def bench_attention(problem: Problem, kernels: dict, rounds: int = 2) -> dict:
     return {**{name: times[name] for name in kernels}, "sdpa": times[best], "sdpa_kind": best}
 
 
-def peak_memory(batch, heads, seq_len, dim, attention) -> tuple[int, int]:
+def peak_memory(problem: Problem, attention) -> tuple[int, int]:
     """Peak bytes allocated beyond the inputs: naive attention (S×S scores materialized) vs the kernel."""
     import torch
 
-    q, k, v = (tourkit.random_tensor((batch, seq_len, heads, dim), torch.float16) for _ in range(3))
+    q, k, v = make_inputs(problem)[:3]
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     try:  # the scores and the probabilities, B·H·S² each (P·V adds only the output)
-        torch.softmax(torch.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(dim)), dim=-1)
+        torch.softmax(torch.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(problem.dim)), dim=-1)
         torch.cuda.synchronize()
         naive = torch.cuda.max_memory_allocated() - base
     except torch.cuda.OutOfMemoryError:  # the argument, made by the GPU itself
@@ -1590,7 +1625,7 @@ def peak_memory(batch, heads, seq_len, dim, attention) -> tuple[int, int]:
 BENCH_SHAPES, QUICK_SHAPES = [(4, 32, 4096, 128)], [(2, 16, 2048, 128)]
 FULL_SHAPES = BENCH_SHAPES + [(1, 32, 16384, 128)]
 # Odd lengths (a ragged last key tile and query tile), both head dims, grouped-query attention: correctness only.
-ODD_SHAPES = [(2, 4, 1000, 64), (1, 3, 777, 128), (1, 8, 333, 64, 2)]
+ODD_SHAPES = [(1, 3, 777, 128), (1, 8, 333, 64, 2)]
 
 
 def plan(ctx) -> list:
@@ -1598,15 +1633,11 @@ def plan(ctx) -> list:
     appendix's where it takes the problem. With --shape: that problem alone, causal and full."""
     family = tourkit.ARCH_SPECS[ctx.arch].family
     sms = ctx.device.sm_count if ctx.device is not None and not ctx.compile_only else None
-    if ctx.shape is not None:
-        timed, odd = [ctx.shape], []
-    else:
-        timed = QUICK_SHAPES if ctx.quick else (FULL_SHAPES if ctx.full else BENCH_SHAPES)
-        odd = ODD_SHAPES[1:] if ctx.quick else ODD_SHAPES
-    problems = [(plans.from_shape(dims, causal, ctx.dtype), is_timed)
-                for dims, is_timed in [(d, True) for d in timed] + [(d, False) for d in odd] for causal in (False, True)]
+    timed = [ctx.shape] if ctx.shape else QUICK_SHAPES if ctx.quick else FULL_SHAPES if ctx.full else BENCH_SHAPES
+    odd = [] if ctx.shape else ODD_SHAPES[1:] if ctx.quick else ODD_SHAPES
     items = []
-    for problem, is_timed in problems:
+    for dims, is_timed, causal in [(d, d in timed, c) for d in timed + odd for c in (False, True)]:
+        problem = plans.from_shape(dims, causal, ctx.dtype)
         cfg, why = plans.choose_config(problem, family, ctx.smem_budget, sms)
         items.append((f"lesson {problem.name}", "lesson", problem, cfg, why, is_timed))
         if (cfg := attention_ws.choose_config(problem, family, ctx.smem_budget, sms)) is not None:
@@ -1625,6 +1656,7 @@ def kernels(ctx) -> list:
 def show_generated(ctx, source: str) -> None:
     """Where the two GEMMs meet: on Hopper the asynchronous wgmma waits, elsewhere the mma.sync loop."""
     for pattern, what in ((r"wait_wgmma<1>", "the FA3 schedule: wait for Q·Kᵀ only, P·V still in flight"),
+                          (r"wgmma_rs<", "P·V as a warpgroup MMA, issued and waited by the compiler's pipeline"),
                           (r"mma_sync|mma\.sync", "warp-level tensor-core MMA")):
         if excerpt := tourkit.source_excerpt(source, pattern, context=4, limit=10):
             ctx.log(f"\ngenerated CUDA of the lesson's kernel, {what}:\n" + tourkit.indent(excerpt, "  "))
@@ -1644,7 +1676,7 @@ def run(ctx) -> None:
     if ctx.compile_only:
         reports = tourkit.inspect_declared(ctx, decls)
         if tourkit.ARCH_SPECS[ctx.arch].family == "hopper":
-            ctx.log("TileLang adds a TMA producer warp group to the lesson's kernels (384 threads where 256 were "
+            ctx.log("TileLang adds a TMA producer warp group to the lesson's kernels (128 threads beyond those "
                     "asked for);\nthe appendix writes that split, its barriers and its register split by hand.")
         show_generated(ctx, reports[decls[0].name].source)
         ctx.headline(kernels=len(reports), arch=ctx.arch)
@@ -1673,10 +1705,9 @@ def run(ctx) -> None:
     show_generated(ctx, built[decls[0].name].get_kernel_source())
 
     if ctx.full and ctx.shape is None:  # the memory argument: the S×S scores cost O(S²) bytes; the kernel its output
-        batch, heads, seq_len, dim = FULL_SHAPES[-1]
-        lesson = fns[f"lesson {plans.from_shape(FULL_SHAPES[-1], False, ctx.dtype).name}"]
-        naive, flash = peak_memory(batch, heads, seq_len, dim, lesson)
-        ctx.log(f"\npeak memory beyond the inputs at B{batch} H{heads} S{seq_len} D{dim}: naive attention "
+        problem = plans.from_shape(FULL_SHAPES[-1], False, ctx.dtype)
+        naive, flash = peak_memory(problem, fns[f"lesson {problem.name}"])
+        ctx.log(f"\npeak memory beyond the inputs at {problem.size}: naive attention "
                 f"{'ran out of memory' if naive < 0 else tourkit.format_bytes(naive)}, the lesson's kernel "
                 f"{tourkit.format_bytes(flash)} (the output). Doubling S quadruples the first, doubles the second.")
         ctx.metric(naive_peak_bytes=naive, flash_peak_bytes=flash)
@@ -1699,7 +1730,9 @@ You will learn:
 - why fusing pays: eager PyTorch runs `gelu(a @ b + bias)` as three kernels, and the two intermediates make
   four M x N trips through global memory; fused, they never leave the registers;
 - how little code it takes: the kernel is the `gemm_schedules` builder with `bias=True, activation="gelu"`,
-  a few `T.Parallel` lines on the register accumulator before the one store (sections/gemm_epilogue.py);
+  a few `T.Parallel` lines on the register accumulator before the one store (sections/gemm_epilogue.py),
+  on the schedule the GEMM's rule picks for the problem (`--shape MxNxK`; with a split K the epilogue runs
+  in the reduction, where the sums are whole);
 - how to make GELU cheap: exact GELU (torch's default, erf) as max(x, 0) - |x| * erfc(|x| / sqrt 2) / 2 with
   a rational erfc (Abramowitz & Stegun 7.1.26, error 1.5e-7): about 15 PTX instructions, two of them
   special-function ones, against about 30 with CUDA's erff; it matters because the epilogue runs while the
@@ -1724,7 +1757,8 @@ import time
 
 import tourkit
 from sections.gemm_epilogue import epilogue_pass_configs, gelu_exact  # noqa: F401  (gelu_exact: the formula taught)
-from sections.gemm_schedules import fits, gemm_flops, gemm_program, lesson_schedules, reference, sm_count  # noqa: F401
+from sections.gemm_plans import GemmLauncher, GemmPlan
+from sections.gemm_schedules import fits, gemm_flops, gemm_program, lesson_schedules, reference, rule, sm_count  # noqa: F401
 from tourkit import KernelDecl, Section, SectionSkip
 
 TOLERANCE = 5e-3
@@ -1776,13 +1810,14 @@ def saved_traffic_bytes(M: int, N: int, elem_bytes: int = 2) -> int:
     return 4 * M * N * elem_bytes
 
 
-def fused_inputs(M: int, N: int, K: int, seed: int = 0):
+def fused_inputs(M: int, N: int, K: int, seed: int = 0, dtype: str = "float16"):
     import torch
 
-    a = tourkit.random_tensor((M, K), torch.float16, seed=seed)
-    b = tourkit.random_tensor((K, N), torch.float16, seed=seed + 1, scale=K ** -0.5)  # keep GELU's input O(1)
-    bias = tourkit.random_tensor((N,), torch.float16, seed=seed + 2)
-    return a, b, bias, torch.empty((M, N), dtype=torch.float16, device="cuda")
+    dt = getattr(torch, dtype)
+    a = tourkit.random_tensor((M, K), dt, seed=seed)
+    b = tourkit.random_tensor((K, N), dt, seed=seed + 1, scale=K ** -0.5)  # keep GELU's input O(1)
+    bias = tourkit.random_tensor((N,), dt, seed=seed + 2)
+    return a, b, bias, torch.empty((M, N), dtype=dt, device="cuda")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -1790,8 +1825,16 @@ def fused_inputs(M: int, N: int, K: int, seed: int = 0):
 # ---------------------------------------------------------------------------------------------------------
 
 
+def problem(ctx) -> tuple[int, int, int]:
+    """The user's problem (--shape), or the section's own square one."""
+    if ctx.shape is not None:
+        return tuple(ctx.shape)
+    size = 2048 if ctx.quick or ctx.compile_only else 8192
+    return size, size, size
+
+
 def problem_size(ctx) -> int:
-    return 2048 if ctx.quick or ctx.compile_only else 8192
+    return problem(ctx)[0]
 
 
 def appendix_for(ctx):
@@ -1803,30 +1846,42 @@ def appendix_for(ctx):
     return gemm_pingpong
 
 
-def kernel_name(config, activation: str, M: int) -> str:
-    return f"{config.columns()['kernel']} + bias + {activation} @{M}"
+def kernel_name(p: GemmPlan, activation: str, part: str = "gemm") -> str:
+    name = f"{p.config.columns()['kernel']} + bias + {activation} @{p.M}x{p.N}x{p.K}"
+    return name + ("" if p.dtype == "float16" else f" {p.dtype}") + ("" if part == "gemm" else f" ({part})")
 
 
 def planned(ctx):
-    """(config, builder, activation, M, nvcc) of every fused kernel the section runs: the lesson's with both
-    GELU forms at the section's size and a ragged one; on sm_90a the appendix's with exact GELU at both."""
-    family = tourkit.ARCH_SPECS[ctx.arch].family
-    size = problem_size(ctx)
-    config = lesson_config(family, ctx.smem_budget)
-    jobs = [(config, gemm_program, activation, M, (activation, M) in (("gelu", size), ("gelu_tanh", ODD[0])))
-            for M in (size, ODD[0]) for activation in APPROXIMATE]
+    """(plan, activation, timed, nvcc) of every fused kernel the section runs: the GEMM rule's schedule
+    (gemm_plans.choose_schedule) with exact GELU at the problem, and with both GELU forms at a ragged size
+    (not with --shape: the user's problem alone); on sm_90a the appendix's with exact GELU beside it."""
+    M, N, K = problem(ctx)
+    jobs = [(rule(ctx, M, N, K), "gelu", True, True)]
+    if ctx.shape is None:
+        jobs += [(rule(ctx, *ODD), activation, False, activation == "gelu_tanh") for activation in APPROXIMATE]
     appendix = appendix_for(ctx)
-    if appendix is not None:
-        jobs += [(appendix.appendix_schedule(M, M, M, sm_count(ctx)), appendix.appendix_program, "gelu", M, M == size)
-                 for M in (size, ODD[0])]
+    if appendix is not None and N % 8 == 0 and K % 8 == 0:
+        shapes = [(M, N, K)] + ([ODD] if ctx.shape is None else [])
+        jobs += [(GemmPlan(*shape, appendix.appendix_schedule(*shape, sm_count(ctx)), ctx.dtype), "gelu",
+                  shape == (M, N, K), shape == (M, N, K)) for shape in shapes]
     return jobs
+
+
+def parts(p: GemmPlan) -> tuple[str, ...]:
+    """The plan's programs: the GEMM, and the reduction (which applies the epilogue) with a split K."""
+    return ("gemm", "reduce") if getattr(p.config, "split_k", 1) > 1 else ("gemm",)
 
 
 def kernels(ctx) -> list[KernelDecl]:
     markers = tuple(tourkit.TENSOR_CORE_MARKERS[tourkit.ARCH_SPECS[ctx.arch].family])
-    return [KernelDecl(kernel_name(c, act, M), (lambda c=c, b=build, a=act, m=M: b(m, m, m, c, bias=True, activation=a)),
-                       pass_configs=epilogue_pass_configs(act), threads=c.threads, nvcc=nvcc, markers=markers,
-                       smem_limit=c.smem_bytes()) for c, build, act, M, nvcc in planned(ctx)]
+    return [KernelDecl(kernel_name(p, act, part), (lambda p=p, a=act, part=part: p.programs(True, a)[part]),
+                       pass_configs=epilogue_pass_configs(act), threads=p.config.threads, nvcc=nvcc,
+                       markers=p.markers(markers) if part == "gemm" else (), smem_limit=p.config.smem_bytes())
+            for p, act, _, nvcc in planned(ctx) for part in parts(p)]
+
+
+def launcher(built: dict, p: GemmPlan, activation: str) -> GemmLauncher:
+    return GemmLauncher(p, {part: built[kernel_name(p, activation, part)] for part in parts(p)})
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -1835,15 +1890,15 @@ def kernels(ctx) -> list[KernelDecl]:
 
 
 def check(ctx, built: dict) -> None:
-    """Every fused kernel against the float32 reference on fresh random inputs, eager's fp16 error beside."""
+    """Every fused kernel against the float32 reference on fresh random inputs, eager's error beside."""
     checks = []
-    for config, _, activation, M, _ in planned(ctx):
-        kernel = built[kernel_name(config, activation, M)]
-        a, b, bias, c = fused_inputs(M, M, M, seed=3)
+    for p, activation, _, _ in planned(ctx):
+        run = launcher(built, p, activation)
+        a, b, bias, c = fused_inputs(p.M, p.N, p.K, seed=3, dtype=p.dtype)
         ref = reference(a, b, bias, activation)
-        result = tourkit.validate(kernel_name(config, activation, M), lambda: kernel(a, b, bias, c), c, ref, TOLERANCE)
+        result = tourkit.validate(kernel_name(p, activation), lambda: run(a, b, bias, c), c, ref, TOLERANCE)
         eager_err = tourkit.relative_error(eager(a, b, bias, activation), ref)
-        ctx.log(f"{result.line()}   (eager fp16: {tourkit.format_error(eager_err)})")
+        ctx.log(f"{result.line()}   (eager: {tourkit.format_error(eager_err)})")
         checks.append(result)
     tourkit.require(checks)
 
@@ -1873,11 +1928,12 @@ def torch_compiled(ctx, a, b, bias):
 
 def benchmark(ctx, built: dict) -> None:
     """The fused kernels (exact GELU), eager PyTorch and torch.compile, timed in turns in one call."""
-    M = N = K = problem_size(ctx)
-    a, b, bias, c = fused_inputs(M, N, K)
-    fused = [(config, built[kernel_name(config, "gelu", m)]) for config, _, act, m, _ in planned(ctx)
-             if act == "gelu" and m == M]
-    contenders = {config.label(): (lambda k: lambda: k(a, b, bias, c))(kernel) for config, kernel in fused}
+    M, N, K = problem(ctx)
+    a, b, bias, c = fused_inputs(M, N, K, dtype=ctx.dtype)
+    fused = [(p, launcher(built, p, act)) for p, act, timed, _ in planned(ctx) if timed]
+    if ctx.shape is not None:
+        ctx.log(f"the fused kernel's schedule, by the GEMM rule: {fused[0][0].config.label()}:\n  {fused[0][0].describe()}")
+    contenders = {p.config.label(): (lambda k: lambda: k(a, b, bias, c))(kernel) for p, kernel in fused}
     contenders["eager PyTorch (3 kernels)"] = lambda: eager(a, b, bias)
     mode, compiled = torch_compiled(ctx, a, b, bias)
     compiled_name = f"torch.compile ({mode})"
@@ -1889,22 +1945,23 @@ def benchmark(ctx, built: dict) -> None:
     flops, eager_ms, compile_ms = gemm_flops(M, N, K), ms["eager PyTorch (3 kernels)"], ms.get(compiled_name)
     rows = []
     for name, t in ms.items():
-        config = next((cfg for cfg, _ in fused if cfg.label() == name), None)
+        config = next((p.config for p, _ in fused if p.config.label() == name), None)
         what = f"{config.columns()['kernel']} {config.columns()['tile']}" if config else name
         rows.append([what, f"{t:.3f}", f"{tourkit.tflops(flops, t):.0f}", f"{tourkit.speedup(eager_ms, t):.3f}x",
                      f"{tourkit.speedup(compile_ms, t):.3f}x" if compile_ms else "-"])
-    ctx.log(f"\ngelu(A @ B + bias), {M}x{N}x{K} fp16 (timed in turns after {tourkit.SETTLE_MS / 1e3:.1f} s of "
+    ctx.log(f"\ngelu(A @ B + bias), {M}x{N}x{K} {ctx.dtype} (timed in turns after {tourkit.SETTLE_MS / 1e3:.1f} s of "
             f"untimed load: {rounds} rounds, forward and backward)")
     ctx.table(["implementation", "ms", "TFLOP/s", "vs eager", f"vs torch.compile ({mode})"], rows)
     saved = saved_traffic_bytes(M, N)
-    ctx.log(f"intermediate global-memory traffic saved by fusing: {tourkit.format_bytes(saved)} (two {M}x{N} fp16 "
+    ctx.log(f"intermediate global-memory traffic saved by fusing: {tourkit.format_bytes(saved)} (two {M}x{N} "
             f"tensors, each written once and read once)")
-    for who, (config, _) in zip(("lesson", "appendix"), fused):
-        ctx.headline(**{f"{who}_vs_eager": round(tourkit.speedup(eager_ms, ms[config.label()]), 3)})
+    for who, (p, _) in zip(("lesson", "appendix"), fused):
+        ctx.headline(**{f"{who}_vs_eager": round(tourkit.speedup(eager_ms, ms[p.config.label()]), 3)})
         if compile_ms:
-            ctx.headline(**{f"{who}_vs_compile": round(tourkit.speedup(compile_ms, ms[config.label()]), 3)})
-    ctx.metric(size=M, lesson=fused[0][0].label(), appendix=fused[1][0].label() if len(fused) > 1 else None,
-               saved_bytes=saved, ms={n: round(t, 4) for n, t in ms.items()})
+            ctx.headline(**{f"{who}_vs_compile": round(tourkit.speedup(compile_ms, ms[p.config.label()]), 3)})
+    ctx.metric(size=M if M == N == K else f"{M}x{N}x{K}", dtype=ctx.dtype, lesson=fused[0][0].config.label(),
+               appendix=fused[1][0].config.label() if len(fused) > 1 else None, saved_bytes=saved,
+               ms={n: round(t, 4) for n, t in ms.items()})
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -1914,17 +1971,20 @@ def benchmark(ctx, built: dict) -> None:
 
 def compile_only(ctx, decls) -> None:
     reports = tourkit.inspect_declared(ctx, decls)
-    for config, _, activation, M, _ in planned(ctx):
-        report = reports[kernel_name(config, activation, M)]
+    for p, activation, _, _ in planned(ctx):
+        report = reports[kernel_name(p, activation, parts(p)[-1])]  # the epilogue: the GEMM's, or the reduction's
         math_fn = "exp2f(" if activation == "gelu" else "tanh"  # exact GELU: the rational erfc's exponential
         if math_fn not in report.source:
             raise tourkit.ValidationError(f"{report.name}: expected {math_fn} in the epilogue of the generated CUDA")
-    excerpt = tourkit.source_excerpt(reports[decls[0].name].source, r"exp2f\(", context=2, limit=6)
+    first = planned(ctx)[0]
+    excerpt = tourkit.source_excerpt(reports[kernel_name(first[0], "gelu", parts(first[0])[-1])].source, r"exp2f\(",
+                                     context=2, limit=6)
     ctx.log("\nThe fused epilogue in the generated CUDA (on the accumulator registers, before the store):")
     ctx.log(tourkit.indent(excerpt, "  | "))
-    saved = saved_traffic_bytes(8192, 8192)
-    ctx.log(f"at 8192^3 fusing saves {tourkit.format_bytes(saved)} of intermediate global-memory traffic")
-    ctx.headline(arch=ctx.arch, kernels=len(decls), saved_bytes_8192=saved)
+    M, N, _ = problem(ctx) if ctx.shape is not None else (8192, 8192, 8192)
+    saved = saved_traffic_bytes(M, N)
+    ctx.log(f"at {M}x{N} fusing saves {tourkit.format_bytes(saved)} of intermediate global-memory traffic")
+    ctx.headline(arch=ctx.arch, kernels=len(decls), **{"saved_bytes" if ctx.shape else "saved_bytes_8192": saved})
 
 
 def run(ctx) -> None:
@@ -1932,6 +1992,8 @@ def run(ctx) -> None:
     if ctx.compile_only:
         compile_only(ctx, decls)
         return
+    M, N, K = problem(ctx)
+    tourkit.require_device_memory(ctx, 12 * (M * K + K * N + M * N), f"the {M}x{N}x{K} fused GEMM with its references")
     built = tourkit.build_declared(decls, log=ctx.log)
     check(ctx, built)
     benchmark(ctx, built)
@@ -2020,11 +2082,14 @@ the big 128x256 tile; skinny and small ones, whose few big tiles would leave SMs
 split K.
 
 Problems whose rows are not 16-byte aligned (N or K not a multiple of 8 two-byte elements: TMA descriptors
-and cp.async need aligned rows) run on zero-padded copies of A and B (`GemmLauncher`); the zeros add nothing
-to the sums, and C comes back out of a padded buffer. The copies are part of what is timed.
+and 16-byte cp.async need aligned rows) run on zero-padded copies of A and B (`GemmLauncher`); the zeros add
+nothing to the sums, and C comes back out of a padded buffer. The copies are part of what is timed. Where the
+copies would cost more than the GEMM (small problems: each copy is a launch) the kernel takes the rows as
+they are instead: T.copy then loads them with narrower, masked copies (`plan_problem`).
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
+import itertools
 from dataclasses import dataclass, replace
 
 import tilelang.language as T
@@ -2072,8 +2137,9 @@ class GemmConfig:
 
     def label(self) -> str:
         c = self.columns()
-        return f"{c['kernel']} {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}" + (
-            f", {c['policy']}" if c["policy"] != "Square" else "")
+        policy = self.policy + ("" if self.staged_store else ", direct store")
+        return (f"{c['kernel']} {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}"
+                + (f", {policy}" if policy != "Square" else "") + (f", K split {self.split_k}" if self.split_k > 1 else ""))
 
 
 def fits(config, smem_budget: int) -> bool:
@@ -2127,9 +2193,9 @@ def wave_traffic(M: int, N: int, K: int, config, wave: int = 132, dtype_bytes: i
 # The candidate tiles per family, biggest first (ties in the estimate go to the earlier). Small tiles take
 # more stages: they are there for problems that stream their operands, where bytes in flight decide.
 CANDIDATES = {
-    "hopper": [GemmConfig(128, 256, 64, 4, 256, True), GemmConfig(128, 128, 64, 4, 256, True),
-               GemmConfig(64, 256, 64, 4, 128, True), GemmConfig(64, 128, 64, 6, 128, True),
-               GemmConfig(64, 64, 64, 8, 128, True)],
+    "hopper": [GemmConfig(128, 256, 64, 4, 256, True), GemmConfig(128, 192, 64, 4, 256, True, policy="FullRow"),
+               GemmConfig(128, 128, 64, 4, 256, True), GemmConfig(64, 256, 64, 4, 128, True),
+               GemmConfig(64, 128, 64, 6, 128, True), GemmConfig(64, 64, 64, 8, 128, True)],
     "ampere": [GemmConfig(128, 256, 32, 3, 256, True), GemmConfig(128, 128, 32, 4, 256, True),
                GemmConfig(64, 128, 32, 4, 128, True), GemmConfig(64, 64, 32, 6, 128, True)],
     "turing": [GemmConfig(128, 128, 32, 2, 128, True), GemmConfig(64, 128, 32, 2, 128, True),
@@ -2141,24 +2207,30 @@ SPLITS = (1, 2, 3, 4, 6, 8)  # K splits tried where a problem's tiles leave SMs 
 
 @dataclass(frozen=True)
 class Machine:
-    """What the cost model knows of a GPU family, per SM: dense fp16 tensor-core FLOP/s a big tile sustains,
-    bytes/s one SM's loads can take; and the whole GPU's memory bandwidth."""
+    """What the cost model knows of a GPU family, per SM: dense tensor-core FLOP/s the biggest tile sustains,
+    bytes/s one SM's loads can take; the whole GPU's memory bandwidth; fixed costs."""
 
     flops_per_sm: float
     load_per_sm: float
     memory: float
-    block_overhead: float = 2e-6  # a block's prologue (first loads in flight) and epilogue (the store)
+    block_overhead: float = 3e-6  # a block's prologue (the first loads in flight) and epilogue (the store)
     launch: float = 4e-6  # one kernel launch, as the timing sees it
 
 
-MACHINES = {"hopper": Machine(6.0e12, 95e9, 4.0e12), "ampere": Machine(2.4e12, 60e9, 1.6e12),
-            "ada": Machine(1.3e12, 50e9, 0.8e12), "turing": Machine(0.5e12, 40e9, 0.5e12)}
-MEMORY_LATENCY = 1.2e-6  # a load's round trip under load: bytes in flight / latency bounds a block's stream
+# Fitted to timings of the candidates on an H200 (bench/gemm_shapes_probe.py); the other families scaled by
+# their tensor-core rate and bandwidth. Only the ranking of candidates matters to the rule.
+MACHINES = {"hopper": Machine(5.4e12, 100e9, 3.2e12), "ampere": Machine(2.3e12, 60e9, 1.5e12),
+            "ada": Machine(1.2e12, 50e9, 0.8e12), "turing": Machine(0.5e12, 40e9, 0.5e12)}
+MEMORY_LATENCY = 1.6e-6  # a load's round trip under load: bytes in flight / latency bounds a block's stream
+# A tile's tensor-core rate per FLOP against the 128x256 tile's, compute-bound (8192^3 on an H200): smaller
+# tiles issue shorter MMAs and read more operand bytes per FLOP from shared memory. 128x192 (FullRow: one
+# m64n192 MMA per warpgroup) is set between its neighbours.
+TILE_EFFICIENCY = {(128, 256): 1.0, (128, 192): 0.92, (128, 128): 0.85, (64, 256): 0.82, (64, 128): 0.62,
+                   (64, 64): 0.45}
 
 
 def tile_efficiency(config: GemmConfig) -> float:
-    """The share of a big tile's tensor-core rate a smaller one keeps (fewer, shorter MMAs per operand byte)."""
-    return {128: 1.0, 64: 0.8}.get(config.block_M, 1.0) * (1.0 if config.block_N >= 128 else 0.8)
+    return TILE_EFFICIENCY.get((config.block_M, config.block_N), 0.5)
 
 
 def k_steps(K: int, config: GemmConfig) -> int:
@@ -2185,7 +2257,7 @@ def estimate_seconds(M: int, N: int, K: int, config: GemmConfig, family: str, sm
     stream = min(machine.load_per_sm, together * in_flight / MEMORY_LATENCY)
     math_s = 2 * config.block_M * config.block_N * depth / (machine.flops_per_sm * tile_efficiency(config))
     load_s = depth * (config.block_M + config.block_N) * 2 / stream
-    wave_s = max(together * math_s, together * load_s) + machine.block_overhead
+    wave_s = together * max(math_s, load_s) + machine.block_overhead
     memory_s = (M * K + K * N + M * N) * 2 / machine.memory
     total = max(waves * wave_s, memory_s) + machine.launch
     if config.split_k > 1:
@@ -2194,12 +2266,14 @@ def estimate_seconds(M: int, N: int, K: int, config: GemmConfig, family: str, sm
 
 
 def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int) -> list[GemmConfig]:
-    """Every candidate tile that fits, each with every split of K that leaves a split at least 4 steps deep
-    and does not make more blocks than two waves."""
+    """Every candidate tile that fits (with fewer stages if it must; 64 rows tall at most when M is), each with
+    every split of K that leaves a split at least 4 steps deep and does not make more blocks than two waves."""
     out = []
     for base in CANDIDATES[family]:
-        if not fits(base, smem_budget):
-            continue
+        while not fits(base, smem_budget) and base.num_stages > 2:  # a smaller GPU of the family: fewer stages
+            base = replace(base, num_stages=base.num_stages - 1)
+        if not fits(base, smem_budget) or (M <= 64 < base.block_M and any(c.block_M <= 64 for c in CANDIDATES[family])):
+            continue  # a tile twice as tall as the whole problem would only multiply zeros
         tiles = -(-M // base.block_M) * -(-N // base.block_N)
         steps = -(-K // base.block_K)
         for split in SPLITS:
@@ -2221,6 +2295,16 @@ def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_bud
     return pick, explain(M, N, K, pick, times[order[0]], options, times, sm_count, smem_budget)
 
 
+def neighbours(plan, family: str, sm_count: int, smem_budget: int) -> list[GemmConfig]:
+    """What a plan's pick is timed beside: the best estimate with another tile, and the lesson's default."""
+    M, N, K = plan.kernel_shape
+    others = [c for c in candidate_schedules(M, N, K, family, sm_count, smem_budget)
+              if (c.block_M, c.block_N) != (plan.config.block_M, plan.config.block_N)]
+    runner_up = min(others, key=lambda c: estimate_seconds(M, N, K, c, family, sm_count, smem_budget), default=None)
+    configs = [c for c in (runner_up, lesson_schedules(family)[0]) if c is not None and fits(c, smem_budget)]
+    return [c for i, c in enumerate(configs) if c != plan.config and c not in configs[:i]]
+
+
 def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget) -> str:
     """One or two lines: the blocks the pick makes against the SMs; what the biggest tile (or, when the pick
     is the biggest, the next best candidate) would make and take."""
@@ -2231,14 +2315,67 @@ def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget) -> str
         return f"{c.block_M}x{c.block_N} tiles{split}: {blocks} blocks on {sm_count} SMs ({waves:.2f} waves)"
 
     biggest = options[0]
-    other = min((i for i, c in enumerate(options) if c != pick), key=lambda i: times[i], default=None)
-    if pick != biggest:
-        other = 0
+    if pick == biggest:
+        other = min((i for i, c in enumerate(options) if c != pick), key=lambda i: times[i], default=None)
+        why = "the biggest tile reads the fewest bytes a FLOP"
+    else:
+        other, blocks = 0, -(-M // biggest.block_M) * -(-N // biggest.block_N)
+        waves = blocks / sm_count
+        why = ("as few blocks: at this size the launch and latency count, and a smaller tile wastes less"
+               if blocks * biggest.split_k == -(-M // pick.block_M) * -(-N // pick.block_N) * pick.split_k else
+               "too few blocks for the SMs" if blocks < sm_count else
+               f"its last wave would run {100 * (1 - waves % 1):.0f}% empty" if 0 < waves % 1 < 0.75 else
+               "it streams fewer bytes per SM" if M <= 64 else "it costs more per FLOP here")
     line = f"{said(pick)}, estimated {pick_s * 1e6:.0f} us"
     if other is None:
         return line
-    why = "leaving SMs idle or streaming less per SM" if pick != biggest else "the biggest tile reads the fewest bytes a FLOP"
     return f"{line}; {said(options[other])} would take {times[other] * 1e6:.0f} us ({why})"
+
+
+# ---- The autotune lesson's search space: a product of values per knob, filtered by shared memory ------
+
+TUNED_KEYS = ("block_M", "block_N", "block_K", "num_stages", "threads", "swizzle")
+SPACES: dict[str, dict[str, dict[str, list]]] = {
+    # Hopper: two consumer warpgroups (256 threads; TileLang adds a producer warpgroup), as one alone cannot hold
+    # a 128x256 fp32 accumulator in registers. 256x256 with 4 stages needs 256 KiB: the filter drops it.
+    "hopper": {"default": {"block_M": [128, 256], "block_N": [128, 256], "block_K": [64], "num_stages": [3, 4],
+                           "threads": [256], "swizzle": [True, False]},
+               "full": {"block_M": [64, 128, 256], "block_N": [128, 256], "block_K": [32, 64],
+                        "num_stages": [2, 3, 4], "threads": [128, 256], "swizzle": [True, False]}},
+    "ampere": {"default": {"block_M": [128, 256], "block_N": [128, 256], "block_K": [32], "num_stages": [3, 4],
+                           "threads": [256], "swizzle": [True, False]},
+               "full": {"block_M": [64, 128, 256], "block_N": [64, 128, 256], "block_K": [32, 64],
+                        "num_stages": [2, 3, 4], "threads": [128, 256], "swizzle": [True, False]}},
+    "turing": {"default": {"block_M": [64, 128], "block_N": [64, 128], "block_K": [32], "num_stages": [2],
+                           "threads": [128, 256], "swizzle": [True, False]},
+               "full": {"block_M": [64, 128, 256], "block_N": [64, 128, 256], "block_K": [32, 64],
+                        "num_stages": [1, 2, 3], "threads": [128, 256], "swizzle": [True, False]}},
+}
+SPACES["ada"] = SPACES["ampere"]
+
+
+def search_space(family: str, full: bool = False) -> list[dict]:
+    """Every combination of the family's values: the config dicts tilelang.autotune takes."""
+    if family not in SPACES:
+        raise ValueError(f"no autotune space for architecture family {family!r}")
+    axes = SPACES[family]["full" if full else "default"]
+    return [dict(zip(TUNED_KEYS, values)) for values in itertools.product(*(axes[k] for k in TUNED_KEYS))]
+
+
+def to_gemm_config(config: dict) -> GemmConfig:
+    return GemmConfig(*(config[k] for k in TUNED_KEYS))
+
+
+def filter_space(configs: list[dict], smem_budget: int) -> tuple[list[dict], list[tuple[dict, int]]]:
+    """Split the space into what fits one block's shared memory and what does not (with the bytes it needs)."""
+    kept = [c for c in configs if fits(to_gemm_config(c), smem_budget)]
+    return kept, [(c, to_gemm_config(c).smem_bytes()) for c in configs if c not in kept]
+
+
+def describe(c: dict) -> str:
+    """A schedule in words: '128x256x64 tile, 3 stages, 256 threads, swizzled'."""
+    return (f"{c['block_M']}x{c['block_N']}x{c['block_K']} tile, {c['num_stages']} stages, {c['threads']} threads, "
+            f"{'swizzled' if c['swizzle'] else 'not swizzled'}")
 
 
 # ---- The problem, padded where its rows are not 16-byte aligned ----------------------------------------
@@ -2248,8 +2385,10 @@ def aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def check_problem(M: int, N: int, K: int, activation, dtype: str) -> None:
-    """Sizes any of the GEMM kernels can take (tails in M, N and K are fine; rows must be 16-byte aligned)."""
+def check_problem(M: int, N: int, K: int, activation, dtype: str, aligned_rows: bool = True) -> None:
+    """Sizes any of the GEMM kernels can take (tails in M, N and K are fine). aligned_rows: rows must be
+    16-byte aligned (the appendix's TMA kernels); the lesson's kernel takes any (T.copy then loads with
+    narrower, masked copies instead of TMA)."""
     for name, value in (("M", M), ("N", N), ("K", K)):
         if not isinstance(value, int) or value <= 0:
             raise ValueError(f"GEMM size {name}={value!r} must be a positive integer")
@@ -2259,7 +2398,7 @@ def check_problem(M: int, N: int, K: int, activation, dtype: str) -> None:
         raise ValueError(f"GEMM dtype {dtype!r} is not one of {DTYPES}")
     # Rows of A (K elements) and of B and C (N elements) must start 16-byte aligned: TMA descriptors and
     # vectorized copies need it. GemmLauncher pads other problems.
-    if K % ALIGN or N % ALIGN:
+    if aligned_rows and (K % ALIGN or N % ALIGN):
         raise ValueError(f"GEMM with N={N}, K={K}: rows must be multiples of 16 bytes (N and K multiples of "
                          f"{ALIGN}); pad the operands (GemmLauncher does)")
 
@@ -2348,14 +2487,22 @@ class GemmPlan:
     config: GemmConfig
     dtype: str = "float16"
     reason: str = ""
+    pad: bool = True  # unaligned rows: run on zero-padded copies (False: the kernel loads them masked)
 
     @property
     def padded(self) -> bool:
-        return (self.N, self.K) != (aligned(self.N), aligned(self.K))
+        return self.pad and (self.N, self.K) != (aligned(self.N), aligned(self.K))
 
     @property
     def kernel_shape(self) -> tuple[int, int, int]:
-        return self.M, aligned(self.N), aligned(self.K)
+        return (self.M, aligned(self.N), aligned(self.K)) if self.pad else (self.M, self.N, self.K)
+
+    def markers(self, family_markers) -> tuple:
+        """What the GEMM's CUDA must contain: the family's markers; only its tensor-core instruction where the
+        rows are loaded masked (no TMA, no cp.async of whole 16-byte segments)."""
+        _, N, K = self.kernel_shape
+        masked = N % ALIGN or K % ALIGN
+        return tuple(m for m in family_markers if not masked or m in ("wgmma", "mma_sync"))
 
     def programs(self, bias: bool = False, activation=None) -> dict:
         """{"gemm": prim_func} and, with a split K, {"reduce": prim_func}: what the launcher runs."""
@@ -2382,60 +2529,88 @@ class GemmPlan:
         return self.reason + pad
 
 
+def padding_seconds(M: int, N: int, K: int, family: str) -> float:
+    """What the zero-padded copies of an unaligned problem cost: A in (when K is unaligned), B in, C out (when
+    N is), each read and written once, and a launch each."""
+    machine = MACHINES[family]
+    Na, Ka = aligned(N), aligned(K)
+    copies = [M * K + M * Ka if Ka != K else 0, K * N + Ka * Na, M * Na + M * N if Na != N else 0]
+    return sum(2 * elements / machine.memory + machine.launch for elements in copies if elements)
+
+
 def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int,
                  dtype: str = "float16") -> GemmPlan:
-    """The rule's schedule for a problem, at its aligned sizes."""
+    """The rule's schedule for a problem, at its aligned sizes. Unaligned rows: zero-padded copies, unless the
+    copies would cost more than the GEMM itself (small problems, where each copy's launch counts): then the
+    kernel loads the rows as they are, with narrower masked copies (no TMA, no 16-byte cp.async), which we
+    take to make it up to twice as slow."""
     config, reason = choose_schedule(M, aligned(N), aligned(K), family, sm_count, smem_budget)
-    return GemmPlan(M, N, K, config, dtype, reason)
+    plan = GemmPlan(M, N, K, config, dtype, reason)
+    if not plan.padded:
+        return plan
+    gemm_s = estimate_seconds(M, aligned(N), aligned(K), config, family, sm_count, smem_budget)
+    copies_s = padding_seconds(M, N, K, family)
+    if copies_s <= gemm_s or (M == 1 and K % 2):  # one row of odd length: TileLang picks a 2-byte cp.async
+        return plan
+    return replace(plan, pad=False, reason=f"{reason}; rows of N={N} or K={K} elements are not 16-byte aligned: "
+                   f"loaded as they are, masked (zero-padded copies would take {copies_s * 1e6:.0f} us)")
 
 
 class GemmLauncher:
     """Runs a plan's kernels as one call, launcher(a, b, c) or launcher(a, b, bias, c): copies A and B into
     zero-padded buffers where the problem is not aligned (and C out of one), and with a split K runs the GEMM
-    into fp32 partials and the reduction into C. Buffers are allocated at the first call and kept."""
+    into fp32 partials and the reduction into C. Buffers (and their views) are made at the first call and
+    kept: their padding stays zero, and a call spends no time on Python it can skip."""
 
-    def __init__(self, plan: GemmPlan, kernels: dict):
-        self.plan, self.kernels, self.buffers = plan, kernels, None
+    def __init__(self, plan: GemmPlan, kernels: dict, returns_c: bool = False):
+        # returns_c: kernels["gemm"](a, b) returns C (compiled with out_idx=[-1], as tilelang.autotune does)
+        self.plan, self.kernels, self.buffers, self.returns_c = plan, kernels, None, returns_c
 
     def _buffers(self, a):
         import torch
 
-        M, N, K = self.plan.kernel_shape
-        zeros = dict(dtype=a.dtype, device=a.device)
-        return {"a": torch.zeros((M, K), **zeros) if K != self.plan.K else None,
-                "b": torch.zeros((K, N), **zeros) if self.plan.padded else None,
-                "bias": torch.zeros((N,), **zeros) if N != self.plan.N else None,
-                "c": torch.empty((M, N), **zeros) if N != self.plan.N else None,
-                "w": (torch.empty((self.plan.config.split_k, M, N), dtype=torch.float32, device=a.device)
-                      if getattr(self.plan.config, "split_k", 1) > 1 else None)}
+        (M, N, K), (n, k) = self.plan.kernel_shape, (self.plan.N, self.plan.K)
+        new = dict(dtype=a.dtype, device=a.device)
+        padded = {"a": torch.zeros((M, K), **new) if K != k else None,
+                  "b": torch.zeros((K, N), **new) if self.plan.padded else None,
+                  "bias": torch.zeros((N,), **new) if N != n else None,
+                  "c": torch.empty((M, N), **new) if N != n else None}
+        views = {"a": (lambda t: t[:, :k]), "b": (lambda t: t[:k, :n]), "bias": (lambda t: t[:n]),
+                 "c": (lambda t: t[:, :n])}
+        splits = getattr(self.plan.config, "split_k", 1)
+        return {"padded": padded, "views": {key: views[key](t) for key, t in padded.items() if t is not None},
+                "w": torch.empty((splits, M, N), dtype=torch.float32, device=a.device) if splits > 1 else None}
 
     def __call__(self, a, b, *rest):
         bias, c = rest if len(rest) == 2 else (None, rest[0])
-        buf = self.buffers = self.buffers or self._buffers(a)
-        K, N = self.plan.K, self.plan.N
-        if buf["a"] is not None:
-            buf["a"][:, :K].copy_(a)
-            a = buf["a"]
-        if buf["b"] is not None:
-            buf["b"][:K, :N].copy_(b)
-            b = buf["b"]
-        if bias is not None and buf["bias"] is not None:
-            buf["bias"][:N].copy_(bias)
-            bias = buf["bias"]
-        out = c if buf["c"] is None else buf["c"]
-        epilogue_args = () if bias is None else (bias,)
-        if buf["w"] is not None:
-            self.kernels["gemm"](a, b, buf["w"])
-            self.kernels["reduce"](buf["w"], *epilogue_args, out)
+        if self.buffers is None:
+            self.buffers = self._buffers(a)
+        padded, views, w = self.buffers["padded"], self.buffers["views"], self.buffers["w"]
+        if "a" in views:
+            views["a"].copy_(a)
+            a = padded["a"]
+        if "b" in views:
+            views["b"].copy_(b)
+            b = padded["b"]
+        if bias is not None and "bias" in views:
+            views["bias"].copy_(bias)
+            bias = padded["bias"]
+        out = padded["c"] if "c" in views else c
+        epilogue = () if bias is None else (bias,)
+        if self.returns_c:
+            out = self.kernels["gemm"](a, b)
+        elif w is not None:
+            self.kernels["gemm"](a, b, w)
+            self.kernels["reduce"](w, *epilogue, out)
         else:
-            self.kernels["gemm"](a, b, *epilogue_args, out)
-        if buf["c"] is not None:
-            c.copy_(out[:, :N])
+            self.kernels["gemm"](a, b, *epilogue, out)
+        if "c" in views or self.returns_c:
+            c.copy_(out[:, :self.plan.N])
         return c
 ''')
 
 _tour_file('sections/gemm_schedules.py', r'''
-"""gemm_schedules: a fast fp16 tensor-core GEMM in about forty lines of TileLang, timed against cuBLAS.
+"""gemm_schedules: a fast fp16/bf16 tensor-core GEMM in about forty lines of TileLang, timed against cuBLAS.
 
 You will learn:
 - how a block owns one tile of C, and walks K in steps whose A and B tiles are copied to shared memory
@@ -2444,7 +2619,15 @@ You will learn:
 - how the schedule (tile size, pipeline stages, threads, block order) decides the speed, in a small table;
 - what TileLang makes of it: cp.async + ldmatrix + mma.sync on Ampere/Ada; TMA + mbarriers + wgmma with a
   producer warpgroup on Hopper (sm_90a), where the appendix's hand-written kernel (sections/hopper/gemm_ws.py)
-  is timed beside it: what the compiler's pipeline gives, and what warp specialization by hand adds.
+  is timed beside it: what the compiler's pipeline gives, and what warp specialization by hand adds;
+- how to choose a schedule for any problem (`--shape MxNxK`, `--dtype bfloat16`; sections/gemm_plans.py):
+  count the tiles against the SMs. 2000x3000x4000 in 128x256 tiles is 192 blocks, 1.45 waves of 132: the
+  second wave runs half empty; 128x192 tiles make 256 blocks, 1.94 waves. A skinny problem (64x8192x8192)
+  has too few tall tiles to fill the SMs: 64-row tiles, and where even those are few, a split K (block z
+  sums its run of K into fp32 partials, `splitk_reduce_program` adds them). `choose_schedule` estimates
+  each candidate (waves x a block's math or loads, against streaming the operands once) and says why;
+- that T.copy takes rows of any length: unaligned ones (N or K not a multiple of 8) load with narrower,
+  masked copies instead of TMA, which small problems prefer to three padding copies (`plan_problem`).
 
 The algorithm, one thread block per C tile:
 
@@ -2473,8 +2656,8 @@ import tilelang.language as T
 import tourkit
 from sections.gemm_epilogue import epilogue_pass_configs
 from sections.gemm_plans import (PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher, check_problem,  # noqa: F401
-                                 GemmPlan, candidate_schedules, consumer_registers, epilogue_macro, estimate_seconds,
-                                 fits, gemm_flops, gemm_prim_func, lesson_schedules, plan_problem, wave_traffic)
+                                 GemmPlan, consumer_registers, epilogue_macro, fits, gemm_flops, gemm_prim_func,
+                                 lesson_schedules, neighbours, plan_problem, wave_traffic)
 from tourkit import KernelDecl, Section, SectionSkip
 
 # ---- The schedule: a GemmConfig (sections/gemm_plans.py), chosen per problem by choose_schedule ----------
@@ -2484,7 +2667,7 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
     """C = activation(A @ B + Bias) over A[M, K], B[K, N], (Bias[N],) C[M, N]: T.Pipelined + T.gemm.
     With config.split_k > 1, block z of the grid takes the z-th run of K steps and C is W[split_k, M, N],
     fp32 partials that gemm_plans.splitk_reduce_program adds up (and applies the epilogue to)."""
-    check_problem(M, N, K, activation, dtype)
+    check_problem(M, N, K, activation, dtype, aligned_rows=False)
     if config.policy not in WARP_POLICIES:
         raise ValueError(f"warp policy {config.policy!r} is not one of {WARP_POLICIES}")
     bM, bN, bK, splits = config.block_M, config.block_N, config.block_K, config.split_k
@@ -2494,33 +2677,47 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
     epilogue = epilogue_macro(bM, bN, bias, activation)  # bias and GELU on the accumulator (the fusion lesson)
 
     @T.macro
+    def tile(A, B, Bias, C, A_shared, B_shared, C_local, Bias_shared, C_shared, bx, by, bz):
+        """One block_M x block_N tile of C (rows by, columns bx), over the bz-th run of K steps."""
+        if bias:
+            T.copy(Bias[bx * bN], Bias_shared)
+        T.clear(C_local)
+        # num_stages buffers of A and B: the copies for step k + num_stages - 1 fly while step k computes.
+        for k in T.Pipelined(steps, num_stages=config.num_stages):
+            T.copy(A[by * bM, (bz * steps + k) * bK], A_shared)
+            T.copy(B[(bz * steps + k) * bK, bx * bN], B_shared)
+            T.gemm(A_shared, B_shared, C_local, policy=policy)
+
+        epilogue(C_local, Bias_shared)
+        out = C[by * bM, bx * bN] if splits == 1 else C[bz, by * bM, bx * bN]
+        if config.staged_store:  # registers -> shared -> global: coalesced stores (TMA on Hopper)
+            T.copy(C_local, C_shared)
+            T.copy(C_shared, out)
+        else:
+            T.copy(C_local, out)
+
+    @T.macro
+    def buffers():
+        A_shared = T.alloc_shared((bM, bK), dtype)
+        B_shared = T.alloc_shared((bK, bN), dtype)
+        C_local = T.alloc_fragment((bM, bN), accum_dtype)  # the accumulator: registers, never global
+        Bias_shared = T.alloc_shared((bN,), dtype) if bias else None
+        C_shared = T.alloc_shared((bM, bN), out_dtype) if config.staged_store else None
+        return A_shared, B_shared, C_local, Bias_shared, C_shared
+
+    @T.macro
+    def registers():
+        if config.threads > 256:  # Hopper: say how the 64K registers split (TileLang warns otherwise)
+            T.annotate_producer_reg_dealloc(PRODUCER_REGISTERS)
+            T.annotate_consumer_reg_alloc(consumer_registers(config.threads))
+
+    @T.macro
     def body(A, B, Bias, C):
         with T.Kernel(T.ceildiv(N, bN), T.ceildiv(M, bM), splits, threads=config.threads) as (bx, by, bz):
-            A_shared = T.alloc_shared((bM, bK), dtype)
-            B_shared = T.alloc_shared((bK, bN), dtype)
-            C_local = T.alloc_fragment((bM, bN), accum_dtype)  # the accumulator: registers, never global
-            Bias_shared = T.alloc_shared((bN,), dtype) if bias else None
-            C_shared = T.alloc_shared((bM, bN), out_dtype) if config.staged_store else None
-            if config.threads > 256:  # Hopper: say how the 64K registers split (TileLang warns otherwise)
-                T.annotate_producer_reg_dealloc(PRODUCER_REGISTERS)
-                T.annotate_consumer_reg_alloc(consumer_registers(config.threads))
+            A_shared, B_shared, C_local, Bias_shared, C_shared = buffers()
+            registers()
             T.use_swizzle(panel_size=config.panel, enable=config.swizzle)
-            if bias:
-                T.copy(Bias[bx * bN], Bias_shared)
-            T.clear(C_local)
-            # num_stages buffers of A and B: the copies for step k + num_stages - 1 fly while step k computes.
-            for k in T.Pipelined(steps, num_stages=config.num_stages):
-                T.copy(A[by * bM, (bz * steps + k) * bK], A_shared)
-                T.copy(B[(bz * steps + k) * bK, bx * bN], B_shared)
-                T.gemm(A_shared, B_shared, C_local, policy=policy)
-
-            epilogue(C_local, Bias_shared)
-            out = C[by * bM, bx * bN] if splits == 1 else C[bz, by * bM, bx * bN]
-            if config.staged_store:  # registers -> shared -> global: coalesced stores (TMA on Hopper)
-                T.copy(C_local, C_shared)
-                T.copy(C_shared, out)
-            else:
-                T.copy(C_local, out)
+            tile(A, B, Bias, C, A_shared, B_shared, C_local, Bias_shared, C_shared, bx, by, bz)
 
     c_shape = (M, N) if splits == 1 else (splits, M, N)
     return gemm_prim_func(M, N, K, body, bias, dtype, c_shape, out_dtype)
@@ -2591,14 +2788,8 @@ def plan(ctx):
     if ctx.shape is not None:
         M, N, K = ctx.shape
         pick = rule(ctx, M, N, K)
-        family = tourkit.ARCH_SPECS[ctx.arch].family
-        others = [c for c in candidate_schedules(M, pick.kernel_shape[1], pick.kernel_shape[2], family,
-                                                 sm_count(ctx), ctx.smem_budget) if c.block_N != pick.config.block_N
-                  or c.block_M != pick.config.block_M]
-        runner_up = min(others, key=lambda c: estimate_seconds(M, pick.kernel_shape[1], pick.kernel_shape[2], c,
-                        family, sm_count(ctx), ctx.smem_budget), default=None)
-        rows = [pick] + [replace(pick, config=c, reason="") for c in (runner_up, lesson_schedules(family)[0])
-                         if c is not None and c != pick.config and fits(c, ctx.smem_budget)]
+        others = neighbours(pick, tourkit.ARCH_SPECS[ctx.arch].family, sm_count(ctx), ctx.smem_budget)
+        rows = [pick] + [replace(pick, config=c, reason="") for c in others]
         return list(dict.fromkeys(rows)), appendix_plan(ctx, M, N, K), []
     size = 2048 if ctx.quick or ctx.compile_only else 8192
     configs = [c for c in lesson_schedules(tourkit.ARCH_SPECS[ctx.arch].family) if fits(c, ctx.smem_budget)]
@@ -2609,7 +2800,8 @@ def plan(ctx):
 
 
 def kernel_name(p: GemmPlan, part: str = "gemm") -> str:
-    return f"{p.config.label()} @{p.M}x{p.N}x{p.K} {p.dtype}" + ("" if part == "gemm" else f" ({part})")
+    dtype = "" if p.dtype == "float16" else f" {p.dtype}"
+    return f"{p.config.label()} @{p.M}x{p.N}x{p.K}{dtype}" + ("" if part == "gemm" else f" ({part})")
 
 
 def kernels(ctx) -> list[KernelDecl]:
@@ -2620,7 +2812,7 @@ def kernels(ctx) -> list[KernelDecl]:
     jobs = [(p, i == 0) for i, p in enumerate(rows)] + [(p, i == 0) for i, p in enumerate(odd)]
     jobs += [(ws, True)] if ws else []
     return [KernelDecl(kernel_name(p, part), (lambda p=p, part=part: p.programs()[part]), nvcc=nvcc,
-                       markers=markers if part == "gemm" else (), smem_limit=p.config.smem_bytes(),
+                       markers=p.markers(markers) if part == "gemm" else (), smem_limit=p.config.smem_bytes(),
                        threads=getattr(p.config, "block_threads", p.config.threads) if part == "gemm" else 128)
             for p, nvcc in dict.fromkeys(jobs) for part in (("gemm", "reduce") if split(p) else ("gemm",))]
 
@@ -2717,7 +2909,7 @@ def run(ctx) -> None:
     best = rows[0] if ctx.shape is not None else min(rows, key=lambda p: ms[kernel_name(p)])
     ctx.log(f"\nC[{M}x{N}] = A @ B, {ctx.dtype} in, fp32 accumulation, {ctx.dtype} out; timed in turns with cuBLAS "
             f"after {tourkit.SETTLE_MS / 1e3:.1f} s of untimed load ({rounds // 2} forward/backward pairs)"
-            + (f"; padding copies included" if rows[0].padded else ""))
+            + ("; padding copies included" if rows[0].padded else ""))
     mark = "<- the rule's pick" if ctx.shape is not None else "<- lesson's fastest"
     table = [table_row(p.config, ms[kernel_name(p)], cublas_ms, flops) + [tourkit.format_error(errors[kernel_name(p)]),
              mark if p == best else ("appendix" if p == ws else "")] for p in timed]
@@ -2742,7 +2934,8 @@ def run(ctx) -> None:
 SECTION = Section(
     name="gemm_schedules",
     title="GEMM schedules: tiles, pipelines and swizzles vs cuBLAS",
-    summary="A tiled fp16 tensor-core GEMM (T.Pipelined + T.gemm); its schedules vs torch.matmul.",
+    summary="A tiled fp16/bf16 tensor-core GEMM (T.Pipelined + T.gemm); its schedules, and the rule's pick for "
+            "any --shape, vs torch.matmul.",
     run=run,
     kernels=kernels,
 )
@@ -2790,13 +2983,15 @@ roles out by hand, which adds:
   pieces after the first publish their (O, m, l) and release a flag, and the first piece merges them:
   (O, m, l) from disjoint key ranges combine exactly, by rescaling to the larger maximum.
 
-The online softmax itself is the lesson's macro, unchanged.
+The online softmax itself is the lesson's macro, unchanged, and the problems are the lesson's: any length, fp16
+or bf16, grouped-query attention (the producer loads key/value head h // groups for query head h).
 """
 
 import math
 
 import tilelang.language as T
 
+from sections import attention_plans as plans
 from sections import flash_attention as lesson
 
 # split_tail: a tail tile is cut into pieces of at least this many key tiles (fewer would spend more on the
@@ -2805,15 +3000,23 @@ MIN_KEY_TILES_PER_PIECE = 2
 SPLIT_BARRIER = 10
 SM_COUNT_H100_H200 = 132  # the persistent grid's default when no GPU says otherwise (--compile-only)
 
-# Head dim 128 (the benchmarked problems), keyed by causal. 160-wide key tiles are the widest whose two K/V
-# stages fit next to two Q buffers; fast math turns exp2f into a bare ex2.approx. Full attention splits the
-# last wave along the keys; causal attention pairs its tiles (heaviest first when the count is odd).
+# Keyed by (causal, head dim). Head dim 128: 160-wide key tiles are the widest whose two K/V stages fit next to
+# two Q buffers. Head dim 64 (half the bytes per key): 176-wide tiles for full attention, 128-wide ones for causal
+# (a finer diagonal), as measured on an H200 against the other widths. Fast math turns exp2f into a bare
+# ex2.approx. Full attention splits the last wave along the keys; causal attention pairs its tiles (heaviest
+# first when the count is odd).
 HOPPER_CONFIGS = {
     (False, 128): dict(kind="ws", block_M=128, block_N=160, num_stages=2, threads=384, fast_math=True,
                        persistent=True, q_stages=2, stage_output=True, split_tail=True),
     (True, 128): dict(kind="ws", block_M=128, block_N=160, num_stages=2, threads=384, fast_math=True,
                       persistent=True, q_stages=2, stage_output=True, heavy_first=True),
+    (False, 64): dict(kind="ws", block_M=128, block_N=176, num_stages=2, threads=384, fast_math=True,
+                      persistent=True, q_stages=2, stage_output=True, split_tail=True),
+    (True, 64): dict(kind="ws", block_M=128, block_N=128, num_stages=2, threads=384, fast_math=True,
+                     persistent=True, q_stages=2, stage_output=True, heavy_first=True),
 }
+# The key-tile widths a problem may take instead of the table's (the widest, measured at 4K keys and more).
+KEY_WIDTHS = {(False, 128): (128, 144, 160), (True, 128): (128, 160), (False, 64): (128, 176), (True, 64): (128,)}
 
 
 class TailSplit:
@@ -2908,15 +3111,16 @@ def flash_attention_forward_ws(batch: int, heads: int, seq_len: int, dim: int, c
     semantics; the finisher spins on each contributor's flag (acquire), resets it, meets the consumers,
     fences and merges. Contributors never wait, and all blocks are resident at once (grid <= SMs): no cycle.
     """
-    shape, kv_shape, groups = lesson.shapes(batch, heads, seq_len, dim, kv_heads)
+    shape, kv_shape, groups = plans.shapes(batch, heads, seq_len, dim, kv_heads)
     scale = lesson.LOG2E / math.sqrt(dim)
     accum = "float32"
     # the lesson's online softmax, unchanged (its start and finish steps are replaced here)
     n_tiles, n_query_blocks, _, online_softmax, _ = lesson.kernel_steps(seq_len, dim, block_M, block_N, causal,
                                                                         seq_len % block_N != 0)
     # Causal work per query block grows with its index. A persistent block walks the tiles with a fixed
-    # stride, so causal tiles go in pairs of equal total work: query blocks p and n-1-p of one head.
-    paired = persistent and causal and n_query_blocks % 2 == 0
+    # stride, so causal tiles go in pairs of equal total work: query blocks p and n-1-p of one head. Not with
+    # two query blocks (a pair would be the whole head; TileLang 0.1.15 also fails to lower that case).
+    paired = persistent and causal and n_query_blocks % 2 == 0 and n_query_blocks > 2
     tiles_per_item = 2 if paired else 1
     n_work = n_query_blocks * heads * batch // tiles_per_item
     grid = min(sms, n_work) if persistent else n_work
@@ -3150,7 +3354,11 @@ def choose_config(problem, family: str, smem_budget: int, sm_count: int | None =
     cfg = HOPPER_CONFIGS.get((problem.causal, problem.dim)) if family == "hopper" else None
     if cfg is None or config_smem(problem.dim, cfg) > smem_budget:
         return None
-    return dict(cfg, sms=sm_count or SM_COUNT_H100_H200) if cfg.get("persistent") else dict(cfg)
+    # Narrower key tiles where the table's would waste much of the last one (512 keys: four 128-wide tiles,
+    # not four 160-wide ones); no extra iteration here. The widths fit wherever the table's do.
+    widths = KEY_WIDTHS[(problem.causal, problem.dim)]
+    cfg = dict(cfg, block_N=plans.key_tile_width(problem.seq_len, widths, 0))
+    return dict(cfg, sms=sm_count or SM_COUNT_H100_H200) if cfg.get("persistent") else cfg
 
 
 def build(problem, cfg: dict):
@@ -3477,12 +3685,27 @@ class WsConfig:
                 f"{c['policy']}{grid}")
 
 
-def appendix_schedule(M: int, N: int, K: int, sm_count: int) -> WsConfig:
-    """The kernel the lesson times beside its own: 128x256x64 tiles, a 3-stage ring next to the whole C tile
+# The appendix's tiles, 128 rows by block_N columns: (ring stages, C strips staged: the whole tile).
+APPENDIX_TILES = {256: (3, 4), 192: (4, 3), 128: (4, 2)}
+
+
+def appendix_schedule(M: int, N: int, K: int, sm_count: int, smem_budget: int = 232448) -> WsConfig:
+    """The kernel the lesson times beside its own: 128-row tiles with a ring of stages next to the whole C tile
     staged (the epilogue never waits for a store), persistent on as few of the `sm_count` blocks as take the
-    same number of tile rounds. It led the GEMM shape set (4096^3 to 16384^3, LLM-like shapes) of the
-    schedules tried; the rule does not depend on the shape."""
-    return WsConfig(128, 256, 64, 3, 256, True, persistent=sm_count, store_buffers=4, even_rounds=True)
+    same number of tile rounds. Its width (256, 192 or 128 columns) is the one the lesson's cost model
+    estimates fastest (gemm_plans.estimate_seconds: the tiles' rounds on the SMs): 128x256 on big problems,
+    where it led the shape set of the schedules tried; 128x192 where 128x256 tiles would leave a part-empty
+    last round (2000x3000x4000, 3000^3); 128x128 where wider tiles are too few for the SMs."""
+    from sections.gemm_plans import GemmConfig, estimate_seconds
+
+    def estimate(block_N: int) -> float:
+        config = GemmConfig(128, block_N, 64, APPENDIX_TILES[block_N][0], 256, True)
+        return estimate_seconds(M, N, K, config, "hopper", sm_count, smem_budget)
+
+    block_N = min(APPENDIX_TILES, key=estimate)  # ties: the widest
+    stages, strips = APPENDIX_TILES[block_N]
+    return WsConfig(128, block_N, 64, stages, 256, True, persistent=sm_count, store_buffers=strips,
+                    even_rounds=True)
 
 
 def check_ws(config: WsConfig) -> None:
@@ -3854,9 +4077,8 @@ A row too long to hold in registers is walked twice, in chunks (the online softm
     for each chunk c:  m' = max(m, max(c));  s = s·2^(m − m') + Σ 2^(c − m');  m = m'    # online rescale
     for each chunk c:  y[c] = 2^(c − m) / s
 
-Four kernels, each checked against torch.softmax before it is timed (choose_plan, in softmax_plans.py, picks
-one per shape and GPU by rules it prints): 1. rows_in_registers, 2. rows_staged_in_shared, 3. long_rows_online
-(the row in shared memory), 4. long_rows_streamed (rows longer than shared memory: a vocabulary).
+Three kernels, checked against torch.softmax, then timed (choose_plan, softmax_plans.py, picks one by rules it
+prints): 1. rows_in_registers, 2. rows_staged_in_shared, 3. long_rows_online (a vocabulary of 128256 or 50257).
 """
 
 import functools
@@ -3866,7 +4088,8 @@ import tilelang
 import tilelang.language as T
 
 import tourkit
-from sections.softmax_plans import SoftmaxPlan, choose_plan, vector_width  # noqa: F401  (the rules, in plain Python)
+from sections.softmax_plans import (SoftmaxPlan, aligned_body, choose_plan, row_split_layout,  # noqa: F401
+                                    staged_vector_width, uses_bulk_copy, vector_width)  # the rules: plain Python
 
 LOG2E = 1.4426950408889634
 BENCH_SHAPES = [(32768, 4096), (16384, 8192), (8192, 32768), (4096, 1823)]
@@ -3933,22 +4156,6 @@ def rows_in_registers(M: int, N: int, rows_per_block: int, threads: int, dtype: 
     return softmax_rows_in_registers
 
 
-def row_split_layout(rows: int, width: int, threads_per_row: int, vec: int):
-    """Fragment layout for (rows, width): row i belongs to threads [i·t, (i+1)·t); along the row, runs of
-    `vec` consecutive elements go to consecutive threads, so a warp reads 32·vec consecutive elements."""
-    from tilelang.layout import Fragment
-
-    t = threads_per_row
-    return Fragment([rows, width], forward_thread_fn=lambda i, j: i * t + (j // vec) % t,
-                    forward_index_fn=lambda i, j: (j // (vec * t)) * vec + j % vec)
-
-
-def staged_vector_width(N: int, per_row: int) -> int:
-    """Elements per shared-memory access in the staged kernel: 16-byte vectors only when they tile the row
-    exactly (a vector read of a padded tail would run past the shared buffer), else single masked ones."""
-    return 8 if N % (per_row * 8) == 0 else 1
-
-
 def rows_staged_in_shared(M: int, N: int, rows_per_block: int, threads: int, dtype: str = "float16",
                           bulk_copy: bool = True, min_blocks_per_sm: int = 0):
     """Version 2, staged: the block's R rows, one flat range of R·N elements (16-byte aligned when R·N % 8 == 0,
@@ -3973,10 +4180,7 @@ def rows_staged_in_shared(M: int, N: int, rows_per_block: int, threads: int, dty
             row_max = T.alloc_fragment((R,), "float32")
             row_sum = T.alloc_fragment((R,), "float32")
             T.annotate_layout({x: row_split_layout(R, padded, per_row, vec)})
-            if bulk_copy:  # Hopper: one TMA bulk copy, completion tracked by an mbarrier
-                T.copy(X[bx * R * N:(bx + 1) * R * N], rows, prefer_instruction="tma")
-            else:
-                T.copy(X[bx * R * N:(bx + 1) * R * N], rows)
+            T.copy(X[bx * R * N:(bx + 1) * R * N], rows, prefer_instruction="tma" if bulk_copy else None)  # TMA: Hopper
             for i, j in T.Parallel(R, padded):
                 x[i, j] = T.if_then_else(j < N, T.cast(rows[i * N + j], "float32"), -T.infinity("float32"))
             exponentials_and_reciprocal_sums(x, row_max, row_sum, R, padded)
@@ -3986,49 +4190,6 @@ def rows_staged_in_shared(M: int, N: int, rows_per_block: int, threads: int, dty
             T.copy(rows, Y[bx * R * N:(bx + 1) * R * N])
 
     return softmax_rows_staged
-
-
-def long_rows_online(M: int, N: int, chunk: int, threads: int, dtype: str = "float16", bulk_copy: bool = True):
-    """Version 3, long rows: one row a block, staged whole in shared memory, then the online two-pass over
-    chunks (the docstring's pseudo-code). What it adds: a row too long for registers still costs one read
-    and one write of global memory."""
-    if N % chunk:
-        raise ValueError(f"long-row softmax: width {N} is not a multiple of the chunk {chunk}")
-    steps = N // chunk
-
-    @T.prim_func
-    def softmax_long_rows_online(X: T.Tensor((M, N), dtype), Y: T.Tensor((M, N), dtype)):
-        with T.Kernel(M, threads=threads) as bx:
-            row = T.alloc_shared((N,), dtype)
-            x = T.alloc_fragment((chunk,), "float32")
-            chunk_max = T.alloc_fragment((1,), "float32")
-            chunk_sum = T.alloc_fragment((1,), "float32")
-            run_max = T.alloc_fragment((1,), "float32")
-            run_sum = T.alloc_fragment((1,), "float32")
-            if bulk_copy:  # Hopper: one TMA bulk copy, completion tracked by an mbarrier
-                T.copy(X[bx, 0:N], row, prefer_instruction="tma")
-            else:
-                T.copy(X[bx, 0:N], row)
-            T.fill(run_max, -T.infinity("float32"))
-            T.fill(run_sum, 0.0)
-            for c in T.serial(steps):
-                for j in T.Parallel(chunk):
-                    x[j] = T.cast(row[c * chunk + j], "float32") * LOG2E
-                T.reduce_max(x, chunk_max, dim=0)
-                for j in T.Parallel(chunk):
-                    x[j] = T.exp2(x[j] - T.max(chunk_max[0], run_max[0]))
-                T.reduce_sum(x, chunk_sum, dim=0)
-                for i in T.Parallel(1):
-                    run_sum[i] = run_sum[i] * T.exp2(run_max[i] - T.max(chunk_max[i], run_max[i])) + chunk_sum[i]
-                    run_max[i] = T.max(chunk_max[i], run_max[i])
-            for i in T.Parallel(1):
-                run_sum[i] = 1.0 / run_sum[i]
-            for c in T.serial(steps):
-                for j in T.Parallel(chunk):
-                    Y[bx, c * chunk + j] = T.cast(
-                        T.exp2(T.cast(row[c * chunk + j], "float32") * LOG2E - run_max[0]) * run_sum[0], dtype)
-
-    return softmax_long_rows_online
 
 
 @T.macro
@@ -4045,29 +4206,41 @@ def running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads: int, 
         part_max[i] = new_max[i]
 
 
-def long_rows_streamed(M: int, N: int, per_thread: int, threads: int, dtype: str = "float16", staged: int = 0,
-                       bulk_copy: bool = True):
-    """Version 4, rows longer than shared memory holds (a vocabulary: 128256 columns). The first `staged`
-    columns are copied into shared memory at once (one bulk copy: many bytes in flight); the rest of the row is
-    streamed from global memory twice, in steps of threads · per_thread elements: pass 1 for the max and sum,
-    pass 2 for y (its reads mostly hit the L2 cache). Each thread keeps its OWN running (max, sum) over its
-    elements, so no block-wide exchange stalls the loads; the block merges the threads' pairs once. Any
-    width: loads as wide as the rows' alignment allows, masked past the end."""
-    vec = vector_width(N)
-    if per_thread % vec or staged % 8 or staged > N or (staged and N % 8):
-        raise ValueError(f"streamed softmax: {per_thread} elements a thread must be whole vectors of {vec}; the "
-                         f"staged head ({staged}) a multiple of 8 within a 16-byte aligned row of {N}")
+def long_rows_online(M: int, N: int, per_thread: int, threads: int, dtype: str = "float16", staged: int = 0,
+                     bulk_copy: bool = True):
+    """Version 3, rows too long for registers, one a block, walked twice in steps of threads · per_thread
+    elements (the online softmax). The first `staged` columns are copied into shared memory at once (TMA on
+    Hopper; the whole row when it fits: one read of global memory); the rest of a longer row (a vocabulary) is
+    streamed from global memory in both passes, the second mostly from the L2 cache. Each thread keeps its
+    OWN running (max, sum): no block-wide exchange stalls the loop; the block merges the pairs once.
+    A row that starts unaligned (N % 8: 50257 columns) is a body of whole 16-byte vectors (aligned_body(N)
+    columns), moved like an aligned row, and edges (up to 7 elements before it, 15 after) moved one by one."""
+    aligned, body = N % 8 == 0, aligned_body(N)
+    if per_thread % 8 or staged > body or staged % 8 and staged != N:
+        raise ValueError(f"long-row softmax: {per_thread} elements a thread must be whole 16-byte vectors; a "
+                         f"staged head ({staged}) whole vectors within the {body} aligned columns of each row")
     step = threads * per_thread
-    head_steps, tail_steps = -(-staged // step), -(-(N - staged) // step)
+    head_steps, tail_steps = -(-staged // step), -(-(body - staged) // step)
+    padded = max(head_steps * step, 8)  # TileLang reads a masked vector of shared memory before its mask: pad
     low = -1.0e38  # a finite start for the running max: exp2(low - low) never meets inf - inf
 
-    def column(c, i, e):  # thread i's e-th element of step c: runs of `vec` in consecutive threads coalesce
-        return c * step + (e // vec) * (threads * vec) + i * vec + e % vec
+    def column(c, i, e):  # thread i's e-th element of step c: runs of 8 in consecutive threads coalesce
+        return c * step + (e // 8) * (threads * 8) + i * 8 + e % 8
+
+    def edge(i, first):  # flat index of edge element i: i < 8 before the body, 8 <= i < 24 after it
+        return T.if_then_else(i < 8, first - 8 + i, first + body + i - 8)
+
+    def edge_in_row(i, bx, first):  # ... if it is row bx's (the rest of those vectors belongs to other rows)
+        before, after = T.And(i < 8, first - 8 + i >= bx * N), T.And(i >= 8, i < 24)
+        return T.Or(before, T.And(after, first + body + i - 8 < bx * N + N))
+
+    def at(first, col):  # flat index of body column col; TileLang reads before it masks: a clamp to the last
+        return first + col if aligned else T.min(first // 8 + col // 8, M * N // 8 - 1) * 8 + col % 8  # whole vector
 
     @T.prim_func
-    def softmax_long_rows_streamed(X: T.Tensor((M, N), dtype), Y: T.Tensor((M, N), dtype)):
+    def softmax_long_rows_online(X: T.Tensor((M * N,), dtype), Y: T.Tensor((M * N,), dtype)):
         with T.Kernel(M, threads=threads) as bx:
-            head = T.alloc_shared((max(staged, 8),), dtype)
+            head = T.alloc_shared((padded,), dtype)
             x = T.alloc_fragment((threads, per_thread), "float32")  # row i of x: thread i's elements
             part_max = T.alloc_fragment((threads,), "float32")  # thread i's running max of x·log2e
             part_sum = T.alloc_fragment((threads,), "float32")  # ... and its sum of 2^(x·log2e - max)
@@ -4076,21 +4249,27 @@ def long_rows_streamed(M: int, N: int, per_thread: int, threads: int, dtype: str
             row_max = T.alloc_fragment((1,), "float32")
             row_sum = T.alloc_fragment((1,), "float32")
             T.annotate_layout({x: row_split_layout(threads, per_thread, 1, per_thread)})
-            if staged and bulk_copy:
-                T.copy(X[bx, 0:staged], head, prefer_instruction="tma")
-            elif staged:
-                T.copy(X[bx, 0:staged], head)
-            T.fill(part_max, low)
-            T.fill(part_sum, 0.0)
+            first = bx * N if aligned else (bx * N + 7) // 8 * 8  # the body: [first, first + body)
+            if staged:  # Hopper: one TMA bulk copy, completion tracked by an mbarrier
+                T.copy(X[first:first + staged], head[0:staged], prefer_instruction="tma" if bulk_copy else None)
+            if aligned:
+                T.fill(part_max, low)
+                T.fill(part_sum, 0.0)
+            else:  # the edges start the running pairs: thread i < 8 the element first - 8 + i, 8 <= i < 24 ...
+                for i in T.Parallel(threads):  # ... the element i - 8 after the body: each alone, sum 1
+                    part_max[i] = T.if_then_else(edge_in_row(i, bx, first),
+                                                 T.cast(X[edge(i, first)], "float32") * LOG2E, low)
+                    part_sum[i] = T.if_then_else(part_max[i] > low, 1.0, 0.0)
             for c in T.serial(head_steps):  # pass 1 over the staged head (none when staged == 0) ...
                 for i, e in T.Parallel(threads, per_thread):
                     x[i, e] = T.if_then_else(column(c, i, e) < staged, T.cast(head[column(c, i, e)], "float32") * LOG2E,
                                              -T.infinity("float32"))
                 running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads, per_thread)
-            for c in T.serial(tail_steps):  # ... and over the rest, from global memory
+            for c in T.serial(tail_steps):  # ... and over the rest, from global memory, whole vectors
                 for i, e in T.Parallel(threads, per_thread):
                     col = staged + column(c, i, e)
-                    x[i, e] = T.if_then_else(col < N, T.cast(X[bx, col], "float32") * LOG2E, -T.infinity("float32"))
+                    x[i, e] = T.if_then_else(col < body, T.cast(X[at(first, col)], "float32") * LOG2E,
+                                             -T.infinity("float32"))
                 running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads, per_thread)
             T.reduce_max(part_max, row_max, dim=0)  # the block's one exchange for the max ...
             for i in T.Parallel(threads):
@@ -4098,35 +4277,39 @@ def long_rows_streamed(M: int, N: int, per_thread: int, threads: int, dtype: str
             T.reduce_sum(part_sum, row_sum, dim=0)  # ... and one for the sum
             for i in T.Parallel(1):
                 row_sum[i] = 1.0 / row_sum[i]
-            for c in T.serial(head_steps):
-                for i, e in T.Parallel(threads, per_thread):
-                    if column(c, i, e) < staged:
-                        Y[bx, column(c, i, e)] = T.cast(
-                            T.exp2(T.cast(head[column(c, i, e)], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
+            for c in T.serial(head_steps):  # pass 2: y, a step at a time, consecutive threads on consecutive columns
+                for j in T.Parallel(step):
+                    if c * step + j < staged:
+                        Y[first + c * step + j] = T.cast(
+                            T.exp2(T.cast(head[c * step + j], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
             for c in T.serial(tail_steps):
-                for i, e in T.Parallel(threads, per_thread):
-                    if staged + column(c, i, e) < N:
-                        Y[bx, staged + column(c, i, e)] = T.cast(T.exp2(
-                            T.cast(X[bx, staged + column(c, i, e)], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
+                for j in T.Parallel(step):
+                    col = staged + c * step + j
+                    if col < body:
+                        Y[at(first, col)] = T.cast(
+                            T.exp2(T.cast(X[at(first, col)], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
+            if not aligned:
+                for i in T.Parallel(threads):
+                    if edge_in_row(i, bx, first):
+                        Y[edge(i, first)] = T.cast(
+                            T.exp2(T.cast(X[edge(i, first)], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
 
-    return softmax_long_rows_streamed
+    return softmax_long_rows_online
 
 
 # --- Building the plan (the rules that choose it: sections/softmax_plans.py) ------------------------------
 def build(M: int, N: int, plan: SoftmaxPlan, family: str = "hopper", dtype: str = "float16"):
+    bulk = uses_bulk_copy(plan, N, family)
     if plan.kind == "registers":
         return rows_in_registers(M, N, plan.rows_per_block, plan.threads, dtype, plan.min_blocks_per_sm)
-    bulk = family == "hopper"
-    if plan.kind == "streamed":
-        return long_rows_streamed(M, N, plan.rows_per_block, plan.threads, dtype, plan.staged, bulk)
     if plan.kind == "staged":
         return rows_staged_in_shared(M, N, plan.rows_per_block, plan.threads, dtype, bulk, plan.min_blocks_per_sm)
-    return long_rows_online(M, N, plan.rows_per_block, plan.threads, dtype, bulk)
+    return long_rows_online(M, N, plan.rows_per_block, plan.threads, dtype, plan.staged, bulk)
 
 
 def launcher(kernel, plan: SoftmaxPlan):
     """softmax(x, y) -> y for (M, N) tensors, from a compiled kernel of `plan`."""
-    flat = plan.kind == "staged"  # its blocks are flat ranges of the tensor
+    flat = plan.kind != "registers"  # blocks of the staged and online kernels index the flat tensor
 
     def softmax(x, y):
         kernel(x.view(-1), y.view(-1)) if flat else kernel(x, y)
@@ -4164,20 +4347,18 @@ def problems(ctx) -> list[Problem]:
 
 
 def kernels(ctx) -> list[tourkit.KernelDecl]:
-    family = tourkit.ARCH_SPECS[ctx.arch].family
-    bulk = ("tma_load", "mbarrier") if family == "hopper" else ()  # Hopper stages rows with TMA under mbarriers
+    family = tourkit.ARCH_SPECS[ctx.arch].family  # a TMA copy completes on an mbarrier:
     return [tourkit.KernelDecl(p.name, functools.partial(build, p.M, p.N, p.plan, family, ctx.dtype),
                                threads=p.plan.threads, smem_limit=ctx.smem_budget,
-                               markers=bulk if p.plan.kind in ("staged", "online") else ())
+                               markers=("tma_load", "mbarrier") if uses_bulk_copy(p.plan, p.N, family) else ())
             for p in problems(ctx)]
 
 
 # --- The reference, the check, the benchmark ------------------------------------------------------------
 def reference(x):
-    """torch.softmax in float32: the higher-precision reference for a float16 or bfloat16 kernel."""
     import torch
 
-    return torch.softmax(x.float(), dim=-1)
+    return torch.softmax(x.float(), dim=-1)  # float32: the higher-precision reference
 
 
 def tolerance(dtype: str) -> float:
@@ -4227,10 +4408,9 @@ def run(ctx) -> None:
     if ctx.shape:  # the user's problem: which kernel, and why
         M, N = ctx.shape
         ctx.log(f"softmax {M}x{N} {ctx.dtype}: {todo[0].plan.describe()}\n  why: {todo[0].plan.why}")
-        tourkit.require_device_memory(ctx, 40 * M * N, f"softmax {M}x{N} (input, output, float32 and float64 "
-                                                       "references)")
+        tourkit.require_device_memory(ctx, 40 * M * N, f"softmax {M}x{N} (with float32 and float64 references)")
     if ctx.compile_only:
-        for p in todo:
+        for p in todo if not ctx.shape else []:
             ctx.log(f"{p.M}x{p.N}: {p.plan.describe()}")
         reports = tourkit.inspect_declared(ctx, decls)
         show_generated(ctx, reports[todo[0].name].source)
@@ -4248,14 +4428,15 @@ def run(ctx) -> None:
     copy = tourkit.device_copy_gbps()
     ctx.log(f"device-to-device copy of 1 GiB: {copy:.0f} GB/s (read + write: softmax's own traffic)")
     results = bench_table({label: (p.M, p.N, softmax) for label, (p, softmax) in timed.items()}, ctx.dtype)
-    rows, of_copy, of_same_size = [], [], []
+    rows, of_copy, of_same_size, vs_torch = [], [], [], []
     for label, (p, _) in timed.items():
         ours, torch_ms, copy_ms = results[label]
         gbps, nbytes = tourkit.gbps(4 * p.M * p.N, ours), 4 * p.M * p.N  # one 2-byte read and one write
         of_copy.append(gbps / copy)
         of_same_size.append(copy_ms / ours)
+        vs_torch.append(torch_ms / ours)
         rows.append([label, p.plan.describe(), f"{1000 * ours:.1f}", gbps, f"{100 * of_copy[-1]:.0f}%",
-                     f"{100 * of_same_size[-1]:.0f}%", tourkit.gbps(nbytes, torch_ms), f"{torch_ms / ours:.2f}x"])
+                     f"{100 * of_same_size[-1]:.0f}%", tourkit.gbps(nbytes, torch_ms), f"{vs_torch[-1]:.2f}x"])
         ctx.metric(**{f"softmax_{label}_gbps": gbps, f"softmax_{label}_torch_gbps": tourkit.gbps(nbytes, torch_ms),
                       f"softmax_{label}_copy_gbps": tourkit.gbps(nbytes, copy_ms)})
     ctx.log(f"\ntimed in turns with torch.softmax and a copy of the same bytes, after {tourkit.SETTLE_MS / 1e3:.1f} s "
@@ -4264,7 +4445,7 @@ def run(ctx) -> None:
     ctx.log("(a small problem cannot reach the 1 GiB copy's rate: its ceiling is the same-size copy)")
     show_generated(ctx, next(iter(timed.values()))[1].source)
     ctx.headline(worst_of_same_size_copy=round(min(of_same_size), 3), worst_of_1gib_copy=round(min(of_copy), 3),
-                 copy_gbps=round(copy))
+                 worst_vs_torch=round(min(vs_torch), 2), copy_gbps=round(copy))
 
 
 SECTION = tourkit.Section(
@@ -4282,45 +4463,45 @@ _tour_file('sections/softmax_plans.py', r'''
 Softmax reads every element once and writes it once, so a good plan keeps enough bytes in flight on every SM
 and never holds more of a row than the registers or shared memory can take:
 
-* a thread holds about REGISTER_FLOATS floats of a row (16-byte vectors where rows start 16-byte aligned,
-  i.e. N % 8 == 0; otherwise the widest access the width allows);
-* a row is split over the fewest threads (a power of two) that keeps that per-thread share; a block of
-  BLOCK_THREADS threads then holds several narrow rows (64 columns: 64 rows a block), a wide row alone;
-* a row longer than REGISTER_ROW_LIMIT is walked in chunks with the online max and sum: staged in shared
-  memory when it fits (one read of global memory), else streamed from global memory twice (the second
-  pass mostly hits the L2 cache, which holds the rows the resident blocks are working on).
+* a thread holds MIN_SHARE to 2·MIN_SHARE elements of a row (16-byte vectors where rows start 16-byte
+  aligned, i.e. N % 8 == 0; otherwise the widest access the width allows; single elements: ODD_MIN_SHARE);
+* so a row is split over a power-of-two number of threads, and a block of BLOCK_THREADS threads holds several
+  narrow rows (64 columns: 4 threads a row, 32 rows a block), a wide row alone;
+* a row longer than REGISTER_ROW_LIMIT is walked twice with the online max and sum: staged in shared memory
+  when it fits (one read of global memory), else as much of it as fits, the rest streamed from global memory
+  in both passes (the second mostly hits the L2 cache, which holds the rows the resident blocks work on);
+  512 threads when the row fits (blocks share an SM), 1024 when its head fills the SM alone; a row that starts
+  unaligned (N % 8) is staged and streamed by its aligned body (aligned_body), its few edge elements singly.
 
-Pure Python (no torch, no tilelang): the tests check these rules for every width on every architecture.
+Pure Python (no torch; tilelang only inside row_split_layout): the tests check these rules for every width on
+every architecture.
 """
 
 import math
 from dataclasses import dataclass, field
 
-REGISTER_FLOATS = 16  # float32 elements of a row one thread holds in the register kernel (2 16-byte vectors)
-ODD_REGISTER_FLOATS = 32  # ... when loads are single elements (odd widths): more loads in flight per thread
-BLOCK_THREADS = 256  # a block of narrow rows: enough rows to move a few KB per block
-REGISTER_ROW_LIMIT = 8192  # widest row kept in registers (16 floats on each of 512 threads)
-ONLINE_CHUNKS = ((8192, 512), (4096, 256))  # (chunk, threads) of the staged online kernel, widest first
-STREAM_THREADS, STREAM_PER_THREAD = 512, 16  # streamed kernel: 8192 columns a step, two vectors a thread
+MIN_SHARE = 12  # elements of a row a thread holds at least in the register kernel, on average (8 is too few)
+ODD_MIN_SHARE = 32  # ... when loads are single elements (odd widths): more loads in flight per thread
+BLOCK_THREADS = 128  # a block of narrow rows (as fast as 256 or 512, and smaller blocks fill the SMs evenly)
+ODD_MIN_BLOCKS = 8  # short odd rows (up to 2048): registers capped so that 8 blocks of 128 threads fit an SM
+REGISTER_ROW_LIMIT = 8192  # widest row kept in registers (16 floats on each of 512 threads; 1024 are slower)
+ONLINE_THREADS, ONLINE_PER_THREAD = 512, 16  # long rows: 8192 columns a step, two vectors a thread
 SMEM_SLACK = 8192  # bytes of shared memory a staged kernel keeps for barriers and the reductions
 
 
 @dataclass(frozen=True)
 class SoftmaxPlan:
-    kind: str  # "registers" | "staged" | "online" | "streamed"
-    rows_per_block: int  # registers/staged: rows a block; online: the chunk; streamed: elements a thread per step
+    kind: str  # "registers" | "staged" | "online"
+    rows_per_block: int  # registers/staged: rows a block; online: elements a thread holds per step
     threads: int
     min_blocks_per_sm: int = 0  # registers / staged: __launch_bounds__' resident blocks per SM (0: not set)
-    staged: int = 0  # streamed: the columns at the start of a row staged in shared memory
+    staged: int = 0  # online: the columns at the start of a row staged in shared memory
     why: str = field(default="", compare=False)  # one line a learner can follow
 
     def describe(self) -> str:
         if self.kind == "online":
-            return f"online two-pass over a row in shared memory, chunks of {self.rows_per_block}, {self.threads} threads"
-        if self.kind == "streamed":
-            head = f", the first {self.staged} columns staged in shared memory" if self.staged else ""
-            return (f"online two-pass streamed from global memory, {self.rows_per_block} elements a thread a step, "
-                    f"{self.threads} threads{head}")
+            where = f"{self.staged} columns of a row staged in shared memory" if self.staged else "row streamed"
+            return f"online two-pass, {where}, {self.rows_per_block} elements a thread a step, {self.threads} threads"
         rows = f"{self.rows_per_block} row{'s' if self.rows_per_block > 1 else ''}/block"
         where = "staged in shared memory" if self.kind == "staged" else "registers"
         bound = f", >= {self.min_blocks_per_sm} blocks/SM" if self.min_blocks_per_sm else ""
@@ -4340,11 +4521,13 @@ def per_thread(N: int, threads_per_row: int) -> int:
 
 
 def threads_per_row(N: int) -> int:
-    """The fewest threads (a power of two, at most 1024) that split a row into shares of at most
-    REGISTER_FLOATS floats (ODD_REGISTER_FLOATS with single-element loads)."""
-    limit = REGISTER_FLOATS if vector_width(N) > 1 else ODD_REGISTER_FLOATS
+    """The most threads (a power of two, at most 1024) that still give each thread MIN_SHARE elements of the row
+    on average (ODD_MIN_SHARE when loads are single elements): fewer threads would leave each with more work
+    than the registers like, more would leave each too few bytes in flight. A thread then holds at most
+    2·MIN_SHARE elements, padding included (a share is whole vectors)."""
+    share = MIN_SHARE if vector_width(N) > 1 else ODD_MIN_SHARE
     t = 1
-    while t < 1024 and per_thread(N, t) > limit:
+    while t < 1024 and N >= 2 * t * share:
         t *= 2
     return t
 
@@ -4353,10 +4536,12 @@ def register_plan(M: int, N: int) -> SoftmaxPlan:
     t = threads_per_row(N)
     rows = max(1, BLOCK_THREADS // t)
     share = per_thread(N, t)
-    why = (f"a row of {N} fits in registers: {t} thread{'s' if t > 1 else ''} a row, {share} floats each; "
-           + (f"{rows} rows a block so that a block moves {rows * N * 4 // 1024 or 1} KB" if rows > 1
-              else "one row a block"))
-    return SoftmaxPlan("registers", rows, rows * t, why=why)
+    # Odd rows of up to 2048 hold up to 64 floats a thread: capping the registers keeps 8 blocks on an SM.
+    min_blocks = ODD_MIN_BLOCKS if vector_width(N) == 1 and share > 32 and N <= 2048 else 0
+    why = (f"a row of {N} fits in registers: {t} thread{'s' if t > 1 else ''} a row, {share} floats each"
+           + (" (single-element loads: the width is odd)" if vector_width(N) == 1 and N > 1 else "") + "; "
+           + (f"{rows} rows a block of {rows * t} threads" if rows > 1 else "one row a block"))
+    return SoftmaxPlan("registers", rows, rows * t, min_blocks, why=why)
 
 
 def choose_plan(M: int, N: int, smem_budget: int, family: str = "hopper") -> SoftmaxPlan:
@@ -4364,32 +4549,67 @@ def choose_plan(M: int, N: int, smem_budget: int, family: str = "hopper") -> Sof
     per block on a GPU of `family`. Every width from 1 up has a plan on every GPU."""
     if M < 1 or N < 1:
         raise ValueError(f"softmax: shape ({M}, {N}) must be positive")
-    row_bytes = 2 * N
-    if family == "hopper" and N % 8 == 0 and 2048 < N <= 4096:
-        return SoftmaxPlan("staged", 1, 256, why=f"a row of {N} (16-byte aligned) is one TMA bulk copy into shared "
-                           "memory, 16 floats a thread in registers")
+    if family == "hopper" and 2048 < N <= 4096 and N % (256 * 8) == 0:
+        return SoftmaxPlan("staged", 1, 256, why=f"a row of {N} is one TMA bulk copy into shared memory and splits "
+                           "into whole 16-byte vectors over 256 threads, 16 floats each")
     if N <= REGISTER_ROW_LIMIT:
         return register_plan(M, N)
-    for chunk, threads in ONLINE_CHUNKS:
-        if N % chunk == 0 and row_bytes + SMEM_SLACK <= smem_budget:
-            return SoftmaxPlan("online", chunk, threads,
-                               why=f"a row of {N} is too long for registers but its {row_bytes // 1024} KB fit "
-                                   f"shared memory: read once, walked twice in chunks of {chunk}")
-    head = staged_head(N, smem_budget)
-    fits = head == N
-    why = (f"a row of {N} is too long for registers" + (" and not a multiple of a chunk" if fits else "")
-           + (f"; its first {head} columns are staged in shared memory at once" if head else "")
-           + f"{'' if fits else ', the rest streamed'} twice" + ("" if fits else " from global memory (the second pass "
-                                                                 "mostly hits the L2 cache)"))
-    return SoftmaxPlan("streamed", STREAM_PER_THREAD, STREAM_THREADS, staged=head, why=why)
+    return online_plan(N, smem_budget)
 
 
-def staged_head(N: int, smem_budget: int) -> int:
-    """Columns of a long row the streamed kernel stages in shared memory: as many as fit (a multiple of 8, so
-    that the bulk copy moves whole 16-byte units), none when rows are not 16-byte aligned."""
-    if N % 8:
-        return 0
-    return min(N, (smem_budget - SMEM_SLACK) // 2 // 8 * 8)
+def online_plan(N: int, smem_budget: int) -> SoftmaxPlan:
+    """A row too long for registers, walked twice. Threads: a block of 512 when the whole row fits shared memory
+    (where two or more such blocks fit an SM, one's copy overlaps another's arithmetic); 1024 when it does not (its
+    head fills the SM alone, so the block itself must keep twice the loads of the streamed rest in flight).
+    A row that does not start 16-byte aligned (N % 8) is staged and streamed by its aligned body (the kernel
+    moves its few edge elements one at a time), so the same rule applies."""
+    head = staged_head(N, smem_budget, ONLINE_THREADS * ONLINE_PER_THREAD)
+    edges = "" if N % 8 == 0 else f" (its {head} columns of whole 16-byte vectors: rows of {N} start unaligned)"
+    if head == aligned_body(N):
+        return SoftmaxPlan("online", ONLINE_PER_THREAD, ONLINE_THREADS, staged=head, why=(
+            f"a row of {N} is too long for registers but its {2 * N // 1024} KB fit shared memory: one bulk copy"
+            f"{edges}, one read of global memory, then walked twice with the online max and sum; 512 threads: where "
+            "two or more such blocks fit an SM, one's copy overlaps another's arithmetic"))
+    threads = 2 * ONLINE_THREADS
+    head = staged_head(N, smem_budget, threads * ONLINE_PER_THREAD)
+    return SoftmaxPlan("online", ONLINE_PER_THREAD, threads, staged=head, why=(
+        f"a row of {N} is too long for registers and for shared memory: its first {head} columns are staged at "
+        "once, the rest streamed twice from global memory (the second pass mostly hits the L2 cache); the head "
+        f"fills the SM alone, so a block of {threads} threads keeps twice the loads in flight"))
+
+
+def aligned_body(N: int) -> int:
+    """The whole 16-byte vectors inside every row of N: all of it when rows start 16-byte aligned (N % 8 == 0),
+    else N less up to 7 elements before the first vector and up to 7 after the last (rounded down to 8)."""
+    return N if N % 8 == 0 else N // 8 * 8 - 8
+
+
+def staged_head(N: int, smem_budget: int, step: int) -> int:
+    """Columns of a long row the online kernel stages in shared memory: the whole row (its aligned body) when it
+    fits (the buffer padded to whole steps of the kernel), else as many whole steps as fit."""
+    fit, body = (smem_budget - SMEM_SLACK) // 2, aligned_body(N)
+    return body if -(-body // step) * step <= fit else fit // step * step
+
+
+def staged_vector_width(N: int, per_row: int) -> int:
+    """Elements per shared-memory access in the staged kernel: 16-byte vectors only when they tile the row
+    exactly (a vector read of a padded tail would run past the shared buffer), else single masked ones."""
+    return 8 if N % (per_row * 8) == 0 else 1
+
+
+def uses_bulk_copy(plan: SoftmaxPlan, N: int, family: str) -> bool:
+    """Hopper stages with TMA: the staged kernel's aligned groups of rows, the online kernel's rows' aligned bodies."""
+    return family == "hopper" and (plan.kind == "staged" or (plan.kind == "online" and plan.staged > 0))
+
+
+def row_split_layout(rows: int, width: int, threads_per_row: int, vec: int):
+    """Fragment layout for (rows, width): row i belongs to threads [i·t, (i+1)·t); along the row, runs of
+    `vec` consecutive elements go to consecutive threads, so a warp reads 32·vec consecutive elements."""
+    from tilelang.layout import Fragment
+
+    t = threads_per_row
+    return Fragment([rows, width], forward_thread_fn=lambda i, j: i * t + (j // vec) % t,
+                    forward_index_fn=lambda i, j: (j // (vec * t)) * vec + j % vec)
 ''')
 
 _tour_file('sections/vector_add.py', r'''
@@ -4545,6 +4765,10 @@ def benchmark(ctx, kernels: dict, n: int) -> None:
     copy_bytes = 2 * n * a.element_size()  # one read, one written
     gbps = {name: tourkit.gbps(copy_bytes if name == "copy_(a)" else nbytes, t) for name, t in ms.items()}
     torch_ms, copy_gbps = ms["torch.add(a, b)"], gbps["copy_(a)"]
+    for name, t in ms.items():  # for the plots: one addition per element; the copy is the memory's ceiling
+        kind = {"copy_(a)": "copy", "torch.add(a, b)": "pytorch"}.get(name, "lesson")
+        ctx.timing(name, t, flops=None if kind == "copy" else n, nbytes=copy_bytes if kind == "copy" else nbytes,
+                   kind=kind, problem=f"N={n}")
     rows = []
     for name, t in ms.items():
         config = next((c for c in SCHEDULES if c.label() == name), None)
@@ -4657,6 +4881,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import tourkit
+import tourplots  # matplotlib only when drawing
 import tourrunner
 from sections import SECTION_NAMES
 from tourkit import SectionResult, SectionSkip, TourContext, UsageError
@@ -4729,6 +4954,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--only", action="append", default=[], metavar="A,B", help="run only these sections")
     parser.add_argument("--skip", action="append", default=[], metavar="A,B", help="skip these sections")
     parser.add_argument("--json", metavar="PATH", help="write the environment and every section's record")
+    parser.add_argument("--plots", metavar="DIR", help="write the plots (GEMM bars, throughput, roofline) to DIR")
     parser.add_argument("--quick", action="store_true", help="small problem sizes")
     parser.add_argument("--full", action="store_true", help="the long sweeps (GEMM shape set, full tuning space)")
     parser.add_argument("-x", "--exitfirst", action="store_true", help="stop after the first failed section")
@@ -5304,6 +5530,7 @@ def _finish(args, names, options, results, environment, interrupted, sigint) -> 
             print(f"\nwrote {args.json}", flush=True)
         except OSError as exc:
             print(f"tilelang_tour.py: could not write {args.json}: {exc}", file=sys.stderr, flush=True)
+    tourplots.after_tour(results, environment, out_dir=args.plots, inline=_in_notebook())
     if sigint.fired:
         run.exit_code = 130
     return run
@@ -5400,6 +5627,20 @@ class KernelReport:
     grid: tuple[int, int, int]
     nvcc: str  # "compiled", "not run (nvcc not found)", "lowered only" (nvcc not run, to save time), "failed: ..."
     source: str = ""
+    # From ptxas (-v) when nvcc ran: registers per thread (the most any entry function uses) and the bytes of
+    # register spills to local memory (stores, loads), which on the hot path of a tile kernel cost bandwidth.
+    registers: int | None = None
+    spill_stores: int | None = None
+    spill_loads: int | None = None
+
+    @property
+    def spills(self) -> str:
+        """"-" when nvcc did not run, "0" without spills, else "<stores>/<loads> B"."""
+        if self.spill_stores is None:
+            return "-"
+        if not (self.spill_stores or self.spill_loads):
+            return "0"
+        return f"{self.spill_stores}/{self.spill_loads} B"
 
     @property
     def smem_bytes(self) -> int:
@@ -5407,7 +5648,8 @@ class KernelReport:
 
     def summary(self) -> dict[str, Any]:
         return {"name": self.name, "arch": self.arch, "markers": self.markers, "smem_bytes": self.smem_bytes,
-                "threads": self.threads, "grid": list(self.grid), "nvcc": self.nvcc}
+                "threads": self.threads, "grid": list(self.grid), "nvcc": self.nvcc, "registers": self.registers,
+                "spill_stores": self.spill_stores, "spill_loads": self.spill_loads}
 
 
 def _launch_shape(device_mod) -> tuple[int, tuple[int, int, int], int]:
@@ -5573,22 +5815,78 @@ def quiet_tilelang() -> None:
 def inspect_kernel(name: str, func, arch: str, *, pass_configs: dict[str, Any] | None = None,
                    nvcc: bool = True) -> KernelReport:
     """Lower `func` for `arch`, count the instruction markers, read shared memory and the launch shape,
-    and (when nvcc is present and asked for) compile it to a cubin to prove nvcc accepts it."""
+    and (when nvcc is present and asked for) compile the generated CUDA to a cubin as TileLang does, with
+    ptxas reporting registers and spills, to prove nvcc accepts it."""
     artifact = lower_for_arch(func, arch, pass_configs)
     source = artifact.kernel_source
     threads, grid, dyn = _launch_shape(artifact.device_mod)
+    usage: dict[str, int] = {}
     if not nvcc:
         nvcc_status = "lowered only"
     elif find_nvcc() is None:
         nvcc_status = "not run (nvcc not found)"
     else:
         try:
-            compile_for_arch(func, arch, pass_configs)
+            usage = ptxas_usage(compile_cubin(source, arch, pass_configs))
             nvcc_status = "compiled"
         except Exception as exc:  # report, don't crash: the section decides whether this is fatal
             nvcc_status = f"failed: {one_line(exc)}"
     return KernelReport(name, arch, count_markers(source), dyn, static_smem_bytes(source), threads, grid,
-                        nvcc_status, source)
+                        nvcc_status, source, **usage)
+
+
+def nvcc_options(arch: str, pass_configs: dict[str, Any] | None = None) -> list[str]:
+    """The nvcc options TileLang 0.1.15 compiles a kernel's device code with (tilelang/cuda/backend.py): the
+    gencode for the target, C++20, its template and CUTLASS includes, and the pass configs that reach nvcc."""
+    import shlex
+
+    from tilelang.contrib import nvcc as tl_nvcc
+    from tilelang.env import CUTLASS_INCLUDE_DIR, TILELANG_TEMPLATE_PATH
+
+    target_arch, target_code = tl_nvcc.get_target_arch_and_code(cuda_target(arch))
+    gencode = tl_nvcc.format_target_code_for_gencode(target_code) or f"sm_{target_arch}"
+    options = ["-gencode", f"arch=compute_{target_arch},code={gencode}", "-O3", "-std=c++20",
+               "-I" + TILELANG_TEMPLATE_PATH, "-I" + CUTLASS_INCLUDE_DIR]
+    configs = pass_configs or {}
+    extra = configs.get("tl.device_compile_flags")
+    if extra:
+        options += [tok for flag in ([extra] if isinstance(extra, str) else extra) for tok in shlex.split(str(flag))]
+    if configs.get("tl.enable_fast_math"):
+        options.append("--use_fast_math")
+    if configs.get("tl.ptxas_register_usage_level") is not None:
+        options.append(f"--ptxas-options=--register-usage-level={int(configs['tl.ptxas_register_usage_level'])}")
+    return options
+
+
+def compile_cubin(source: str, arch: str, pass_configs: dict[str, Any] | None = None) -> str:
+    """nvcc the generated CUDA `source` to a cubin with ptxas's report on (-Xptxas -v); returns that report.
+    One nvcc run per kernel, the same one TileLang's compile makes, so the compile-only check costs no more."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="tour_nvcc_") as folder:
+        path = os.path.join(folder, "kernel.cu")
+        with open(path, "w") as fh:
+            fh.write(source)
+        cmd = [find_nvcc() or "nvcc", "--cubin", *nvcc_options(arch, pass_configs), "-w", "-Xptxas", "-v",
+               "-o", os.path.join(folder, "kernel.cubin"), path]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        errors = [ln for ln in (done.stderr + done.stdout).splitlines() if "error" in ln.lower()]
+        raise RuntimeError("; ".join(errors[:3]) or f"nvcc exited with {done.returncode}")
+    return done.stdout + done.stderr
+
+
+_PTXAS_REGISTERS = re.compile(r"Used (\d+) registers")
+_PTXAS_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def ptxas_usage(report: str) -> dict[str, int]:
+    """Registers (the most any function uses) and spill bytes (summed over functions) from ptxas -v."""
+    registers = [int(n) for n in _PTXAS_REGISTERS.findall(report)]
+    spills = [(int(a), int(b)) for a, b in _PTXAS_SPILLS.findall(report)]
+    return {"registers": max(registers, default=0), "spill_stores": sum(a for a, _ in spills),
+            "spill_loads": sum(b for _, b in spills)}
 
 
 def inspect_kernels(jobs: Sequence[tuple], *, nvcc: bool = True) -> list[KernelReport]:
@@ -5609,7 +5907,8 @@ def inspect_kernels(jobs: Sequence[tuple], *, nvcc: bool = True) -> list[KernelR
 
 
 def report_kernels(ctx: TourContext, reports: Sequence[KernelReport], requested_threads: dict[str, int] | None = None) -> None:
-    """Print the compile-only table: markers found, shared memory, threads as launched, nvcc status."""
+    """Print the compile-only table: markers found, shared memory, threads as launched, nvcc status, and
+    ptxas's registers per thread and spill bytes (stores/loads) where nvcc ran."""
     rows = []
     for rep in reports:
         found = ", ".join(f"{k}×{v}" for k, v in rep.markers.items() if v) or "-"
@@ -5617,9 +5916,11 @@ def report_kernels(ctx: TourContext, reports: Sequence[KernelReport], requested_
         asked = (requested_threads or {}).get(rep.name)
         if asked and asked != rep.threads:
             threads += f" (asked {asked})"
-        rows.append([rep.name, rep.arch, format_bytes(rep.smem_bytes), threads, rep.nvcc, found])
-    ctx.table(["kernel", "arch", "smem", "threads", "nvcc", "markers"], rows)
-    ctx.metric(kernels=[r.summary() for r in reports])
+        regs = "-" if rep.registers is None else str(rep.registers)
+        rows.append([rep.name, rep.arch, format_bytes(rep.smem_bytes), threads, rep.nvcc, regs, rep.spills, found])
+    ctx.table(["kernel", "arch", "smem", "threads", "nvcc", "regs", "spills", "markers"], rows)
+    # Its own key: a section's headline(kernels=<count>) also lands in the metrics.
+    ctx.metrics.setdefault("kernel_reports", []).extend(r.summary() for r in reports)
 
 
 def require_markers(report: KernelReport, expected: Iterable[str]) -> None:
@@ -5718,6 +6019,9 @@ class SectionResult:
         return asdict(self)
 
 
+TIMING_KINDS = ("lesson", "appendix", "pytorch", "copy")
+
+
 class TourContext:
     """What a section gets: the run's options and device, and a place to report to.
 
@@ -5768,6 +6072,17 @@ class TourContext:
 
     def metric(self, **values: Any) -> None:
         self.metrics.update(values)
+
+    def timing(self, name: str, ms: float, *, flops: float | None = None, nbytes: float | None = None,
+               kind: str = "lesson", problem: str = "") -> None:
+        """Record one timed kernel or PyTorch path (median ms; the FLOPs and the bytes it must move, where they
+        mean something) in metrics["timings"], for the plots (tourplots.py): kind "lesson", "appendix",
+        "pytorch" or "copy"; `problem` names the problem it solved (e.g. "4096x4096x4096")."""
+        if kind not in TIMING_KINDS:
+            raise ValueError(f"timing kind {kind!r} is not one of {TIMING_KINDS}")
+        self.metrics.setdefault("timings", []).append(
+            {"name": name, "ms": float(ms), "flops": None if flops is None else float(flops),
+             "nbytes": None if nbytes is None else float(nbytes), "kind": kind, "problem": str(problem)})
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -6154,7 +6469,7 @@ def _median(values: Sequence[float]) -> float:
 # Building and inspecting kernels lives in tourkernels.py; its names are tourkit's too
 # ---------------------------------------------------------------------------------------------------------
 
-KERNEL_NAMES = frozenset(('MARKERS', 'TENSOR_CORE_MARKERS', 'count_markers', 'cuda_target', '_STATIC_SMEM', '_SCALAR_BYTES', 'KernelReport', '_launch_shape', 'static_smem_bytes', 'lower_for_arch', 'compile_for_arch', 'compile_many', 'KernelDecl', 'build_declared', 'inspect_declared', '_DropMemoryCacheHits', 'quiet_tilelang', 'inspect_kernel', 'inspect_kernels', 'report_kernels', 'require_markers', 'source_excerpt'))
+KERNEL_NAMES = frozenset(('MARKERS', 'TENSOR_CORE_MARKERS', 'count_markers', 'cuda_target', '_STATIC_SMEM', '_SCALAR_BYTES', 'KernelReport', '_launch_shape', 'static_smem_bytes', 'lower_for_arch', 'compile_for_arch', 'compile_many', 'KernelDecl', 'build_declared', 'inspect_declared', '_DropMemoryCacheHits', 'quiet_tilelang', 'inspect_kernel', 'inspect_kernels', 'report_kernels', 'require_markers', 'source_excerpt', 'compile_cubin', 'ptxas_usage'))
 
 
 def __getattr__(name: str):
@@ -6261,6 +6576,369 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 
 def indent(text: str, prefix: str = "  ") -> str:
     return textwrap.indent(text, prefix)
+''')
+
+_tour_file('tourplots.py', r'''
+#!/usr/bin/env python3
+"""Plots of a tour run: the GEMM schedules as bars against cuBLAS, softmax and attention throughput across
+their shapes, and a roofline of the GPU with every kernel the tour timed placed on it.
+
+    python tourplots.py run.json --out docs/     # from a record written by `tilelang_tour.py --json run.json`
+    python tilelang_tour.py --plots plots/       # at the end of a run
+
+The plots read only what the sections recorded with `ctx.timing(...)` (metrics["timings"]: name, median ms,
+FLOPs, bytes moved, kind, problem), so a record from another machine draws the same. The roofline's two
+ceilings come from the run itself: the memory ceiling is the fastest device copy timed (bytes read plus
+written per second) and the compute ceiling the fastest matrix rate timed (cuBLAS's, usually). A point's x
+is its arithmetic intensity (FLOPs per byte it must move at least), its y the FLOP/s it achieved: under the
+slanted roof a kernel is memory-bound, under the flat one compute-bound, and the gap to the roof is what is
+left. matplotlib is imported only when drawing; without it the tour says so once and goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Any, Callable, Iterable, Sequence
+
+INSTALL_HINT = "pip install matplotlib"
+# The sections drawn across their shapes, each in the rate that judges it: softmax moves bytes (GB/s against
+# the copy), attention is matrix work (TFLOP/s).
+THROUGHPUT_SECTIONS = {"softmax": "bytes", "flash_attention": "flops"}
+OURS = ("lesson", "appendix")
+# One marker per kind, so PyTorch's paths stand beside ours on every plot.
+MARKERS = {"lesson": "o", "appendix": "s", "pytorch": "^", "copy": "D"}
+KIND_LABELS = {"lesson": "TileLang (lesson)", "appendix": "TileLang (Hopper appendix)", "pytorch": "PyTorch",
+               "copy": "device copy"}
+KIND_COLORS = {"lesson": "#1f77b4", "appendix": "#2ca02c", "pytorch": "#7f7f7f", "copy": "#d62728"}
+FILES = {"gemm": "gemm_schedules.png", "softmax": "softmax.png", "flash_attention": "flash_attention.png",
+         "roofline": "roofline.png"}
+
+
+class PlotsUnavailable(Exception):
+    """matplotlib is missing: the message is the one line the tour prints."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reading a record
+# ---------------------------------------------------------------------------------------------------------
+
+
+def section_dicts(sections: Iterable[Any]) -> list[dict]:
+    """SectionResult objects or their dicts (a --json record's "sections") as dicts."""
+    return [s.to_dict() if hasattr(s, "to_dict") else dict(s) for s in sections]
+
+
+def timings(sections: Iterable[Any]) -> list[dict]:
+    """Every timing the passed sections recorded, each with its section's name added. A section that failed
+    is left out: its numbers describe a kernel that did not pass its check."""
+    found = []
+    for record in section_dicts(sections):
+        if record.get("status") != "passed":
+            continue
+        for entry in (record.get("metrics") or {}).get("timings") or []:
+            if isinstance(entry, dict) and _positive(entry.get("ms")):
+                found.append({**entry, "section": record.get("name", "")})
+    return found
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def flops_per_s(entry: dict) -> float | None:
+    return entry["flops"] / (entry["ms"] * 1e-3) if _positive(entry.get("flops")) else None
+
+
+def bytes_per_s(entry: dict) -> float | None:
+    return entry["nbytes"] / (entry["ms"] * 1e-3) if _positive(entry.get("nbytes")) else None
+
+
+def ceilings(entries: Sequence[dict]) -> dict[str, Any]:
+    """The roofline's ceilings from the run's own timings: the fastest copy (bytes/s) and the fastest matrix
+    rate (FLOP/s), each with the timing it came from; None where the run timed no such thing. Without a
+    copy timed, the fastest memory-bound rate stands in (a floor under the real ceiling, and said so)."""
+    copies = [e for e in entries if e.get("kind") == "copy" and bytes_per_s(e)]
+    rated = [e for e in entries if flops_per_s(e)]
+    out: dict[str, Any] = {"bandwidth": None, "bandwidth_from": None, "compute": None, "compute_from": None}
+    if copies:
+        best = max(copies, key=bytes_per_s)
+        out["bandwidth"], out["bandwidth_from"] = bytes_per_s(best), f"device copy ({best['section']})"
+    else:
+        streamed = [e for e in entries if bytes_per_s(e)]
+        if streamed:
+            best = max(streamed, key=bytes_per_s)
+            out["bandwidth"], out["bandwidth_from"] = bytes_per_s(best), f"fastest stream timed: {best['name']}"
+    if rated:
+        best = max(rated, key=flops_per_s)
+        out["compute"], out["compute_from"] = flops_per_s(best), f"{best['name']} ({best.get('problem', '')})"
+    return out
+
+
+def roofline_points(entries: Sequence[dict]) -> list[dict]:
+    """The timings that have both FLOPs and bytes: x = FLOPs per byte, y = FLOP/s."""
+    points = []
+    for e in entries:
+        if _positive(e.get("flops")) and _positive(e.get("nbytes")):
+            points.append({**e, "intensity": e["flops"] / e["nbytes"], "rate": flops_per_s(e)})
+    return points
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Drawing
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _figure(width: float, height: float):
+    """A figure that draws without pyplot or a display (the Agg canvas), so a server run and a notebook
+    behave alike and the notebook's own backend is left alone."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise PlotsUnavailable(f"matplotlib is not installed ({INSTALL_HINT}); no plots drawn") from None
+    fig = Figure(figsize=(width, height), dpi=110)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _short(text: str, limit: int = 28) -> str:
+    text = str(text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _title(environment: dict | None, text: str) -> str:
+    gpu = ((environment or {}).get("gpu") or {}).get("name")
+    return f"{text} — {gpu}" if gpu else text
+
+
+def draw_gemm(entries: Sequence[dict], environment: dict | None = None):
+    """gemm_schedules' timings as horizontal bars of TFLOP/s, grouped by problem, cuBLAS in grey; None when
+    the section timed nothing."""
+    rows = [e for e in entries if e["section"] == "gemm_schedules" and flops_per_s(e)]
+    if not rows:
+        return None
+    problems = list(dict.fromkeys(e.get("problem", "") for e in rows))
+    ordered = [e for p in problems for e in rows if e.get("problem", "") == p]
+    fig = _figure(8.0, 1.2 + 0.32 * len(ordered))
+    ax = fig.add_subplot()
+    ys = list(range(len(ordered)))[::-1]
+    rates = [flops_per_s(e) / 1e12 for e in ordered]
+    ax.barh(ys, rates, color=[KIND_COLORS.get(e.get("kind"), "#9467bd") for e in ordered], height=0.7)
+    ax.set_yticks(ys, [_short(f"{e['name']} [{e.get('problem', '')}]", 48) for e in ordered], fontsize=7)
+    for y, rate, e in zip(ys, rates, ordered):
+        reference = [flops_per_s(r) for r in ordered if r.get("kind") == "pytorch"
+                     and r.get("problem", "") == e.get("problem", "")]
+        ratio = f"  {flops_per_s(e) / reference[0]:.2f}x" if reference and e.get("kind") != "pytorch" else ""
+        ax.text(rate, y, f" {rate:.0f}{ratio}", va="center", fontsize=7)
+    ax.set_xlabel("TFLOP/s (ratio: to cuBLAS on the same problem, timed in turns)")
+    ax.set_xlim(0, max(rates) * 1.2)
+    _kind_legend(ax, {e.get("kind") for e in ordered}, bars=True)
+    ax.set_title(_title(environment, "GEMM schedules against cuBLAS"), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def draw_throughput(entries: Sequence[dict], section: str, environment: dict | None = None, unit: str | None = None):
+    """One section's throughput across the problems it ran: per problem the fastest timing of each kind, as
+    grouped bars in TFLOP/s (unit "flops") or GB/s ("bytes"; the default where a timing lacks FLOPs); None
+    when the section timed nothing."""
+    # A copy of the same bytes is the ceiling of a GB/s plot, and has no FLOPs to draw.
+    rows = [e for e in entries if e["section"] == section and (e.get("kind") != "copy" or unit == "bytes")]
+    use_flops = bool(rows) and all(flops_per_s(e) for e in rows) and (unit or "flops") == "flops"
+    rate = (lambda e: flops_per_s(e) / 1e12) if use_flops else (lambda e: (bytes_per_s(e) or 0) / 1e9)
+    rows = [e for e in rows if rate(e) > 0]
+    if not rows:
+        return None
+    problems = list(dict.fromkeys(e.get("problem", "") for e in rows))
+    kinds = [k for k in MARKERS if any(e.get("kind") == k for e in rows)]
+    fig = _figure(max(6.0, 1.0 + 0.9 * len(problems) * max(1, len(kinds)) / 2), 4.2)
+    ax = fig.add_subplot()
+    width = 0.8 / len(kinds)
+    for i, kind in enumerate(kinds):
+        xs, values = [], []
+        for j, problem in enumerate(problems):
+            same = [rate(e) for e in rows if e.get("kind") == kind and e.get("problem", "") == problem]
+            if same:
+                xs.append(j - 0.4 + width * (i + 0.5))
+                values.append(max(same))
+        ax.bar(xs, values, width=width * 0.95, color=KIND_COLORS.get(kind), label=KIND_LABELS.get(kind, kind))
+    ax.set_xticks(range(len(problems)), [_short(p, 24) for p in problems], rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("TFLOP/s" if use_flops else "GB/s (bytes read + written)")
+    ax.legend(fontsize=7)
+    ax.set_title(_title(environment, f"{section}: ours against PyTorch across the shapes it ran"), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def draw_roofline(entries: Sequence[dict], environment: dict | None = None):
+    """Log-log roofline: the run's ceilings and a marker per timing with FLOPs and bytes (shape by kind,
+    colour by section, a compact label each); None when no timing has both."""
+    points = roofline_points(entries)
+    if not points:
+        return None
+    roof = ceilings(entries)
+    fig = _figure(8.5, 6.0)
+    ax = fig.add_subplot()
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    xs = [p["intensity"] for p in points]
+    lo, hi = min(xs) / 3, max(xs) * 3
+    bandwidth, compute = roof["bandwidth"], roof["compute"]
+    if bandwidth and compute:
+        lo, hi = min(lo, compute / bandwidth / 30), max(hi, compute / bandwidth * 30)
+    grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    if bandwidth:
+        roofs = [min(bandwidth * x, compute or math.inf) / 1e12 for x in grid]
+        ax.plot(grid, roofs, color="black", lw=1.5,
+                label=f"roof: {bandwidth / 1e9:.0f} GB/s ({_short(roof['bandwidth_from'], 40)})")
+    if compute:
+        ax.axhline(compute / 1e12, color="black", ls=":", lw=1,
+                   label=f"{compute / 1e12:.0f} TFLOP/s ({_short(roof['compute_from'], 40)})")
+    sections = list(dict.fromkeys(p["section"] for p in points))
+    colors = _colors(len(sections))
+    for p in points:
+        color = colors[sections.index(p["section"])]
+        ax.scatter([p["intensity"]], [p["rate"] / 1e12], marker=MARKERS.get(p.get("kind"), "o"), s=36,
+                   facecolors=color if p.get("kind") != "pytorch" else "none", edgecolors=color, linewidths=1.2)
+    if len(points) <= 40:  # labels beyond that would cover the points
+        for p in points:
+            ax.annotate(_short(f"{p['name']} {p.get('problem', '')}", 30), (p["intensity"], p["rate"] / 1e12),
+                        xytext=(4, 2), textcoords="offset points", fontsize=5.5, alpha=0.85)
+    for name, color in zip(sections, colors):
+        ax.scatter([], [], marker="o", color=color, label=name)
+    _kind_legend(ax, {p.get("kind") for p in points}, bars=False)
+    ax.set_xlim(lo, hi)
+    ax.set_xlabel("arithmetic intensity (FLOPs per byte moved)")
+    ax.set_ylabel("achieved TFLOP/s")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(_title(environment, "Roofline: every kernel the tour timed"), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _kind_legend(ax, kinds, bars: bool) -> None:
+    """Legend entries for the kinds present (a bar plot: colours; the roofline: marker shapes, PyTorch hollow)."""
+    for kind in MARKERS:
+        if kind not in kinds:
+            continue
+        if bars:
+            ax.bar([0], [0], color=KIND_COLORS[kind], label=KIND_LABELS[kind])
+        else:
+            ax.scatter([], [], marker=MARKERS[kind], facecolors="none" if kind == "pytorch" else "black",
+                       edgecolors="black", label=KIND_LABELS[kind])
+    if bars:
+        ax.legend(fontsize=7, loc="lower right")
+
+
+def _colors(n: int) -> list:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    return [cmap(i % 10) for i in range(n)]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Writing and showing
+# ---------------------------------------------------------------------------------------------------------
+
+
+def draw_all(sections: Iterable[Any], out_dir: str, environment: dict | None = None) -> list[str]:
+    """Draw every plot the record has data for into `out_dir` (created) and return the PNG paths. Raises
+    PlotsUnavailable without matplotlib; returns [] when the record has no timings."""
+    entries = timings(sections)
+    if not entries:
+        return []
+    _figure(1, 1)  # fail early, with the one line, when matplotlib is missing
+    figures = {"gemm": draw_gemm(entries, environment), "roofline": draw_roofline(entries, environment)}
+    for name, unit in THROUGHPUT_SECTIONS.items():
+        figures[name] = draw_throughput(entries, name, environment, unit)
+    os.makedirs(out_dir, exist_ok=True)
+    paths = []
+    for key in ("gemm", *THROUGHPUT_SECTIONS, "roofline"):
+        if figures.get(key) is not None:
+            path = os.path.join(out_dir, FILES[key])
+            figures[key].savefig(path)
+            paths.append(path)
+    return paths
+
+
+def show_inline(paths: Sequence[str]) -> None:
+    """Show the PNGs in a notebook (IPython's display); nothing elsewhere."""
+    try:
+        from IPython.display import Image, display
+    except ImportError:
+        return
+    for path in paths:
+        display(Image(filename=path))
+
+
+def after_tour(sections: Iterable[Any], environment: dict | None = None, *, out_dir: str | None = None,
+               inline: bool = False, log: Callable[[str], None] = print) -> list[str]:
+    """The tour's last step: write the plots to `out_dir` (--plots) and/or show them in a notebook. Never
+    raises: a missing matplotlib or a plotting error is one line, and the tour's exit code stays its own."""
+    if not out_dir and not inline:
+        return []
+    try:
+        entries = timings(sections)
+        if not entries:
+            if out_dir:  # asked for explicitly: say why nothing came
+                log("plots: no timed kernels in this run (compile-only, no GPU, or no section passed); nothing drawn")
+            return []
+        folder = out_dir
+        if not folder:
+            import tempfile
+
+            folder = tempfile.mkdtemp(prefix="tilelang_tour_plots_")
+        paths = draw_all(sections, folder, environment)
+        if out_dir:
+            log(f"plots: wrote {', '.join(os.path.basename(p) for p in paths)} to {out_dir}")
+        if inline:
+            show_inline(paths)
+        return paths
+    except PlotsUnavailable as exc:
+        log(f"plots: {exc}")
+    except Exception as exc:  # noqa: BLE001 - a plot must never fail the tour
+        log(f"plots: drawing failed ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); the run is unaffected")
+    return []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tourplots.py", description="Draw the tour's plots from a --json record.")
+    parser.add_argument("record", help="the file written by `tilelang_tour.py --json PATH`")
+    parser.add_argument("--out", default="plots", metavar="DIR", help="folder for the PNG files (default: plots)")
+    args = parser.parse_args(argv)
+    try:
+        with open(args.record) as fh:
+            run = json.load(fh)
+    except (OSError, ValueError) as exc:
+        print(f"tourplots.py: cannot read {args.record}: {exc}", file=sys.stderr)
+        return 2
+    sections, environment = run.get("sections") or [], run.get("environment") or {}
+    if not timings(sections):
+        print(f"tourplots.py: {args.record} has no timed kernels (compile-only, no GPU, or no section passed); "
+              f"nothing drawn")
+        return 1
+    try:
+        paths = draw_all(sections, args.out, environment)
+    except PlotsUnavailable as exc:
+        print(f"tourplots.py: {exc}", file=sys.stderr)
+        return 2
+    roof = ceilings(timings(sections))
+    for key, unit, scale in (("bandwidth", "GB/s", 1e9), ("compute", "TFLOP/s", 1e12)):
+        if roof[key]:
+            print(f"{key} ceiling: {roof[key] / scale:.0f} {unit} from {roof[key + '_from']}")
+    for path in paths:
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
 ''')
 
 _tour_file('tourrunner.py', r'''
