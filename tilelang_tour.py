@@ -173,18 +173,11 @@ def select_sections(only: Sequence[str], skip: Sequence[str], valid: Sequence[st
 
 
 def problem_shape(args, names: Sequence[str]) -> tuple[int, ...] | None:
-    """--shape and --dtype checked against the selected sections (sections/shapes.py): the parsed dims or None.
-    Raises UsageError with the one line the user sees."""
+    """--shape and --dtype checked against the selected sections: the parsed dims or None (UsageError: one line)."""
     from sections import shapes
 
     try:
-        shapes.check_dtype(list(names), args.dtype)
-        if args.shape is None:
-            return None
-        if not args.only or len(names) != 1:
-            raise shapes.ShapeError("--shape needs exactly one section, chosen with --only (e.g. --only softmax "
-                                    "--shape 8192x32000)")
-        return shapes.parse_shape(names[0], args.shape)
+        return shapes.check_request(list(names), bool(args.only), args.shape, args.dtype)
     except shapes.ShapeError as exc:
         raise UsageError(str(exc)) from None
 

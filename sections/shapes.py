@@ -94,5 +94,17 @@ def check_dtype(sections: list[str], dtype: str) -> None:
         raise ShapeError(f"--dtype applies to {', '.join(DTYPE_SECTIONS)}; none of them is selected")
 
 
+def check_request(sections: list[str], only_given: bool, text: str | None, dtype: str) -> tuple[int, ...] | None:
+    """The run's --shape (None when not given) and --dtype for the sections selected: the parsed dims, or
+    ShapeError. A shape is one section's problem: it needs exactly one, chosen with --only."""
+    check_dtype(sections, dtype)
+    if text is None:
+        return None
+    if not only_given or len(sections) != 1:
+        raise ShapeError("--shape needs exactly one section, chosen with --only "
+                         "(e.g. --only softmax --shape 8192x32000)")
+    return parse_shape(sections[0], text)
+
+
 def describe(section: str) -> str:
     return " or ".join(FORMS.get(section, ()))
