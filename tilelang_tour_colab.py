@@ -191,6 +191,11 @@ class Problem:
         """4·B·H·S²·D (two GEMMs), halved when causal."""
         return 4.0 * self.batch * self.heads * self.seq_len ** 2 * self.dim * (0.5 if self.causal else 1.0)
 
+    @property
+    def nbytes(self) -> int:
+        """What the kernel must move at least: Q read and O written (B·S·H·D each), K and V read (B·S·KVH·D)."""
+        return 2 * 2 * self.batch * self.seq_len * self.dim * (self.heads + self.kv_heads)
+
     def kernel_args(self) -> tuple:
         return self.batch, self.heads, self.seq_len, self.dim, self.causal
 
@@ -670,6 +675,10 @@ def report_verdict(ctx, kept: list[dict], tuned: Tuned, pick: int, retimed: dict
                      tuned.readings.get(i, "not timed"), *timed, "<- autotuner's pick" if i == pick else ""])
     rows.append(["cuBLAS (torch.matmul)", "", "", "", "", "", cublas_ms, tourkit.tflops(flops, cublas_ms),
                  "1.000x", ""])
+    M, N, K = ctx.shape or tuned_shape(ctx)
+    for name, ms, kind in ((f"autotuned {describe(tuned.config)}", retimed[pick], "lesson"),
+                           ("cuBLAS", cublas_ms, "pytorch")):
+        ctx.timing(name, ms, flops=flops, nbytes=2 * (M * K + K * N + M * N), kind=kind, problem=f"{M}x{N}x{K}")
     ctx.log(f"\nthe autotuner's readings, fastest first; {len(retimed)} of them re-timed in turns with cuBLAS "
             f"({rounds // 2} forward/backward pair{'s' if rounds > 2 else ''}, L2 flushed)")
     ctx.table(["tile MxNxK", "stages", "threads", "swizzle", "smem", "autotuner ms", "re-timed ms", "TFLOP/s",
@@ -1697,6 +1706,8 @@ def run(ctx) -> None:
         for which, cfg, _ in ours + [("sdpa", None, None)]:
             ratio, rate = tourkit.speedup(times["sdpa"], times[which]), tourkit.tflops(problem.flops, times[which])
             ctx.metric(**{f"{which}_{problem.mode}{suffix}_tflops": rate})
+            ctx.timing(which if cfg else f"SDPA ({times['sdpa_kind']})", times[which], flops=problem.flops,
+                       nbytes=problem.nbytes, kind=which if cfg else "pytorch", problem=problem.name)
             if cfg is not None:
                 ctx.headline(**{f"{which}_vs_sdpa_{problem.mode}{suffix}": round(ratio, 3)})
             cells = plans.describe(cfg) if cfg else ["-", "-", "-", f"PyTorch {times['sdpa_kind']}"]
@@ -1943,6 +1954,13 @@ def benchmark(ctx, built: dict) -> None:
     ms = tourkit.bench_interleaved(contenders, rounds=rounds)  # taking turns: the GPU clock drifts under load
 
     flops, eager_ms, compile_ms = gemm_flops(M, N, K), ms["eager PyTorch (3 kernels)"], ms.get(compiled_name)
+    nbytes = 2 * (M * K + K * N + N + M * N)  # A, B and the bias read once, C written once: the fused minimum
+    for (p, _), kind in zip(fused, ("lesson", "appendix")):
+        ctx.timing(f"fused {p.config.label()}", ms[p.config.label()], flops=flops, nbytes=nbytes, kind=kind,
+                   problem=f"{M}x{N}x{K}")
+    for name in ("eager PyTorch (3 kernels)", compiled_name):
+        if name in ms:
+            ctx.timing(name, ms[name], flops=flops, nbytes=nbytes, kind="pytorch", problem=f"{M}x{N}x{K}")
     rows = []
     for name, t in ms.items():
         config = next((p.config for p, _ in fused if p.config.label() == name), None)
@@ -2856,6 +2874,17 @@ def time_against_cublas(M: int, N: int, K: int, contenders: dict, rounds: int, d
     return ms, ms.pop("cuBLAS"), errors
 
 
+def record_timings(ctx, timed: list, ms: dict, cublas_ms: float, ws) -> None:
+    """For the plots: each schedule and cuBLAS with the FLOPs and the bytes a GEMM must move at least (A and B
+    read once, C written once)."""
+    M, N, K = timed[0].M, timed[0].N, timed[0].K
+    flops, nbytes, problem = gemm_flops(M, N, K), 2 * (M * K + K * N + M * N), f"{M}x{N}x{K}"
+    for p in timed:
+        ctx.timing(p.config.label(), ms[kernel_name(p)], flops=flops, nbytes=nbytes,
+                   kind="appendix" if p == ws else "lesson", problem=problem)
+    ctx.timing("cuBLAS", cublas_ms, flops=flops, nbytes=nbytes, kind="pytorch", problem=problem)
+
+
 def check_odd_shapes(ctx, built: dict, plans) -> None:
     """Sizes that are not multiples of the tile (TMA / predicated copies handle the ragged edges), and a
     skinny one whose rows are not 16-byte aligned (zero-padded copies), each on the rule's schedule."""
@@ -2907,6 +2936,7 @@ def run(ctx) -> None:
 
     flops = gemm_flops(M, N, K)
     best = rows[0] if ctx.shape is not None else min(rows, key=lambda p: ms[kernel_name(p)])
+    record_timings(ctx, timed, ms, cublas_ms, ws)
     ctx.log(f"\nC[{M}x{N}] = A @ B, {ctx.dtype} in, fp32 accumulation, {ctx.dtype} out; timed in turns with cuBLAS "
             f"after {tourkit.SETTLE_MS / 1e3:.1f} s of untimed load ({rounds // 2} forward/backward pairs)"
             + ("; padding copies included" if rows[0].padded else ""))
@@ -4349,11 +4379,8 @@ def problems(ctx) -> list[Problem]:
     """The benchmark shapes (timed) and the odd shapes (checked only; compile-only and quick: one of them), or
     with --shape the user's problem alone (checked, then timed)."""
     family = tourkit.ARCH_SPECS[ctx.arch].family
-    if ctx.shape:
-        timed, checked = [tuple(ctx.shape)], []
-    else:
-        timed = QUICK_SHAPES if ctx.quick and not ctx.compile_only else BENCH_SHAPES
-        checked = ODD_SHAPES[:1] if ctx.quick or ctx.compile_only else ODD_SHAPES
+    timed = [tuple(ctx.shape)] if ctx.shape else QUICK_SHAPES if ctx.quick and not ctx.compile_only else BENCH_SHAPES
+    checked = [] if ctx.shape else ODD_SHAPES[:1] if ctx.quick or ctx.compile_only else ODD_SHAPES
     plans = [(M, N, choose_plan(M, N, ctx.smem_budget, family)) for M, N in timed + checked]
     return [Problem(M, N, plan, (M, N) in timed, f"softmax {M}x{N} {ctx.dtype} {plan.kind}") for M, N, plan in plans]
 
@@ -4411,8 +4438,8 @@ def show_generated(ctx, source: str) -> None:
     excerpt = tourkit.source_excerpt(source, r"AllReduce<tl::MaxOp", context=5, limit=14)
     if not excerpt:  # a row on one thread: T.reduce_max is a loop in registers, nothing to exchange
         return
-    ctx.log("\ngenerated CUDA around T.reduce_max (per-thread max, then shuffles + a shared-memory exchange):")
-    ctx.log(tourkit.indent(excerpt, "  "))
+    ctx.log("\ngenerated CUDA around T.reduce_max (per-thread max, then shuffles + a shared-memory exchange):\n"
+            + tourkit.indent(excerpt, "  "))
 
 
 def run(ctx) -> None:
@@ -4449,8 +4476,9 @@ def run(ctx) -> None:
         vs_torch.append(torch_ms / ours)
         rows.append([label, p.plan.describe(), f"{1000 * ours:.1f}", gbps, f"{100 * of_copy[-1]:.0f}%",
                      f"{100 * of_same_size[-1]:.0f}%", tourkit.gbps(nbytes, torch_ms), f"{vs_torch[-1]:.2f}x"])
-        ctx.metric(**{f"softmax_{label}_gbps": gbps, f"softmax_{label}_torch_gbps": tourkit.gbps(nbytes, torch_ms),
-                      f"softmax_{label}_copy_gbps": tourkit.gbps(nbytes, copy_ms)})
+        for name, t, kind in (("TileLang softmax", ours, "lesson"), ("torch.softmax", torch_ms, "pytorch"),
+                              ("copy_", copy_ms, "copy")):  # FLOPs per element: max, exp2's FMA, sum, scale
+            ctx.timing(name, t, flops=None if kind == "copy" else 5 * p.M * p.N, nbytes=nbytes, kind=kind, problem=label)
     ctx.log(f"\ntimed in turns with torch.softmax and a copy of the same bytes, after {tourkit.SETTLE_MS / 1e3:.1f} s "
             f"of untimed load, {ROUNDS} rounds (forward and backward):")
     ctx.table(["shape", "kernel", "µs", "GB/s", "of 1 GiB copy", "of same-size copy", "torch GB/s", "vs torch"], rows)

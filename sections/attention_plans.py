@@ -56,6 +56,11 @@ class Problem:
         """4·B·H·S²·D (two GEMMs), halved when causal."""
         return 4.0 * self.batch * self.heads * self.seq_len ** 2 * self.dim * (0.5 if self.causal else 1.0)
 
+    @property
+    def nbytes(self) -> int:
+        """What the kernel must move at least: Q read and O written (B·S·H·D each), K and V read (B·S·KVH·D)."""
+        return 2 * 2 * self.batch * self.seq_len * self.dim * (self.heads + self.kv_heads)
+
     def kernel_args(self) -> tuple:
         return self.batch, self.heads, self.seq_len, self.dim, self.causal
 

@@ -303,6 +303,10 @@ def report_verdict(ctx, kept: list[dict], tuned: Tuned, pick: int, retimed: dict
                      tuned.readings.get(i, "not timed"), *timed, "<- autotuner's pick" if i == pick else ""])
     rows.append(["cuBLAS (torch.matmul)", "", "", "", "", "", cublas_ms, tourkit.tflops(flops, cublas_ms),
                  "1.000x", ""])
+    M, N, K = ctx.shape or tuned_shape(ctx)
+    for name, ms, kind in ((f"autotuned {describe(tuned.config)}", retimed[pick], "lesson"),
+                           ("cuBLAS", cublas_ms, "pytorch")):
+        ctx.timing(name, ms, flops=flops, nbytes=2 * (M * K + K * N + M * N), kind=kind, problem=f"{M}x{N}x{K}")
     ctx.log(f"\nthe autotuner's readings, fastest first; {len(retimed)} of them re-timed in turns with cuBLAS "
             f"({rounds // 2} forward/backward pair{'s' if rounds > 2 else ''}, L2 flushed)")
     ctx.table(["tile MxNxK", "stages", "threads", "swizzle", "smem", "autotuner ms", "re-timed ms", "TFLOP/s",

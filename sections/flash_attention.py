@@ -370,6 +370,8 @@ def run(ctx) -> None:
         for which, cfg, _ in ours + [("sdpa", None, None)]:
             ratio, rate = tourkit.speedup(times["sdpa"], times[which]), tourkit.tflops(problem.flops, times[which])
             ctx.metric(**{f"{which}_{problem.mode}{suffix}_tflops": rate})
+            ctx.timing(which if cfg else f"SDPA ({times['sdpa_kind']})", times[which], flops=problem.flops,
+                       nbytes=problem.nbytes, kind=which if cfg else "pytorch", problem=problem.name)
             if cfg is not None:
                 ctx.headline(**{f"{which}_vs_sdpa_{problem.mode}{suffix}": round(ratio, 3)})
             cells = plans.describe(cfg) if cfg else ["-", "-", "-", f"PyTorch {times['sdpa_kind']}"]

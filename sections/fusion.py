@@ -217,6 +217,13 @@ def benchmark(ctx, built: dict) -> None:
     ms = tourkit.bench_interleaved(contenders, rounds=rounds)  # taking turns: the GPU clock drifts under load
 
     flops, eager_ms, compile_ms = gemm_flops(M, N, K), ms["eager PyTorch (3 kernels)"], ms.get(compiled_name)
+    nbytes = 2 * (M * K + K * N + N + M * N)  # A, B and the bias read once, C written once: the fused minimum
+    for (p, _), kind in zip(fused, ("lesson", "appendix")):
+        ctx.timing(f"fused {p.config.label()}", ms[p.config.label()], flops=flops, nbytes=nbytes, kind=kind,
+                   problem=f"{M}x{N}x{K}")
+    for name in ("eager PyTorch (3 kernels)", compiled_name):
+        if name in ms:
+            ctx.timing(name, ms[name], flops=flops, nbytes=nbytes, kind="pytorch", problem=f"{M}x{N}x{K}")
     rows = []
     for name, t in ms.items():
         config = next((p.config for p, _ in fused if p.config.label() == name), None)

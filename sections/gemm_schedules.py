@@ -244,6 +244,17 @@ def time_against_cublas(M: int, N: int, K: int, contenders: dict, rounds: int, d
     return ms, ms.pop("cuBLAS"), errors
 
 
+def record_timings(ctx, timed: list, ms: dict, cublas_ms: float, ws) -> None:
+    """For the plots: each schedule and cuBLAS with the FLOPs and the bytes a GEMM must move at least (A and B
+    read once, C written once)."""
+    M, N, K = timed[0].M, timed[0].N, timed[0].K
+    flops, nbytes, problem = gemm_flops(M, N, K), 2 * (M * K + K * N + M * N), f"{M}x{N}x{K}"
+    for p in timed:
+        ctx.timing(p.config.label(), ms[kernel_name(p)], flops=flops, nbytes=nbytes,
+                   kind="appendix" if p == ws else "lesson", problem=problem)
+    ctx.timing("cuBLAS", cublas_ms, flops=flops, nbytes=nbytes, kind="pytorch", problem=problem)
+
+
 def check_odd_shapes(ctx, built: dict, plans) -> None:
     """Sizes that are not multiples of the tile (TMA / predicated copies handle the ragged edges), and a
     skinny one whose rows are not 16-byte aligned (zero-padded copies), each on the rule's schedule."""
@@ -295,6 +306,7 @@ def run(ctx) -> None:
 
     flops = gemm_flops(M, N, K)
     best = rows[0] if ctx.shape is not None else min(rows, key=lambda p: ms[kernel_name(p)])
+    record_timings(ctx, timed, ms, cublas_ms, ws)
     ctx.log(f"\nC[{M}x{N}] = A @ B, {ctx.dtype} in, fp32 accumulation, {ctx.dtype} out; timed in turns with cuBLAS "
             f"after {tourkit.SETTLE_MS / 1e3:.1f} s of untimed load ({rounds // 2} forward/backward pairs)"
             + ("; padding copies included" if rows[0].padded else ""))

@@ -280,11 +280,8 @@ def problems(ctx) -> list[Problem]:
     """The benchmark shapes (timed) and the odd shapes (checked only; compile-only and quick: one of them), or
     with --shape the user's problem alone (checked, then timed)."""
     family = tourkit.ARCH_SPECS[ctx.arch].family
-    if ctx.shape:
-        timed, checked = [tuple(ctx.shape)], []
-    else:
-        timed = QUICK_SHAPES if ctx.quick and not ctx.compile_only else BENCH_SHAPES
-        checked = ODD_SHAPES[:1] if ctx.quick or ctx.compile_only else ODD_SHAPES
+    timed = [tuple(ctx.shape)] if ctx.shape else QUICK_SHAPES if ctx.quick and not ctx.compile_only else BENCH_SHAPES
+    checked = [] if ctx.shape else ODD_SHAPES[:1] if ctx.quick or ctx.compile_only else ODD_SHAPES
     plans = [(M, N, choose_plan(M, N, ctx.smem_budget, family)) for M, N in timed + checked]
     return [Problem(M, N, plan, (M, N) in timed, f"softmax {M}x{N} {ctx.dtype} {plan.kind}") for M, N, plan in plans]
 
@@ -342,8 +339,8 @@ def show_generated(ctx, source: str) -> None:
     excerpt = tourkit.source_excerpt(source, r"AllReduce<tl::MaxOp", context=5, limit=14)
     if not excerpt:  # a row on one thread: T.reduce_max is a loop in registers, nothing to exchange
         return
-    ctx.log("\ngenerated CUDA around T.reduce_max (per-thread max, then shuffles + a shared-memory exchange):")
-    ctx.log(tourkit.indent(excerpt, "  "))
+    ctx.log("\ngenerated CUDA around T.reduce_max (per-thread max, then shuffles + a shared-memory exchange):\n"
+            + tourkit.indent(excerpt, "  "))
 
 
 def run(ctx) -> None:
@@ -380,8 +377,9 @@ def run(ctx) -> None:
         vs_torch.append(torch_ms / ours)
         rows.append([label, p.plan.describe(), f"{1000 * ours:.1f}", gbps, f"{100 * of_copy[-1]:.0f}%",
                      f"{100 * of_same_size[-1]:.0f}%", tourkit.gbps(nbytes, torch_ms), f"{vs_torch[-1]:.2f}x"])
-        ctx.metric(**{f"softmax_{label}_gbps": gbps, f"softmax_{label}_torch_gbps": tourkit.gbps(nbytes, torch_ms),
-                      f"softmax_{label}_copy_gbps": tourkit.gbps(nbytes, copy_ms)})
+        for name, t, kind in (("TileLang softmax", ours, "lesson"), ("torch.softmax", torch_ms, "pytorch"),
+                              ("copy_", copy_ms, "copy")):  # FLOPs per element: max, exp2's FMA, sum, scale
+            ctx.timing(name, t, flops=None if kind == "copy" else 5 * p.M * p.N, nbytes=nbytes, kind=kind, problem=label)
     ctx.log(f"\ntimed in turns with torch.softmax and a copy of the same bytes, after {tourkit.SETTLE_MS / 1e3:.1f} s "
             f"of untimed load, {ROUNDS} rounds (forward and backward):")
     ctx.table(["shape", "kernel", "µs", "GB/s", "of 1 GiB copy", "of same-size copy", "torch GB/s", "vs torch"], rows)

@@ -390,7 +390,11 @@ def test_section_judges_each_shape_against_its_own_copy(monkeypatch):
     assert timed_calls == [["32768x4096", "4096x1823"]]  # one call for the whole table
     assert ctx.headlines["worst_of_same_size_copy"] == round(2200 / 2400, 3)
     assert ctx.headlines["worst_of_1gib_copy"] == round(2200 / 4200, 3)
-    assert round(ctx.metrics["softmax_4096x1823_copy_gbps"]) == 2400
+    timings = {(t["problem"], t["kind"]): t for t in ctx.metrics["timings"]}  # what the plots draw
+    assert round(tourkit.gbps(timings[("4096x1823", "copy")]["nbytes"], timings[("4096x1823", "copy")]["ms"])) == 2400
+    assert sorted(timings) == [(shape, kind) for shape in ("32768x4096", "4096x1823")
+                               for kind in ("copy", "lesson", "pytorch")]
+    assert timings[("4096x1823", "lesson")]["flops"] == 5 * 4096 * 1823
     row = next(line for line in ctx.report if line.startswith("4096x1823"))
     assert "52%" in row and "92%" in row and "2.00x" in row  # of the 1 GiB copy, of the same-size copy, vs torch
     assert " 13.6 " in row  # µs: 29.9 MB at 2200 GB/s
