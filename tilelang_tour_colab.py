@@ -6756,12 +6756,15 @@ def draw_gemm(entries: Sequence[dict], environment: dict | None = None):
         return None
     problems = list(dict.fromkeys(e.get("problem", "") for e in rows))
     ordered = [e for p in problems for e in rows if e.get("problem", "") == p]
-    fig = _figure(8.0, 1.2 + 0.32 * len(ordered))
+    fig = _figure(10.0, 1.6 + 0.32 * len(ordered))
     ax = fig.add_subplot()
     ys = list(range(len(ordered)))[::-1]
     rates = [flops_per_s(e) / 1e12 for e in ordered]
     ax.barh(ys, rates, color=[KIND_COLORS.get(e.get("kind"), "#9467bd") for e in ordered], height=0.7)
-    ax.set_yticks(ys, [_short(f"{e['name']} [{e.get('problem', '')}]", 48) for e in ordered], fontsize=7)
+    # The colour says lesson or appendix: the label keeps the schedule, which is what differs between bars.
+    names = [e["name"].removeprefix("T.Pipelined ") + (f" [{e['problem']}]" if len(problems) > 1 else "")
+             for e in ordered]
+    ax.set_yticks(ys, [_short(name, 80) for name in names], fontsize=7)
     for y, rate, e in zip(ys, rates, ordered):
         reference = [flops_per_s(r) for r in ordered if r.get("kind") == "pytorch"
                      and r.get("problem", "") == e.get("problem", "")]
@@ -6770,7 +6773,7 @@ def draw_gemm(entries: Sequence[dict], environment: dict | None = None):
     ax.set_xlabel("TFLOP/s (ratio: to cuBLAS on the same problem, timed in turns)")
     ax.set_xlim(0, max(rates) * 1.2)
     _kind_legend(ax, {e.get("kind") for e in ordered}, bars=True)
-    ax.set_title(_title(environment, "GEMM schedules against cuBLAS"), fontsize=10)
+    ax.set_title(_title(environment, f"GEMM schedules against cuBLAS, {' / '.join(problems)}"), fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -6799,6 +6802,7 @@ def draw_throughput(entries: Sequence[dict], section: str, environment: dict | N
                 xs.append(j - 0.4 + width * (i + 0.5))
                 values.append(max(same))
         ax.bar(xs, values, width=width * 0.95, color=KIND_COLORS.get(kind), label=KIND_LABELS.get(kind, kind))
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.2)  # room for the legend above the bars
     ax.set_xticks(range(len(problems)), [_short(p, 24) for p in problems], rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("TFLOP/s" if use_flops else "GB/s (bytes read + written)")
     ax.legend(fontsize=7)
@@ -6837,7 +6841,7 @@ def draw_roofline(entries: Sequence[dict], environment: dict | None = None):
         color = colors[sections.index(p["section"])]
         ax.scatter([p["intensity"]], [p["rate"] / 1e12], marker=MARKERS.get(p.get("kind"), "o"), s=36,
                    facecolors=color if p.get("kind") != "pytorch" else "none", edgecolors=color, linewidths=1.2)
-    if len(points) <= 40:  # labels beyond that would cover the points
+    if len(points) <= 12:  # beyond that labels cover each other: colour (section) and marker (kind) remain
         for p in points:
             ax.annotate(_short(f"{p['name']} {p.get('problem', '')}", 30), (p["intensity"], p["rate"] / 1e12),
                         xytext=(4, 2), textcoords="offset points", fontsize=5.5, alpha=0.85)
@@ -6865,7 +6869,7 @@ def _kind_legend(ax, kinds, bars: bool) -> None:
             ax.scatter([], [], marker=MARKERS[kind], facecolors="none" if kind == "pytorch" else "black",
                        edgecolors="black", label=KIND_LABELS[kind])
     if bars:
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never on them
 
 
 def _colors(n: int) -> list:
@@ -6895,7 +6899,7 @@ def draw_all(sections: Iterable[Any], out_dir: str, environment: dict | None = N
     for key in ("gemm", *THROUGHPUT_SECTIONS, "roofline"):
         if figures.get(key) is not None:
             path = os.path.join(out_dir, FILES[key])
-            figures[key].savefig(path)
+            figures[key].savefig(path, dpi=110, bbox_inches="tight")  # "tight": the legends outside the axes
             paths.append(path)
     return paths
 
