@@ -41,8 +41,6 @@ from sections import SECTION_NAMES
 from tourkit import SectionResult, SectionSkip, TourContext, UsageError
 
 DEFAULT_SECTION_TIMEOUT_S = 900
-# --quick: a shorter untimed load before each comparison (tourkit.SETTLE_MS): a quick look, not a verdict
-QUICK_SETTLE_MS = 500.0
 FAILING = ("failed", "crashed", "timed out")
 # For the runner's own tests: a module to take the sections from instead of the `sections` package. It
 # defines SECTION_NAMES and load_section(name), and may define detect_device(), probe_tilelang_import()
@@ -477,12 +475,8 @@ def run_sections(names: Sequence[str], options: RunOptions, device, source, *, f
     a CUDA error that breaks the context ends the run (the parent goes on in a fresh worker).
     Returns (results, tilelang probe, interrupted)."""
     faults = faults or {}
-    settle_ms = tourkit.SETTLE_MS
-    tourkit.SETTLE_MS = QUICK_SETTLE_MS if options.quick else settle_ms
-    try:
+    with tourkit.quick_timing(options.quick):  # --quick: shorter timings, a quick look rather than a verdict
         return _run_sections(names, options, device, source, faults, gpu_broken, probe, first_index, total, send)
-    finally:
-        tourkit.SETTLE_MS = settle_ms
 
 
 def _run_sections(names, options, device, source, faults, gpu_broken, probe, first_index, total, send):

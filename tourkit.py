@@ -385,7 +385,7 @@ def _flush_buffer(nbytes: int = 256 * 1024 * 1024):
 FLUSH_MODES = ("write", "read")
 
 
-def bench_ms(fn: Callable[[], Any], *, warmup_ms: float = 25.0, rep_ms: float = 100.0,
+def bench_ms(fn: Callable[[], Any], *, warmup_ms: float = 25.0, rep_ms: float | None = None,
              flush_l2: bool = True, flush_mode: str = "write", min_reps: int = 5, max_reps: int = 1000) -> float:
     """Median time of `fn()` in milliseconds, from CUDA events around each call, after a warm-up.
 
@@ -413,7 +413,7 @@ def bench_ms(fn: Callable[[], Any], *, warmup_ms: float = 25.0, rep_ms: float = 
     estimate = max(start.elapsed_time(end) / 3, 1e-3)
     for _ in range(max(1, int(warmup_ms / estimate))):
         fn()
-    reps = min(max_reps, max(min_reps, int(rep_ms / estimate)))
+    reps = min(max_reps, max(min_reps, int((REP_MS if rep_ms is None else rep_ms) / estimate)))
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for i in range(reps):
@@ -457,6 +457,23 @@ def device_copy_gbps(nbytes: int = 1 << 30) -> float:
 # for the first second or so, and whichever contender runs first would pay for it (bench/settle_probe.py
 # measures this; BENCHMARKS.md has what it found).
 SETTLE_MS = 1500.0
+REP_MS = 100.0  # bench_ms's repetitions by default: this many milliseconds of calls
+# --quick: a quick look, not a verdict: a shorter untimed load and half the repetitions (quick_timing)
+QUICK_SETTLE_MS, QUICK_REP_MS = 500.0, 50.0
+
+
+@contextlib.contextmanager
+def quick_timing(quick: bool):
+    """Within it, with quick set, every comparison settles for QUICK_SETTLE_MS and bench_ms repeats for
+    QUICK_REP_MS by default; the settings are restored on the way out."""
+    global SETTLE_MS, REP_MS
+    saved = SETTLE_MS, REP_MS
+    if quick:
+        SETTLE_MS, REP_MS = QUICK_SETTLE_MS, QUICK_REP_MS
+    try:
+        yield
+    finally:
+        SETTLE_MS, REP_MS = saved
 
 
 def bench_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int = 4, settle_ms: float | None = None,

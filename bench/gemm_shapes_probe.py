@@ -2,7 +2,7 @@
 bfloat16) build the rule's pick (gemm_plans.plan_problem) and the next candidates by the cost model, validate
 each against a float32 reference, then time them in turns with cuBLAS (torch.matmul). Also the fused
 bias + GELU pick against eager PyTorch on two shapes. Beside the rule's candidates (`variants`): on Hopper the
-persistent lesson kernel and the appendix's hand-written kernel at three tile widths; unaligned problems
+appendix's hand-written kernel at three tile widths; unaligned problems
 also unpadded (loaded masked). Prints one table per shape and a summary.
 
     python bench/gemm_shapes_probe.py [--shapes 64x8192x8192,8192x8192x8192:bfloat16] [--budget-s 220]
@@ -87,6 +87,8 @@ def variants(pick, M, N, K, family, sms, smem):
                                                          persistent=sms, store_buffers=buffers, even_rounds=True)))
     if M * N >= 8192 * 8192:
         out.append(replace(pick, config=replace(pick.config, panel=16)))
+    else:  # the lesson's three-consumer schedule: taller tiles, fewer blocks
+        out.append(replace(pick, config=P.GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol")))
     return out
 
 
@@ -101,7 +103,7 @@ def short(plan):
     if not isinstance(config, P.GemmConfig):
         return f"ws {config.block_M}x{config.block_N} s{config.num_stages}"
     split = f" /{config.split_k}" if config.split_k > 1 else ""
-    more = (" P" if config.persistent else "") + (f" pn{config.panel}" if config.panel != 10 else "")
+    more = (" P" if getattr(config, "persistent", 0) else "") + (f" pn{config.panel}" if config.panel != 10 else "")
     more += " " + config.policy[:4] if config.policy != "Square" else ""
     more += " nopad" if not plan.pad else ""
     return f"{config.block_M}x{config.block_N}x{config.block_K} s{config.num_stages} t{config.threads}{split}{more}"

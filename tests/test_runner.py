@@ -344,14 +344,15 @@ def test_summary_counts_crashed_and_interrupted(capsys):
     assert tilelang_tour._exit_code(results) == 1
 
 
-def test_quick_runs_settle_briefly_before_each_comparison_and_the_setting_is_restored(monkeypatch):
+def test_quick_runs_settle_briefly_and_repeat_less_and_the_settings_are_restored(monkeypatch):
     seen = []
 
     def load(name):
-        return Section(name=name, title=name, summary="", run=lambda ctx: seen.append(tourkit.SETTLE_MS),
-                       needs_gpu=False)
+        return Section(name=name, title=name, summary="",
+                       run=lambda ctx: seen.append((tourkit.SETTLE_MS, tourkit.REP_MS)), needs_gpu=False)
 
-    before = tourkit.SETTLE_MS
+    before = tourkit.SETTLE_MS, tourkit.REP_MS
     tilelang_tour.main(["--only", "vector_add", "--quick"], loader=load)
     tilelang_tour.main(["--only", "vector_add"], loader=load)
-    assert seen == [tilelang_tour.QUICK_SETTLE_MS, before] and tourkit.SETTLE_MS == before
+    assert seen == [(tourkit.QUICK_SETTLE_MS, tourkit.QUICK_REP_MS), before]
+    assert (tourkit.SETTLE_MS, tourkit.REP_MS) == before and tourkit.QUICK_REP_MS < tourkit.REP_MS
