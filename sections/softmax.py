@@ -21,7 +21,8 @@ A row too long to hold in registers is walked twice, in chunks (the online softm
     for each chunk c:  y[c] = 2^(c − m) / s
 
 Three kernels, checked against torch.softmax, then timed (choose_plan, softmax_plans.py, picks one by rules it
-prints): 1. rows_in_registers, 2. rows_staged_in_shared, 3. long_rows_online (a vocabulary of 128256 or 50257).
+prints): 1. rows_in_registers, 2. rows_staged_in_shared, 3. long_rows_online (a vocabulary of 50257), and on
+Hopper 4. a row split over a thread-block cluster (a vocabulary of 128256: sections/softmax_cluster.py).
 """
 
 import functools
@@ -247,6 +248,9 @@ def build(M: int, N: int, plan: SoftmaxPlan, family: str = "hopper", dtype: str 
         return rows_in_registers(M, N, plan.rows_per_block, plan.threads, dtype, plan.min_blocks_per_sm)
     if plan.kind == "staged":
         return rows_staged_in_shared(M, N, plan.rows_per_block, plan.threads, dtype, bulk, plan.min_blocks_per_sm)
+    if plan.kind == "cluster":  # version 4, Hopper: sections/softmax_cluster.py
+        from sections.softmax_cluster import rows_split_over_cluster
+        return rows_split_over_cluster(M, N, plan.cluster, plan.rows_per_block, plan.threads, dtype)
     return long_rows_online(M, N, plan.rows_per_block, plan.threads, dtype, plan.staged, bulk)
 
 
@@ -296,9 +300,7 @@ def kernels(ctx) -> list[tourkit.KernelDecl]:
 
 # --- The reference, the check, the benchmark ------------------------------------------------------------
 def reference(x):
-    import torch
-
-    return torch.softmax(x.float(), dim=-1)  # float32: the higher-precision reference
+    return x.float().softmax(dim=-1)  # float32: the higher-precision reference
 
 
 def tolerance(dtype: str) -> float:

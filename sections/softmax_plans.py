@@ -11,7 +11,10 @@ and never holds more of a row than the registers or shared memory can take:
   when it fits (one read of global memory), else as much of it as fits, the rest streamed from global memory
   in both passes (the second mostly hits the L2 cache, which holds the rows the resident blocks work on);
   512 threads when the row fits (blocks share an SM), 1024 when its head fills the SM alone; a row that starts
-  unaligned (N % 8) is staged and streamed by its aligned body (aligned_body), its few edge elements singly.
+  unaligned (N % 8) is staged and streamed by its aligned body (aligned_body), its few edge elements singly;
+* on Hopper a row too long for one block's shared memory is split over a cluster of CLUSTER_SIZES blocks
+  instead, where whole 16-byte vectors split it evenly: each block stages its part, and the blocks exchange
+  their (max, sum) through distributed shared memory: one read of global memory again, no second pass.
 
 Pure Python (no torch; tilelang only inside row_split_layout): the tests check these rules for every width on
 every architecture.
@@ -27,18 +30,23 @@ ODD_MIN_BLOCKS = 8  # short odd rows (up to 2048): registers capped so that 8 bl
 REGISTER_ROW_LIMIT = 8192  # widest row kept in registers (16 floats on each of 512 threads; 1024 are slower)
 ONLINE_THREADS, ONLINE_PER_THREAD = 512, 16  # long rows: 8192 columns a step, two vectors a thread
 SMEM_SLACK = 8192  # bytes of shared memory a staged kernel keeps for barriers and the reductions
+CLUSTER_SIZES = (2, 4, 8)  # blocks a cluster may split a row over (8: the portable maximum on Hopper)
 
 
 @dataclass(frozen=True)
 class SoftmaxPlan:
-    kind: str  # "registers" | "staged" | "online"
+    kind: str  # "registers" | "staged" | "online" | "cluster"
     rows_per_block: int  # registers/staged: rows a block; online: elements a thread holds per step
     threads: int
     min_blocks_per_sm: int = 0  # registers / staged: __launch_bounds__' resident blocks per SM (0: not set)
-    staged: int = 0  # online: the columns at the start of a row staged in shared memory
+    staged: int = 0  # online: the columns at the start of a row staged in shared memory; cluster: each block's
+    cluster: int = 1  # cluster: the blocks a row is split over
     why: str = field(default="", compare=False)  # one line a learner can follow
 
     def describe(self) -> str:
+        if self.kind == "cluster":
+            return (f"row split over a cluster of {self.cluster} blocks, {self.staged} columns each staged in shared "
+                    f"memory, {self.threads} threads")
         if self.kind == "online":
             where = f"{self.staged} columns of a row staged in shared memory" if self.staged else "row streamed"
             return f"online two-pass, {where}, {self.rows_per_block} elements a thread a step, {self.threads} threads"
@@ -94,7 +102,24 @@ def choose_plan(M: int, N: int, smem_budget: int, family: str = "hopper") -> Sof
                            "into whole 16-byte vectors over 256 threads, 16 floats each")
     if N <= REGISTER_ROW_LIMIT:
         return register_plan(M, N)
-    return online_plan(N, smem_budget)
+    plan = online_plan(N, smem_budget)
+    if plan.staged < aligned_body(N) and family == "hopper":  # the row does not fit one block's shared memory
+        return cluster_plan(N, smem_budget) or plan
+    return plan
+
+
+def cluster_plan(N: int, smem_budget: int) -> "SoftmaxPlan | None":
+    """The fewest blocks of a cluster that split a row into equal parts of whole 16-byte vectors, each part small
+    enough that two blocks share an SM (one's copy under the other's arithmetic); None where none does."""
+    step = ONLINE_THREADS * ONLINE_PER_THREAD
+    for size in CLUSTER_SIZES:
+        part = N // size
+        if N % (8 * size) == 0 and 2 * (-(-part // step) * step) * 2 <= smem_budget - SMEM_SLACK:
+            return SoftmaxPlan("cluster", ONLINE_PER_THREAD, ONLINE_THREADS, staged=part, cluster=size, why=(
+                f"a row of {N} is too long for one block's shared memory: split over a cluster of {size} blocks, "
+                f"{part} columns each, staged by one bulk copy (one read of global memory); the blocks exchange "
+                f"their max and sum through distributed shared memory, and two blocks share an SM"))
+    return None
 
 
 def online_plan(N: int, smem_budget: int) -> SoftmaxPlan:
@@ -139,7 +164,7 @@ def staged_vector_width(N: int, per_row: int) -> int:
 
 def uses_bulk_copy(plan: SoftmaxPlan, N: int, family: str) -> bool:
     """Hopper stages with TMA: the staged kernel's aligned groups of rows, the online kernel's rows' aligned bodies."""
-    return family == "hopper" and (plan.kind == "staged" or (plan.kind == "online" and plan.staged > 0))
+    return family == "hopper" and (plan.kind in ("staged", "cluster") or (plan.kind == "online" and plan.staged > 0))
 
 
 def row_split_layout(rows: int, width: int, threads_per_row: int, vec: int):

@@ -37,6 +37,10 @@ def plan_fits(M, N, plan, smem):
         assert plan.threads <= 1024
         if plan.kind == "staged":
             assert 2 * plan.rows_per_block * N + P.SMEM_SLACK <= smem and (plan.rows_per_block * N) % 8 == 0
+    elif plan.kind == "cluster":  # equal parts of whole vectors, each staged whole, two blocks an SM
+        step = plan.threads * plan.rows_per_block
+        assert plan.staged * plan.cluster == N and plan.staged % 8 == 0 and plan.cluster in P.CLUSTER_SIZES
+        assert 4 * -(-plan.staged // step) * step + P.SMEM_SLACK <= smem
     else:
         assert plan.kind == "online" and plan.rows_per_block % P.vector_width(N) == 0
         step = plan.threads * plan.rows_per_block
@@ -96,7 +100,7 @@ def test_long_rows_stream_what_shared_memory_cannot_hold():
     assert S.choose_plan(100, 65536, HOPPER).staged == 65536  # 128 KiB row fits 227 KiB: staged whole
     plan = S.choose_plan(100, 65536, AMPERE_86, "ampere")  # 128 KiB row does not fit 99 KiB
     assert plan.kind == "online" and 0 < plan.staged < 65536
-    vocab = S.choose_plan(1024, 128256, HOPPER)
+    vocab = P.online_plan(128256, HOPPER)  # Hopper splits such rows over a cluster (below); the others stream
     step = vocab.threads * vocab.rows_per_block
     assert vocab.kind == "online" and vocab.staged % step == 0 and "L2" in vocab.why
     assert 2 * vocab.staged + P.SMEM_SLACK <= HOPPER < 2 * (vocab.staged + step) + P.SMEM_SLACK  # as much as fits
@@ -107,8 +111,36 @@ def test_long_rows_stream_what_shared_memory_cannot_hold():
     assert S.uses_bulk_copy(vocab, 128256, "hopper") and not S.uses_bulk_copy(vocab, 128256, "ampere")
     assert S.choose_plan(8192, 32000, HOPPER).staged == 32000  # fits, but no chunk divides it
     assert S.choose_plan(8192, 32000, HOPPER).threads == 512  # rows that fit: blocks share an SM
-    for M, N in ((1, 262144), (32, 151936), (256, 262144), (5, 128256)):  # heads that fill the SM: 1024 threads
-        assert S.choose_plan(M, N, HOPPER).threads == 1024 and 0 < S.choose_plan(M, N, HOPPER).staged < N
+    for N in (262144, 151936, 128256):  # heads that fill the SM: 1024 threads
+        assert P.online_plan(N, HOPPER).threads == 1024 and 0 < P.online_plan(N, HOPPER).staged < N
+    for M, N in ((5, 150001), (3, 262147)):  # no cluster splits an unaligned row evenly: streamed on Hopper too
+        assert S.choose_plan(M, N, HOPPER).kind == "online" and S.choose_plan(M, N, HOPPER).threads == 1024
+
+
+@pytest.mark.parametrize("N, cluster", [(128256, 4), (151936, 4), (262144, 8), (200000, 8), (256000, 8), (120000, 4)])
+def test_hopper_splits_a_row_too_long_for_shared_memory_over_a_cluster(N, cluster):
+    plan = S.choose_plan(7, N, HOPPER)
+    assert (plan.kind, plan.cluster, plan.staged) == ("cluster", cluster, N // cluster) and "cluster" in plan.why
+    step = plan.threads * plan.rows_per_block
+
+    def fits_two_a_sm(c):  # equal parts of whole 16-byte vectors (one TMA copy each), two blocks' worth of SMEM
+        return N % (8 * c) == 0 and 2 * 2 * (-(-(N // c) // step) * step) <= HOPPER - P.SMEM_SLACK
+
+    assert fits_two_a_sm(cluster) and not any(fits_two_a_sm(c) for c in P.CLUSTER_SIZES if c < cluster)
+    assert S.choose_plan(7, N, AMPERE_86, "ampere").kind == "online"  # clusters: Hopper only
+    assert S.uses_bulk_copy(plan, N, "hopper")
+
+
+@pytest.mark.parametrize("M, N", [(1024, 128256), (3, 262144)])
+def test_the_cluster_kernel_exchanges_through_distributed_shared_memory(M, N):
+    plan = S.choose_plan(M, N, HOPPER)
+    report = tourkit.inspect_kernel(f"softmax {M}x{N}", S.build(M, N, plan, "hopper"), "sm_90a",
+                                    nvcc=tourkit.find_nvcc() is not None)
+    source = report.source
+    assert report.grid[0] == M * plan.cluster and "cluster_sync" in source and "tma_load" in source
+    assert source.count("map_shared_rank") == 1  # the pair's store into another block's shared memory
+    assert re.search(r"__shared__ __align__\(\d+\) float pairs\[%d\]" % (2 * plan.cluster), source)  # never aliased
+    assert report.spills in ("-", "0")
 
 
 @pytest.mark.parametrize("N", [32000, 40000, 65536, 128256, 262144])
@@ -302,7 +334,8 @@ def test_kernels_declared_for_a_run_are_what_it_checks_and_times():
     ((3, 100000), "float16"), ((2, 50257), "float16"), ((1, 262144), "float16"), ((33, 1000), "bfloat16"),
     ((5, 128256), "bfloat16"), ((3, 2), "bfloat16"), ((2, 65536), "bfloat16"),
     ((2048, 50257), "float16"), ((3, 50257), "bfloat16"), ((1, 50257), "float16"), ((5, 100003), "float16"),
-    ((1000, 50265), "bfloat16"), ((9, 8193), "float16"), ((3, 262147), "float16")])
+    ((1000, 50265), "bfloat16"), ((9, 8193), "float16"), ((3, 262147), "float16"), ((1024, 128256), "float16"),
+    ((2, 151936), "bfloat16"), ((5, 200000), "float16"), ((1, 262144), "bfloat16")])
 def test_softmax_matches_torch(shape, dtype):
     device = tourkit.detect_device()
     if dtype == "bfloat16" and device.capability < (8, 0):
@@ -323,9 +356,14 @@ def test_softmax_matches_torch(shape, dtype):
     (S.SoftmaxPlan("online", 32, 256, staged=40000), (5, 40000)), (S.SoftmaxPlan("online", 8, 512), (3, 9001)),
     (S.SoftmaxPlan("online", 16, 512, staged=8992), (3, 9001)), (S.SoftmaxPlan("online", 16, 512, staged=8192), (3, 9001)),
     (S.SoftmaxPlan("online", 16, 1024), (3, 50257)), (S.SoftmaxPlan("online", 16, 1024, staged=16384), (5, 100003)),
-    (S.SoftmaxPlan("online", 16, 512, staged=50256), (9, 50266)), (S.SoftmaxPlan("online", 8, 1024), (17, 8194))])
+    (S.SoftmaxPlan("online", 16, 512, staged=50256), (9, 50266)), (S.SoftmaxPlan("online", 8, 1024), (17, 8194)),
+    (S.SoftmaxPlan("cluster", 16, 512, staged=32064, cluster=4), (1024, 128256)),
+    (S.SoftmaxPlan("cluster", 16, 512, staged=8000, cluster=8), (3, 64000)),
+    (S.SoftmaxPlan("cluster", 8, 256, staged=4096, cluster=2), (5, 8192))])
 def test_each_kernel_variant_matches_torch(plan, shape):
     device = tourkit.detect_device()
+    if plan.kind == "cluster" and device.family != "hopper":
+        pytest.skip("thread-block clusters need sm_90")
     check = S.check_shape(*shape, plan, family=device.family)
     assert check.passed, check.line()
 

@@ -1,0 +1,94 @@
+"""softmax, version 4 (Hopper): a row too long for one block's shared memory, split over a thread-block cluster.
+
+Version 3 (softmax.py, long_rows_online) stages what fits of such a row and streams the rest from global memory
+twice. A cluster (sm_90) is a group of blocks the GPU runs at the same time on neighbouring SMs, each able to
+write the others' shared memory. So the row can be split: each of the cluster's C blocks stages its N / C
+columns with one TMA copy, folds them into a (max, sum) pair as version 3 does, and sends the pair to every
+block of the cluster; after one cluster barrier each block combines the C pairs into the row's and writes its
+columns. Every element is read from global memory once and written once, as in a copy.
+
+    part = X[row, rank·N/C : (rank+1)·N/C]             # T.copy: one TMA bulk copy into shared memory
+    m, s = online max and sum over part                 # version 3's first pass, from shared memory
+    for r in cluster: pairs[rank] of block r = (m, s)   # T.copy_cluster: a store into block r's shared memory
+    cluster barrier                                     # T.cluster_sync: every pair has arrived
+    M = max_r pairs[r].m;  S = Σ_r pairs[r].s · 2^(pairs[r].m − M)
+    Y[row, part's columns] = 2^(part − M) / S
+
+New here: `T.ClusterKernel(..., cluster_dims=C)`, `T.copy_cluster(src, dst, dst_block=r)` (distributed shared
+memory), and the cluster barrier (`T.cluster_arrive`, `T.cluster_wait`, `T.cluster_sync`). The rule that picks
+it, and C: softmax_plans.cluster_plan.
+"""
+
+import tilelang.language as T
+
+from sections.softmax_plans import row_split_layout
+
+
+def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threads: int, dtype: str = "float16"):
+    """Each row over `cluster` blocks of `threads` threads, N // cluster columns each (whole 16-byte vectors),
+    walked in steps of threads · per_thread elements."""
+    from sections.softmax import LOG2E, running_max_and_sum  # the lesson's pieces (it imports this module lazily)
+
+    part = N // cluster
+    if N % (8 * cluster) or per_thread % 8:
+        raise ValueError(f"cluster softmax: {N} columns must split into {cluster} parts of whole 16-byte vectors, "
+                         f"and {per_thread} elements a thread must be whole vectors")
+    step = threads * per_thread
+    steps = -(-part // step)
+    low = -1.0e38  # a finite start for the running max, as in version 3
+
+    def column(c, i, e):  # thread i's e-th element of step c: runs of 8 in consecutive threads coalesce
+        return c * step + (e // 8) * (threads * 8) + i * 8 + e % 8
+
+    @T.prim_func
+    def softmax_rows_split_over_cluster(X: T.Tensor((M * N,), dtype), Y: T.Tensor((M * N,), dtype)):
+        # Block bx takes columns [bx·part, (bx+1)·part) of the flat X: part `bx % cluster` of row `bx // cluster`.
+        with T.ClusterKernel(M * cluster, cluster_dims=cluster, threads=threads) as bx:
+            columns = T.alloc_shared((steps * step,), dtype)
+            # Static shared memory, which TileLang never shares with another buffer: the other blocks write it
+            # while this one may still be reducing.
+            pairs = T.alloc_shared((cluster, 2), "float32", scope="shared")
+            mine = T.alloc_shared((2,), "float32")
+            x = T.alloc_fragment((threads, per_thread), "float32")
+            part_max = T.alloc_fragment((threads,), "float32")
+            part_sum = T.alloc_fragment((threads,), "float32")
+            new_max = T.alloc_fragment((threads,), "float32")
+            step_sum = T.alloc_fragment((threads,), "float32")
+            row_max = T.alloc_fragment((1,), "float32")
+            row_sum = T.alloc_fragment((1,), "float32")
+            T.annotate_layout({x: row_split_layout(threads, per_thread, 1, per_thread)})
+            T.cluster_arrive()  # "started": no block writes another's shared memory before its owner has started
+            T.copy(X[bx * part:(bx + 1) * part], columns[0:part], prefer_instruction="tma")
+            T.fill(part_max, low)
+            T.fill(part_sum, 0.0)
+            for c in T.serial(steps):  # version 3's first pass, over this block's part
+                for i, e in T.Parallel(threads, per_thread):
+                    x[i, e] = T.if_then_else(column(c, i, e) < part,
+                                             T.cast(columns[column(c, i, e)], "float32") * LOG2E, -T.infinity("float32"))
+                running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads, per_thread)
+            T.reduce_max(part_max, row_max, dim=0)  # the block's pair
+            for i in T.Parallel(threads):
+                part_sum[i] = part_sum[i] * T.exp2(part_max[i] - row_max[0])
+            T.reduce_sum(part_sum, row_sum, dim=0)
+            for i in T.Parallel(1):
+                mine[0] = row_max[i]
+                mine[1] = row_sum[i]
+            T.cluster_wait()  # every block of the cluster has started
+            for r in T.unroll(cluster):  # this block's pair into row `bx % cluster` of every block's pairs
+                T.copy_cluster(mine[0:2], pairs[bx % cluster, 0:2], dst_block=r)
+            T.cluster_sync()  # every pair has arrived everywhere
+            for i in T.Parallel(1):
+                row_max[i] = pairs[0, 0]
+                for r in T.unroll(1, cluster):
+                    row_max[i] = T.max(row_max[i], pairs[r, 0])
+                row_sum[i] = 0.0
+                for r in T.unroll(cluster):
+                    row_sum[i] += pairs[r, 1] * T.exp2(pairs[r, 0] - row_max[i])
+                row_sum[i] = 1.0 / row_sum[i]
+            for c in T.serial(steps):  # the one write, from shared memory
+                for j in T.Parallel(step):
+                    if c * step + j < part:
+                        Y[bx * part + c * step + j] = T.cast(
+                            T.exp2(T.cast(columns[c * step + j], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
+
+    return softmax_rows_split_over_cluster
