@@ -130,6 +130,15 @@ ASYNC_KEY_WIDTHS = (144, 176)
 PAIRED_MAX_WALK = {64: 64, 128: 4}
 # Ampere/Ada/Turing (or a Hopper budget too small for the above): no wgmma; the largest tiles that fit.
 OTHER_CANDIDATES = [(128, 128, 2), (128, 128, 1), (128, 64, 2), (128, 64, 1), (64, 64, 2), (64, 64, 1)]
+# ...and there, a K/V pipeline (2 stages) only up to 64 fp32 accumulators (scores and O) a thread: the pipeline
+# costs registers of its own. At head dim 64, 128x128 tiles (96 a thread) spilled at 255 registers with 2
+# stages and took about 200 with 1; 128x64 tiles (64) took about 200 with 2. ptxas, sm_80 to sm_89.
+PIPELINED_MAX_ACCUMULATORS = 64
+
+
+def accumulators(dim: int, block_M: int, block_N: int, threads: int) -> int:
+    """fp32 values a thread accumulates: its share of the scores (block_M x block_N) and of O (block_M x dim)."""
+    return block_M * (block_N + dim) // threads
 
 
 def query_rows(problem: Problem, sms: int) -> int:
@@ -208,14 +217,22 @@ def choose_config(problem: Problem, family: str, smem_budget: int, sms: int | No
         if smem_estimate(problem.dim, cfg["block_M"], cfg["block_N"], cfg["num_stages"],
                          cfg["kind"] == "async") <= smem_budget:
             return cfg, why
+    spills = ""
     for block_M, block_N, stages in OTHER_CANDIDATES:
-        if problem.causal and stages > 1 and family != "hopper":
-            continue  # tilelang 0.1.15: a cp.async pipeline over the clamped (data-dependent) bound fails codegen
-        if smem_estimate(problem.dim, block_M, block_N, stages) <= smem_budget:
-            why = (f"{'no wgmma here' if family != 'hopper' else 'little shared memory'}: the compiler's pipeline "
-                   f"with the largest tiles whose {stages} stage(s) fit {smem_budget // 1024} KiB of shared memory")
-            return dict(kind="pipelined", block_M=block_M, block_N=block_N, num_stages=stages,
-                        threads=256 if block_M == 128 else 128), why
+        threads = 256 if block_M == 128 else 128
+        if smem_estimate(problem.dim, block_M, block_N, stages) > smem_budget:
+            continue
+        if stages > 1 and family != "hopper":
+            if problem.causal:
+                continue  # tilelang 0.1.15: a cp.async pipeline over the clamped (data-dependent) bound fails codegen
+            if (held := accumulators(problem.dim, block_M, block_N, threads)) > PIPELINED_MAX_ACCUMULATORS:
+                spills = spills or (f"; {stages} stages of {block_M}x{block_N} tiles would spill registers "
+                                    f"({held} fp32 accumulators a thread)")
+                continue
+        why = (f"{'no wgmma here' if family != 'hopper' else 'little shared memory'}: the compiler's pipeline "
+               f"with the largest tiles whose {stages} stage(s) fit {smem_budget // 1024} KiB of shared memory"
+               + spills)
+        return dict(kind="pipelined", block_M=block_M, block_N=block_N, num_stages=stages, threads=threads), why
     raise ValueError(f"flash_attention: no tile configuration fits {smem_budget} bytes of shared memory "
                      f"for head dim {problem.dim}")
 

@@ -6,8 +6,9 @@ The GEMM is the gemm_schedules lesson's (T.Pipelined + T.gemm): its schedules di
 You will learn:
 
 * what a search space is: the product of a few values per knob (block_M, block_N, block_K, num_stages,
-  threads, swizzle), less the schedules whose tiles need more shared memory than a block may use (dropped
-  from the tile sizes alone, before anything is compiled);
+  threads, swizzle), less the tiles whose fp32 accumulator would spill a thread's registers and the schedules
+  whose tiles need more shared memory than a block may use (dropped from the tile sizes alone, before
+  anything is compiled);
 * how `tilelang.autotune` works: it wraps a `tilelang.jit` function whose keyword arguments are the schedule,
   compiles the configurations on CPU threads, times each on the GPU, one after another (`warmup` and `rep`
   count launches), and returns the fastest. Its @autotune path locks each compile, so the tour compiles the
@@ -22,7 +23,8 @@ You will learn:
 The search, in pseudo-code:
 
     space = [c for c in product(block_M, block_N, block_K, num_stages, threads, swizzle)
-             if smem(c) <= smem_per_block]                     # the filter, before compiling
+             if block_M * block_N / threads <= 128              # the accumulator stays in registers
+             and smem(c) <= smem_per_block]                     # the filters, before compiling
     key = hash(source, M, N, K, space, warmup, rep)
     if key in cache: return cache[key]                          # instant
     kernels = compile(space)                                    # CPU threads
@@ -40,6 +42,7 @@ import hashlib
 import inspect
 import json
 import logging
+import math
 import os
 import re
 import subprocess
@@ -49,9 +52,10 @@ import time
 from pathlib import Path
 
 import tourkit
-# The search space (a product of values per knob, filtered by shared memory) is a schedule rule: gemm_plans.
-from sections.gemm_plans import (SPACES, TUNED_KEYS, GemmLauncher, GemmPlan, aligned, describe, filter_space,  # noqa: F401
-                                 search_space, to_gemm_config)
+# The search space (a product of values per knob, filtered by registers and shared memory) is a schedule rule:
+# gemm_plans.
+from sections.gemm_plans import (MAX_ACCUMULATORS, MAX_WITH_COPIES, SPACES, TUNED_KEYS, GemmLauncher,  # noqa: F401
+                                 GemmPlan, aligned, describe, filter_space, search_space, to_gemm_config)
 from sections.gemm_schedules import GemmConfig, gemm_flops, gemm_program
 from tourkit import ARCH_SPECS, KernelDecl, Section, SectionSkip
 
@@ -258,17 +262,24 @@ def judge(times: dict[str, float], pick: str, reference: str = "cuBLAS") -> dict
 # The section.
 
 def report_space(ctx, space: list[dict], kept: list[dict], dropped: list[tuple[dict, int]]) -> None:
-    axes = SPACES[ARCH_SPECS[ctx.arch].family]["full" if ctx.full else "default"]
+    family = ARCH_SPECS[ctx.arch].family
+    axes = SPACES[family]["full" if ctx.full else "default"]
+    spilling = math.prod(len(axes[key]) for key in TUNED_KEYS) - len(space)
     ctx.log(f"search space ({'full' if ctx.full else 'default; --full for a larger one'}): {len(space)} "
             f"configurations, the product of")
     for key in TUNED_KEYS:
         ctx.log(f"  {key:<10} {axes[key]}")
+    limit = (f"{MAX_WITH_COPIES} with its share of the A and B tiles (no cp.async)" if family == "turing" else
+             str(MAX_ACCUMULATORS))
+    ctx.log(f"register rule: {spilling} left out, whose fp32 accumulator (block_M x block_N / threads) would take "
+            f"more than {limit} registers a thread and spill")
     budget = tourkit.format_bytes(ctx.smem_budget)
     ctx.log(f"shared-memory filter: {len(dropped)} need more than the {budget} one block may use on {ctx.arch} "
             f"(num_stages copies of the A and B tiles) and are not compiled; {len(kept)} remain")
     for config, need in dropped[:4]:  # the first few
         ctx.log(f"  dropped {describe(config)}: needs {tourkit.format_bytes(need)}")
-    ctx.metric(space_size=len(space), space_filtered=len(dropped), space_kept=len(kept), smem_budget=ctx.smem_budget)
+    ctx.metric(space_size=len(space), space_spilling=spilling, space_filtered=len(dropped), space_kept=len(kept),
+               smem_budget=ctx.smem_budget)
     if not kept:
         raise SectionSkip(f"autotune: all {len(space)} configurations need more than the {budget} of shared memory "
                           f"one block may use on {ctx.arch}: nothing to tune")

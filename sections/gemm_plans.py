@@ -195,11 +195,22 @@ def estimate_seconds(M: int, N: int, K: int, config: GemmConfig, family: str, sm
     return total
 
 
+def fitted_to_k(config: GemmConfig, K: int) -> GemmConfig:
+    """A short K loop wants a short pipeline: no more stages than K steps (the extra buffers only cost shared
+    memory a launch must set aside), and no K step wider than a small K (a 64-wide step of K = 5 multiplies
+    59 columns of zeros)."""
+    if K <= 32 < config.block_K:
+        config = replace(config, block_K=32)
+    steps = -(-K // config.block_K)
+    return replace(config, num_stages=max(2, min(config.num_stages, steps)))
+
+
 def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int) -> list[GemmConfig]:
     """Every candidate tile that fits (with fewer stages if it must; 64 rows tall at most when M is), each with
     every split of K that leaves a split at least 4 steps deep and does not make more blocks than two waves."""
     out = []
     for base in CANDIDATES[family]:
+        base = fitted_to_k(base, K)
         while not fits(base, smem_budget) and base.num_stages > 2:  # a smaller GPU of the family: fewer stages
             base = replace(base, num_stages=base.num_stages - 1)
         if not fits(base, smem_budget) or (M <= 64 < base.block_M and any(c.block_M <= 64 for c in CANDIDATES[family])):
@@ -220,7 +231,8 @@ def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_bud
     if not options:
         raise ValueError(f"no GEMM tile fits the {smem_budget} B of shared memory a block may use")
     times = [estimate_seconds(M, N, K, c, family, sm_count, smem_budget) for c in options]
-    order = sorted(range(len(options)), key=lambda i: (times[i], i))
+    # Equal estimates (a problem too small for the tile to matter): the smaller tile wastes less work.
+    order = sorted(range(len(options)), key=lambda i: (round(times[i], 9), options[i].block_M * options[i].block_N, i))
     pick = options[order[0]]
     return pick, explain(M, N, K, pick, times[order[0]], options, times, sm_count, smem_budget)
 
@@ -267,7 +279,7 @@ def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget) -> str
 TUNED_KEYS = ("block_M", "block_N", "block_K", "num_stages", "threads", "swizzle")
 SPACES: dict[str, dict[str, dict[str, list]]] = {
     # Hopper: two consumer warpgroups (256 threads; TileLang adds a producer warpgroup), as one alone cannot hold
-    # a 128x256 fp32 accumulator in registers. 256x256 with 4 stages needs 256 KiB: the filter drops it.
+    # a 128x256 fp32 accumulator in registers. 256x256 tiles are left out (MAX_ACCUMULATORS).
     "hopper": {"default": {"block_M": [128, 256], "block_N": [128, 256], "block_K": [64], "num_stages": [3, 4],
                            "threads": [256], "swizzle": [True, False]},
                "full": {"block_M": [64, 128, 256], "block_N": [128, 256], "block_K": [32, 64],
@@ -284,12 +296,40 @@ SPACES: dict[str, dict[str, dict[str, list]]] = {
 SPACES["ada"] = SPACES["ampere"]
 
 
+# A thread keeps its share of the fp32 accumulator in registers for the whole K loop; beyond 128 values ptxas
+# spills (256x256 tiles over 256 threads spilled on sm_80 and sm_90a; 128x256 ones fit in 168-211 registers).
+# On Hopper `threads` are the consumers: the producer warpgroup TileLang adds holds no accumulator. Turing has
+# no cp.async, so its A and B tiles also pass through registers on their way to shared memory: there the two
+# together stay within 160 (128x128x32 over 128 threads: 128 + 32; 64x256x32 tiles, 128 + 40, spilled).
+MAX_ACCUMULATORS = 128
+MAX_WITH_COPIES = 160  # Turing
+
+
+def accumulators(config: dict) -> int:
+    """fp32 accumulator values one (consumer) thread holds: block_M x block_N over the threads."""
+    return config["block_M"] * config["block_N"] // config["threads"]
+
+
+def copy_registers(config: dict) -> int:
+    """Registers a thread's share of one A tile and one B tile takes (2-byte elements, two a register)."""
+    return (config["block_M"] + config["block_N"]) * config["block_K"] // config["threads"] // 2
+
+
+def stays_in_registers(config: dict, family: str) -> bool:
+    """Whether ptxas can keep a thread's accumulator (on Turing, and its copies) in registers."""
+    if family == "turing":
+        return accumulators(config) + copy_registers(config) <= MAX_WITH_COPIES
+    return accumulators(config) <= MAX_ACCUMULATORS
+
+
 def search_space(family: str, full: bool = False) -> list[dict]:
-    """Every combination of the family's values: the config dicts tilelang.autotune takes."""
+    """Every combination of the family's values (the config dicts tilelang.autotune takes) whose accumulator
+    stays in registers."""
     if family not in SPACES:
         raise ValueError(f"no autotune space for architecture family {family!r}")
     axes = SPACES[family]["full" if full else "default"]
-    return [dict(zip(TUNED_KEYS, values)) for values in itertools.product(*(axes[k] for k in TUNED_KEYS))]
+    product = (dict(zip(TUNED_KEYS, values)) for values in itertools.product(*(axes[k] for k in TUNED_KEYS)))
+    return [c for c in product if stays_in_registers(c, family)]
 
 
 def to_gemm_config(config: dict) -> GemmConfig:

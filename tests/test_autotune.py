@@ -1,6 +1,8 @@
-"""autotune: the search space and its shared-memory filter, one tuning with the GPU and nvcc faked (pick,
-readings, quiet progress), the verdict, the section's run with a fake GPU, the declared kernels lowered."""
+"""autotune: the search space, its register rule and its shared-memory filter, one tuning with the GPU and nvcc
+faked (pick, readings, quiet progress), the verdict, the section's run with a fake GPU, the declared kernels
+lowered."""
 
+import itertools
 import sys
 import types
 
@@ -18,10 +20,10 @@ def test_default_space_is_a_small_product_and_full_a_larger_one():
     for family in ("hopper", "ampere", "ada", "turing"):
         axes = autotune.SPACES[family]["default"]
         space = autotune.search_space(family)
-        expected = 1
-        for key in autotune.TUNED_KEYS:
-            expected *= len(axes[key])
-        assert len(space) == expected and 8 <= len(space) <= 16
+        product = [dict(zip(autotune.TUNED_KEYS, values))
+                   for values in itertools.product(*(axes[key] for key in autotune.TUNED_KEYS))]
+        expected = [c for c in product if c["block_M"] * c["block_N"] <= autotune.MAX_ACCUMULATORS * c["threads"]]
+        assert space == expected and 8 <= len(space) <= 16
         assert all(tuple(c) == autotune.TUNED_KEYS for c in space)
         assert len({tuple(c.values()) for c in space}) == len(space)
         assert len(autotune.search_space(family, full=True)) > len(space)
@@ -31,15 +33,32 @@ def test_default_space_is_a_small_product_and_full_a_larger_one():
         autotune.search_space("volta")
 
 
-def test_filter_drops_exactly_what_does_not_fit_and_says_how_much_it_needs():
-    space = autotune.search_space("hopper")
-    kept, dropped = autotune.filter_space(space, HOPPER_BUDGET)
-    assert len(kept) + len(dropped) == len(space) and dropped
-    assert all(autotune.to_gemm_config(c).smem_bytes() <= HOPPER_BUDGET for c in kept)
-    for config, need in dropped:
-        assert need == autotune.to_gemm_config(config).smem_bytes() > HOPPER_BUDGET
-        assert (config["block_M"], config["block_N"], config["num_stages"]) == (256, 256, 4)
+def test_register_rule_leaves_out_the_256x256_tiles():
+    for family in ("hopper", "ampere", "turing"):
+        for full in (False, True):
+            for config in autotune.search_space(family, full):
+                assert config["block_M"] * config["block_N"] // config["threads"] <= autotune.MAX_ACCUMULATORS
+    assert not [c for c in autotune.search_space("hopper") if c["block_M"] == c["block_N"] == 256]
+    assert {(c["block_M"], c["block_N"]) for c in autotune.search_space("ampere")} == {(128, 128), (128, 256),
+                                                                                      (256, 128)}
+    # Turing copies A and B through registers: 128x128x32 over 128 threads (the T4 lesson's) stays, 64x256x32 goes.
+    turing = [(c["block_M"], c["block_N"], c["block_K"], c["threads"]) for c in autotune.search_space("turing", True)]
+    assert (128, 128, 32, 128) in turing and (64, 256, 32, 128) not in turing and (128, 128, 64, 128) not in turing
+    assert len(autotune.search_space("turing")) == 16
     ctx = tourkit.TourContext(compile_only=True, arch="sm_90a", echo=False)
+    autotune.report_space(ctx, *autotune.kept_space(ctx))
+    assert ctx.metrics["space_spilling"] == 4 and "register rule: 4 left out" in "\n".join(ctx.report)
+
+
+def test_filter_drops_exactly_what_does_not_fit_and_says_how_much_it_needs():
+    budget = tourkit.ARCH_SPECS["sm_86"].smem_per_block_optin
+    space = autotune.search_space("ampere", full=True)
+    kept, dropped = autotune.filter_space(space, budget)
+    assert len(kept) + len(dropped) == len(space) and dropped
+    assert all(autotune.to_gemm_config(c).smem_bytes() <= budget for c in kept)
+    for config, need in dropped:
+        assert need == autotune.to_gemm_config(config).smem_bytes() > budget
+    ctx = tourkit.TourContext(compile_only=True, arch="sm_86", full=True, echo=False)
     autotune.report_space(ctx, space, kept, dropped)
     need = tourkit.format_bytes(dropped[0][1])
     assert f"dropped {autotune.describe(dropped[0][0])}: needs {need}" in "\n".join(ctx.report)
@@ -250,7 +269,7 @@ def test_compile_only_run_lowers_the_space(monkeypatch):
     ctx = tourkit.TourContext(quick=True, compile_only=True, arch="sm_86", echo=False)
     autotune.run(ctx)
     assert ctx.headlines == {"arch": "sm_86", "space": 2, "lowered": 2}
-    assert ctx.metrics["space_filtered"] > 0  # 99 KiB: the 256x256 tiles do not fit
+    assert ctx.metrics["space_spilling"] == 4  # the 256x256 tiles
 
 
 # ---------------------------------------------------------------------------------------------------------
