@@ -265,6 +265,15 @@ ASYNC_KEY_WIDTHS = (144, 176)
 PAIRED_MAX_WALK = {64: 64, 128: 4}
 # Ampere/Ada/Turing (or a Hopper budget too small for the above): no wgmma; the largest tiles that fit.
 OTHER_CANDIDATES = [(128, 128, 2), (128, 128, 1), (128, 64, 2), (128, 64, 1), (64, 64, 2), (64, 64, 1)]
+# ...and there, a K/V pipeline (2 stages) only up to 64 fp32 accumulators (scores and O) a thread: the pipeline
+# costs registers of its own. At head dim 64, 128x128 tiles (96 a thread) spilled at 255 registers with 2
+# stages and took about 200 with 1; 128x64 tiles (64) took about 200 with 2. ptxas, sm_80 to sm_89.
+PIPELINED_MAX_ACCUMULATORS = 64
+
+
+def accumulators(dim: int, block_M: int, block_N: int, threads: int) -> int:
+    """fp32 values a thread accumulates: its share of the scores (block_M x block_N) and of O (block_M x dim)."""
+    return block_M * (block_N + dim) // threads
 
 
 def query_rows(problem: Problem, sms: int) -> int:
@@ -343,14 +352,22 @@ def choose_config(problem: Problem, family: str, smem_budget: int, sms: int | No
         if smem_estimate(problem.dim, cfg["block_M"], cfg["block_N"], cfg["num_stages"],
                          cfg["kind"] == "async") <= smem_budget:
             return cfg, why
+    spills = ""
     for block_M, block_N, stages in OTHER_CANDIDATES:
-        if problem.causal and stages > 1 and family != "hopper":
-            continue  # tilelang 0.1.15: a cp.async pipeline over the clamped (data-dependent) bound fails codegen
-        if smem_estimate(problem.dim, block_M, block_N, stages) <= smem_budget:
-            why = (f"{'no wgmma here' if family != 'hopper' else 'little shared memory'}: the compiler's pipeline "
-                   f"with the largest tiles whose {stages} stage(s) fit {smem_budget // 1024} KiB of shared memory")
-            return dict(kind="pipelined", block_M=block_M, block_N=block_N, num_stages=stages,
-                        threads=256 if block_M == 128 else 128), why
+        threads = 256 if block_M == 128 else 128
+        if smem_estimate(problem.dim, block_M, block_N, stages) > smem_budget:
+            continue
+        if stages > 1 and family != "hopper":
+            if problem.causal:
+                continue  # tilelang 0.1.15: a cp.async pipeline over the clamped (data-dependent) bound fails codegen
+            if (held := accumulators(problem.dim, block_M, block_N, threads)) > PIPELINED_MAX_ACCUMULATORS:
+                spills = spills or (f"; {stages} stages of {block_M}x{block_N} tiles would spill registers "
+                                    f"({held} fp32 accumulators a thread)")
+                continue
+        why = (f"{'no wgmma here' if family != 'hopper' else 'little shared memory'}: the compiler's pipeline "
+               f"with the largest tiles whose {stages} stage(s) fit {smem_budget // 1024} KiB of shared memory"
+               + spills)
+        return dict(kind="pipelined", block_M=block_M, block_N=block_N, num_stages=stages, threads=threads), why
     raise ValueError(f"flash_attention: no tile configuration fits {smem_budget} bytes of shared memory "
                      f"for head dim {problem.dim}")
 
@@ -378,8 +395,9 @@ The GEMM is the gemm_schedules lesson's (T.Pipelined + T.gemm): its schedules di
 You will learn:
 
 * what a search space is: the product of a few values per knob (block_M, block_N, block_K, num_stages,
-  threads, swizzle), less the schedules whose tiles need more shared memory than a block may use (dropped
-  from the tile sizes alone, before anything is compiled);
+  threads, swizzle), less the tiles whose fp32 accumulator would spill a thread's registers and the schedules
+  whose tiles need more shared memory than a block may use (dropped from the tile sizes alone, before
+  anything is compiled);
 * how `tilelang.autotune` works: it wraps a `tilelang.jit` function whose keyword arguments are the schedule,
   compiles the configurations on CPU threads, times each on the GPU, one after another (`warmup` and `rep`
   count launches), and returns the fastest. Its @autotune path locks each compile, so the tour compiles the
@@ -394,7 +412,8 @@ You will learn:
 The search, in pseudo-code:
 
     space = [c for c in product(block_M, block_N, block_K, num_stages, threads, swizzle)
-             if smem(c) <= smem_per_block]                     # the filter, before compiling
+             if block_M * block_N / threads <= 128              # the accumulator stays in registers
+             and smem(c) <= smem_per_block]                     # the filters, before compiling
     key = hash(source, M, N, K, space, warmup, rep)
     if key in cache: return cache[key]                          # instant
     kernels = compile(space)                                    # CPU threads
@@ -412,6 +431,7 @@ import hashlib
 import inspect
 import json
 import logging
+import math
 import os
 import re
 import subprocess
@@ -421,9 +441,10 @@ import time
 from pathlib import Path
 
 import tourkit
-# The search space (a product of values per knob, filtered by shared memory) is a schedule rule: gemm_plans.
-from sections.gemm_plans import (SPACES, TUNED_KEYS, GemmLauncher, GemmPlan, aligned, describe, filter_space,  # noqa: F401
-                                 search_space, to_gemm_config)
+# The search space (a product of values per knob, filtered by registers and shared memory) is a schedule rule:
+# gemm_plans.
+from sections.gemm_plans import (MAX_ACCUMULATORS, MAX_WITH_COPIES, SPACES, TUNED_KEYS, GemmLauncher,  # noqa: F401
+                                 GemmPlan, aligned, describe, filter_space, search_space, to_gemm_config)
 from sections.gemm_schedules import GemmConfig, gemm_flops, gemm_program
 from tourkit import ARCH_SPECS, KernelDecl, Section, SectionSkip
 
@@ -630,17 +651,24 @@ def judge(times: dict[str, float], pick: str, reference: str = "cuBLAS") -> dict
 # The section.
 
 def report_space(ctx, space: list[dict], kept: list[dict], dropped: list[tuple[dict, int]]) -> None:
-    axes = SPACES[ARCH_SPECS[ctx.arch].family]["full" if ctx.full else "default"]
+    family = ARCH_SPECS[ctx.arch].family
+    axes = SPACES[family]["full" if ctx.full else "default"]
+    spilling = math.prod(len(axes[key]) for key in TUNED_KEYS) - len(space)
     ctx.log(f"search space ({'full' if ctx.full else 'default; --full for a larger one'}): {len(space)} "
             f"configurations, the product of")
     for key in TUNED_KEYS:
         ctx.log(f"  {key:<10} {axes[key]}")
+    limit = (f"{MAX_WITH_COPIES} with its share of the A and B tiles (no cp.async)" if family == "turing" else
+             str(MAX_ACCUMULATORS))
+    ctx.log(f"register rule: {spilling} left out, whose fp32 accumulator (block_M x block_N / threads) would take "
+            f"more than {limit} registers a thread and spill")
     budget = tourkit.format_bytes(ctx.smem_budget)
     ctx.log(f"shared-memory filter: {len(dropped)} need more than the {budget} one block may use on {ctx.arch} "
             f"(num_stages copies of the A and B tiles) and are not compiled; {len(kept)} remain")
     for config, need in dropped[:4]:  # the first few
         ctx.log(f"  dropped {describe(config)}: needs {tourkit.format_bytes(need)}")
-    ctx.metric(space_size=len(space), space_filtered=len(dropped), space_kept=len(kept), smem_budget=ctx.smem_budget)
+    ctx.metric(space_size=len(space), space_spilling=spilling, space_filtered=len(dropped), space_kept=len(kept),
+               smem_budget=ctx.smem_budget)
     if not kept:
         raise SectionSkip(f"autotune: all {len(space)} configurations need more than the {budget} of shared memory "
                           f"one block may use on {ctx.arch}: nothing to tune")
@@ -2283,11 +2311,22 @@ def estimate_seconds(M: int, N: int, K: int, config: GemmConfig, family: str, sm
     return total
 
 
+def fitted_to_k(config: GemmConfig, K: int) -> GemmConfig:
+    """A short K loop wants a short pipeline: no more stages than K steps (the extra buffers only cost shared
+    memory a launch must set aside), and no K step wider than a small K (a 64-wide step of K = 5 multiplies
+    59 columns of zeros)."""
+    if K <= 32 < config.block_K:
+        config = replace(config, block_K=32)
+    steps = -(-K // config.block_K)
+    return replace(config, num_stages=max(2, min(config.num_stages, steps)))
+
+
 def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int) -> list[GemmConfig]:
     """Every candidate tile that fits (with fewer stages if it must; 64 rows tall at most when M is), each with
     every split of K that leaves a split at least 4 steps deep and does not make more blocks than two waves."""
     out = []
     for base in CANDIDATES[family]:
+        base = fitted_to_k(base, K)
         while not fits(base, smem_budget) and base.num_stages > 2:  # a smaller GPU of the family: fewer stages
             base = replace(base, num_stages=base.num_stages - 1)
         if not fits(base, smem_budget) or (M <= 64 < base.block_M and any(c.block_M <= 64 for c in CANDIDATES[family])):
@@ -2308,7 +2347,8 @@ def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_bud
     if not options:
         raise ValueError(f"no GEMM tile fits the {smem_budget} B of shared memory a block may use")
     times = [estimate_seconds(M, N, K, c, family, sm_count, smem_budget) for c in options]
-    order = sorted(range(len(options)), key=lambda i: (times[i], i))
+    # Equal estimates (a problem too small for the tile to matter): the smaller tile wastes less work.
+    order = sorted(range(len(options)), key=lambda i: (round(times[i], 9), options[i].block_M * options[i].block_N, i))
     pick = options[order[0]]
     return pick, explain(M, N, K, pick, times[order[0]], options, times, sm_count, smem_budget)
 
@@ -2355,7 +2395,7 @@ def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget) -> str
 TUNED_KEYS = ("block_M", "block_N", "block_K", "num_stages", "threads", "swizzle")
 SPACES: dict[str, dict[str, dict[str, list]]] = {
     # Hopper: two consumer warpgroups (256 threads; TileLang adds a producer warpgroup), as one alone cannot hold
-    # a 128x256 fp32 accumulator in registers. 256x256 with 4 stages needs 256 KiB: the filter drops it.
+    # a 128x256 fp32 accumulator in registers. 256x256 tiles are left out (MAX_ACCUMULATORS).
     "hopper": {"default": {"block_M": [128, 256], "block_N": [128, 256], "block_K": [64], "num_stages": [3, 4],
                            "threads": [256], "swizzle": [True, False]},
                "full": {"block_M": [64, 128, 256], "block_N": [128, 256], "block_K": [32, 64],
@@ -2372,12 +2412,40 @@ SPACES: dict[str, dict[str, dict[str, list]]] = {
 SPACES["ada"] = SPACES["ampere"]
 
 
+# A thread keeps its share of the fp32 accumulator in registers for the whole K loop; beyond 128 values ptxas
+# spills (256x256 tiles over 256 threads spilled on sm_80 and sm_90a; 128x256 ones fit in 168-211 registers).
+# On Hopper `threads` are the consumers: the producer warpgroup TileLang adds holds no accumulator. Turing has
+# no cp.async, so its A and B tiles also pass through registers on their way to shared memory: there the two
+# together stay within 160 (128x128x32 over 128 threads: 128 + 32; 64x256x32 tiles, 128 + 40, spilled).
+MAX_ACCUMULATORS = 128
+MAX_WITH_COPIES = 160  # Turing
+
+
+def accumulators(config: dict) -> int:
+    """fp32 accumulator values one (consumer) thread holds: block_M x block_N over the threads."""
+    return config["block_M"] * config["block_N"] // config["threads"]
+
+
+def copy_registers(config: dict) -> int:
+    """Registers a thread's share of one A tile and one B tile takes (2-byte elements, two a register)."""
+    return (config["block_M"] + config["block_N"]) * config["block_K"] // config["threads"] // 2
+
+
+def stays_in_registers(config: dict, family: str) -> bool:
+    """Whether ptxas can keep a thread's accumulator (on Turing, and its copies) in registers."""
+    if family == "turing":
+        return accumulators(config) + copy_registers(config) <= MAX_WITH_COPIES
+    return accumulators(config) <= MAX_ACCUMULATORS
+
+
 def search_space(family: str, full: bool = False) -> list[dict]:
-    """Every combination of the family's values: the config dicts tilelang.autotune takes."""
+    """Every combination of the family's values (the config dicts tilelang.autotune takes) whose accumulator
+    stays in registers."""
     if family not in SPACES:
         raise ValueError(f"no autotune space for architecture family {family!r}")
     axes = SPACES[family]["full" if full else "default"]
-    return [dict(zip(TUNED_KEYS, values)) for values in itertools.product(*(axes[k] for k in TUNED_KEYS))]
+    product = (dict(zip(TUNED_KEYS, values)) for values in itertools.product(*(axes[k] for k in TUNED_KEYS)))
+    return [c for c in product if stays_in_registers(c, family)]
 
 
 def to_gemm_config(config: dict) -> GemmConfig:
@@ -4120,7 +4188,8 @@ A row too long to hold in registers is walked twice, in chunks (the online softm
     for each chunk c:  y[c] = 2^(c − m) / s
 
 Three kernels, checked against torch.softmax, then timed (choose_plan, softmax_plans.py, picks one by rules it
-prints): 1. rows_in_registers, 2. rows_staged_in_shared, 3. long_rows_online (a vocabulary of 128256 or 50257).
+prints): 1. rows_in_registers, 2. rows_staged_in_shared, 3. long_rows_online (a vocabulary of 50257), and on
+Hopper 4. a row split over a thread-block cluster (a vocabulary of 128256: sections/softmax_cluster.py).
 """
 
 import functools
@@ -4346,6 +4415,9 @@ def build(M: int, N: int, plan: SoftmaxPlan, family: str = "hopper", dtype: str 
         return rows_in_registers(M, N, plan.rows_per_block, plan.threads, dtype, plan.min_blocks_per_sm)
     if plan.kind == "staged":
         return rows_staged_in_shared(M, N, plan.rows_per_block, plan.threads, dtype, bulk, plan.min_blocks_per_sm)
+    if plan.kind == "cluster":  # version 4, Hopper: sections/softmax_cluster.py
+        from sections.softmax_cluster import rows_split_over_cluster
+        return rows_split_over_cluster(M, N, plan.cluster, plan.rows_per_block, plan.threads, dtype)
     return long_rows_online(M, N, plan.rows_per_block, plan.threads, dtype, plan.staged, bulk)
 
 
@@ -4395,9 +4467,7 @@ def kernels(ctx) -> list[tourkit.KernelDecl]:
 
 # --- The reference, the check, the benchmark ------------------------------------------------------------
 def reference(x):
-    import torch
-
-    return torch.softmax(x.float(), dim=-1)  # float32: the higher-precision reference
+    return x.float().softmax(dim=-1)  # float32: the higher-precision reference
 
 
 def tolerance(dtype: str) -> float:
@@ -4497,6 +4567,103 @@ SECTION = tourkit.Section(
 )
 ''')
 
+_tour_file('sections/softmax_cluster.py', r'''
+"""softmax, version 4 (Hopper): a row too long for one block's shared memory, split over a thread-block cluster.
+
+Version 3 (softmax.py, long_rows_online) stages what fits of such a row and streams the rest from global memory
+twice. A cluster (sm_90) is a group of blocks the GPU runs at the same time on neighbouring SMs, each able to
+write the others' shared memory. So the row can be split: each of the cluster's C blocks stages its N / C
+columns with one TMA copy, folds them into a (max, sum) pair as version 3 does, and sends the pair to every
+block of the cluster; after one cluster barrier each block combines the C pairs into the row's and writes its
+columns. Every element is read from global memory once and written once, as in a copy.
+
+    part = X[row, rank·N/C : (rank+1)·N/C]             # T.copy: one TMA bulk copy into shared memory
+    m, s = online max and sum over part                 # version 3's first pass, from shared memory
+    for r in cluster: pairs[rank] of block r = (m, s)   # T.copy_cluster: a store into block r's shared memory
+    cluster barrier                                     # T.cluster_sync: every pair has arrived
+    M = max_r pairs[r].m;  S = Σ_r pairs[r].s · 2^(pairs[r].m − M)
+    Y[row, part's columns] = 2^(part − M) / S
+
+New here: `T.ClusterKernel(..., cluster_dims=C)`, `T.copy_cluster(src, dst, dst_block=r)` (distributed shared
+memory), and the cluster barrier (`T.cluster_arrive`, `T.cluster_wait`, `T.cluster_sync`). The rule that picks
+it, and C: softmax_plans.cluster_plan.
+"""
+
+import tilelang.language as T
+
+from sections.softmax_plans import row_split_layout
+
+
+def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threads: int, dtype: str = "float16"):
+    """Each row over `cluster` blocks of `threads` threads, N // cluster columns each (whole 16-byte vectors),
+    walked in steps of threads · per_thread elements."""
+    from sections.softmax import LOG2E, running_max_and_sum  # the lesson's pieces (it imports this module lazily)
+
+    part = N // cluster
+    if N % (8 * cluster) or per_thread % 8:
+        raise ValueError(f"cluster softmax: {N} columns must split into {cluster} parts of whole 16-byte vectors, "
+                         f"and {per_thread} elements a thread must be whole vectors")
+    step = threads * per_thread
+    steps = -(-part // step)
+    low = -1.0e38  # a finite start for the running max, as in version 3
+
+    def column(c, i, e):  # thread i's e-th element of step c: runs of 8 in consecutive threads coalesce
+        return c * step + (e // 8) * (threads * 8) + i * 8 + e % 8
+
+    @T.prim_func
+    def softmax_rows_split_over_cluster(X: T.Tensor((M * N,), dtype), Y: T.Tensor((M * N,), dtype)):
+        # Block bx takes columns [bx·part, (bx+1)·part) of the flat X: part `bx % cluster` of row `bx // cluster`.
+        with T.ClusterKernel(M * cluster, cluster_dims=cluster, threads=threads) as bx:
+            columns = T.alloc_shared((steps * step,), dtype)
+            # Static shared memory, which TileLang never shares with another buffer: the other blocks write it
+            # while this one may still be reducing.
+            pairs = T.alloc_shared((cluster, 2), "float32", scope="shared")
+            mine = T.alloc_shared((2,), "float32")
+            x = T.alloc_fragment((threads, per_thread), "float32")
+            part_max = T.alloc_fragment((threads,), "float32")
+            part_sum = T.alloc_fragment((threads,), "float32")
+            new_max = T.alloc_fragment((threads,), "float32")
+            step_sum = T.alloc_fragment((threads,), "float32")
+            row_max = T.alloc_fragment((1,), "float32")
+            row_sum = T.alloc_fragment((1,), "float32")
+            T.annotate_layout({x: row_split_layout(threads, per_thread, 1, per_thread)})
+            T.cluster_arrive()  # "started": no block writes another's shared memory before its owner has started
+            T.copy(X[bx * part:(bx + 1) * part], columns[0:part], prefer_instruction="tma")
+            T.fill(part_max, low)
+            T.fill(part_sum, 0.0)
+            for c in T.serial(steps):  # version 3's first pass, over this block's part
+                for i, e in T.Parallel(threads, per_thread):
+                    x[i, e] = T.if_then_else(column(c, i, e) < part,
+                                             T.cast(columns[column(c, i, e)], "float32") * LOG2E, -T.infinity("float32"))
+                running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads, per_thread)
+            T.reduce_max(part_max, row_max, dim=0)  # the block's pair
+            for i in T.Parallel(threads):
+                part_sum[i] = part_sum[i] * T.exp2(part_max[i] - row_max[0])
+            T.reduce_sum(part_sum, row_sum, dim=0)
+            for i in T.Parallel(1):
+                mine[0] = row_max[i]
+                mine[1] = row_sum[i]
+            T.cluster_wait()  # every block of the cluster has started
+            for r in T.unroll(cluster):  # this block's pair into row `bx % cluster` of every block's pairs
+                T.copy_cluster(mine[0:2], pairs[bx % cluster, 0:2], dst_block=r)
+            T.cluster_sync()  # every pair has arrived everywhere
+            for i in T.Parallel(1):
+                row_max[i] = pairs[0, 0]
+                for r in T.unroll(1, cluster):
+                    row_max[i] = T.max(row_max[i], pairs[r, 0])
+                row_sum[i] = 0.0
+                for r in T.unroll(cluster):
+                    row_sum[i] += pairs[r, 1] * T.exp2(pairs[r, 0] - row_max[i])
+                row_sum[i] = 1.0 / row_sum[i]
+            for c in T.serial(steps):  # the one write, from shared memory
+                for j in T.Parallel(step):
+                    if c * step + j < part:
+                        Y[bx * part + c * step + j] = T.cast(
+                            T.exp2(T.cast(columns[c * step + j], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
+
+    return softmax_rows_split_over_cluster
+''')
+
 _tour_file('sections/softmax_plans.py', r'''
 """How the softmax lesson picks a kernel for a problem of M rows by N columns on a GPU: rules, not tables.
 
@@ -4511,7 +4678,11 @@ and never holds more of a row than the registers or shared memory can take:
   when it fits (one read of global memory), else as much of it as fits, the rest streamed from global memory
   in both passes (the second mostly hits the L2 cache, which holds the rows the resident blocks work on);
   512 threads when the row fits (blocks share an SM), 1024 when its head fills the SM alone; a row that starts
-  unaligned (N % 8) is staged and streamed by its aligned body (aligned_body), its few edge elements singly.
+  unaligned (N % 8) is staged and streamed by its aligned body (aligned_body), its few edge elements singly;
+* on Hopper a row too long for one block's shared memory, or so long that fewer than CLUSTER_MIN_BLOCKS
+  staged blocks share an SM, is split over a cluster of CLUSTER_SIZES blocks instead, where whole 16-byte
+  vectors split it evenly: each block stages its part, and the blocks exchange their (max, sum) through
+  distributed shared memory: one read of global memory, no second pass.
 
 Pure Python (no torch; tilelang only inside row_split_layout): the tests check these rules for every width on
 every architecture.
@@ -4527,18 +4698,26 @@ ODD_MIN_BLOCKS = 8  # short odd rows (up to 2048): registers capped so that 8 bl
 REGISTER_ROW_LIMIT = 8192  # widest row kept in registers (16 floats on each of 512 threads; 1024 are slower)
 ONLINE_THREADS, ONLINE_PER_THREAD = 512, 16  # long rows: 8192 columns a step, two vectors a thread
 SMEM_SLACK = 8192  # bytes of shared memory a staged kernel keeps for barriers and the reductions
+CLUSTER_SIZES = (2, 4, 8)  # blocks a cluster may split a row over (8: the portable maximum on Hopper)
+# Staged blocks an SM below which a row is better split over a cluster: with one or two, an SM's loads sit
+# idle while its blocks compute and write; from three on, one block's copy is always in flight.
+CLUSTER_MIN_BLOCKS = 3
 
 
 @dataclass(frozen=True)
 class SoftmaxPlan:
-    kind: str  # "registers" | "staged" | "online"
+    kind: str  # "registers" | "staged" | "online" | "cluster"
     rows_per_block: int  # registers/staged: rows a block; online: elements a thread holds per step
     threads: int
     min_blocks_per_sm: int = 0  # registers / staged: __launch_bounds__' resident blocks per SM (0: not set)
-    staged: int = 0  # online: the columns at the start of a row staged in shared memory
+    staged: int = 0  # online: the columns at the start of a row staged in shared memory; cluster: each block's
+    cluster: int = 1  # cluster: the blocks a row is split over
     why: str = field(default="", compare=False)  # one line a learner can follow
 
     def describe(self) -> str:
+        if self.kind == "cluster":
+            return (f"row split over a cluster of {self.cluster} blocks, {self.staged} columns each staged in shared "
+                    f"memory, {self.threads} threads")
         if self.kind == "online":
             where = f"{self.staged} columns of a row staged in shared memory" if self.staged else "row streamed"
             return f"online two-pass, {where}, {self.rows_per_block} elements a thread a step, {self.threads} threads"
@@ -4594,7 +4773,30 @@ def choose_plan(M: int, N: int, smem_budget: int, family: str = "hopper") -> Sof
                            "into whole 16-byte vectors over 256 threads, 16 floats each")
     if N <= REGISTER_ROW_LIMIT:
         return register_plan(M, N)
-    return online_plan(N, smem_budget)
+    plan = online_plan(N, smem_budget)
+    if family == "hopper" and staged_blocks_per_sm(plan.staged, smem_budget) < CLUSTER_MIN_BLOCKS:
+        return cluster_plan(N, smem_budget) or plan
+    return plan
+
+
+def staged_blocks_per_sm(columns: int, smem_budget: int) -> int:
+    """Blocks that fit an SM's shared memory when each stages `columns` (padded to whole steps of the online
+    kernel) and keeps SMEM_SLACK for its barriers and reductions."""
+    step = ONLINE_THREADS * ONLINE_PER_THREAD
+    return smem_budget // (2 * (-(-columns // step) * step) + SMEM_SLACK)
+
+
+def cluster_plan(N: int, smem_budget: int) -> "SoftmaxPlan | None":
+    """The fewest blocks of a cluster that split a row into equal parts of whole 16-byte vectors, each part small
+    enough that CLUSTER_MIN_BLOCKS blocks share an SM (one's copy always in flight); None where none does."""
+    for size in CLUSTER_SIZES:
+        part = N // size
+        if N % (8 * size) == 0 and staged_blocks_per_sm(part, smem_budget) >= CLUSTER_MIN_BLOCKS:
+            return SoftmaxPlan("cluster", ONLINE_PER_THREAD, ONLINE_THREADS, staged=part, cluster=size, why=(
+                f"a row of {N} is too long for one block's shared memory: split over a cluster of {size} blocks, "
+                f"{part} columns each, staged by one bulk copy (one read of global memory); the blocks exchange "
+                f"their max and sum through distributed shared memory, and {CLUSTER_MIN_BLOCKS} blocks share an SM"))
+    return None
 
 
 def online_plan(N: int, smem_budget: int) -> SoftmaxPlan:
@@ -4639,7 +4841,7 @@ def staged_vector_width(N: int, per_row: int) -> int:
 
 def uses_bulk_copy(plan: SoftmaxPlan, N: int, family: str) -> bool:
     """Hopper stages with TMA: the staged kernel's aligned groups of rows, the online kernel's rows' aligned bodies."""
-    return family == "hopper" and (plan.kind == "staged" or (plan.kind == "online" and plan.staged > 0))
+    return family == "hopper" and (plan.kind in ("staged", "cluster") or (plan.kind == "online" and plan.staged > 0))
 
 
 def row_split_layout(rows: int, width: int, threads_per_row: int, vec: int):
@@ -4927,8 +5129,6 @@ from sections import SECTION_NAMES
 from tourkit import SectionResult, SectionSkip, TourContext, UsageError
 
 DEFAULT_SECTION_TIMEOUT_S = 900
-# --quick: a shorter untimed load before each comparison (tourkit.SETTLE_MS): a quick look, not a verdict
-QUICK_SETTLE_MS = 500.0
 FAILING = ("failed", "crashed", "timed out")
 # For the runner's own tests: a module to take the sections from instead of the `sections` package. It
 # defines SECTION_NAMES and load_section(name), and may define detect_device(), probe_tilelang_import()
@@ -5363,12 +5563,8 @@ def run_sections(names: Sequence[str], options: RunOptions, device, source, *, f
     a CUDA error that breaks the context ends the run (the parent goes on in a fresh worker).
     Returns (results, tilelang probe, interrupted)."""
     faults = faults or {}
-    settle_ms = tourkit.SETTLE_MS
-    tourkit.SETTLE_MS = QUICK_SETTLE_MS if options.quick else settle_ms
-    try:
+    with tourkit.quick_timing(options.quick):  # --quick: shorter timings, a quick look rather than a verdict
         return _run_sections(names, options, device, source, faults, gpu_broken, probe, first_index, total, send)
-    finally:
-        tourkit.SETTLE_MS = settle_ms
 
 
 def _run_sections(names, options, device, source, faults, gpu_broken, probe, first_index, total, send):
@@ -6362,7 +6558,7 @@ def _flush_buffer(nbytes: int = 256 * 1024 * 1024):
 FLUSH_MODES = ("write", "read")
 
 
-def bench_ms(fn: Callable[[], Any], *, warmup_ms: float = 25.0, rep_ms: float = 100.0,
+def bench_ms(fn: Callable[[], Any], *, warmup_ms: float = 25.0, rep_ms: float | None = None,
              flush_l2: bool = True, flush_mode: str = "write", min_reps: int = 5, max_reps: int = 1000) -> float:
     """Median time of `fn()` in milliseconds, from CUDA events around each call, after a warm-up.
 
@@ -6390,7 +6586,7 @@ def bench_ms(fn: Callable[[], Any], *, warmup_ms: float = 25.0, rep_ms: float = 
     estimate = max(start.elapsed_time(end) / 3, 1e-3)
     for _ in range(max(1, int(warmup_ms / estimate))):
         fn()
-    reps = min(max_reps, max(min_reps, int(rep_ms / estimate)))
+    reps = min(max_reps, max(min_reps, int((REP_MS if rep_ms is None else rep_ms) / estimate)))
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for i in range(reps):
@@ -6434,6 +6630,23 @@ def device_copy_gbps(nbytes: int = 1 << 30) -> float:
 # for the first second or so, and whichever contender runs first would pay for it (bench/settle_probe.py
 # measures this; BENCHMARKS.md has what it found).
 SETTLE_MS = 1500.0
+REP_MS = 100.0  # bench_ms's repetitions by default: this many milliseconds of calls
+# --quick: a quick look, not a verdict: a shorter untimed load and half the repetitions (quick_timing)
+QUICK_SETTLE_MS, QUICK_REP_MS = 500.0, 50.0
+
+
+@contextlib.contextmanager
+def quick_timing(quick: bool):
+    """Within it, with quick set, every comparison settles for QUICK_SETTLE_MS and bench_ms repeats for
+    QUICK_REP_MS by default; the settings are restored on the way out."""
+    global SETTLE_MS, REP_MS
+    saved = SETTLE_MS, REP_MS
+    if quick:
+        SETTLE_MS, REP_MS = QUICK_SETTLE_MS, QUICK_REP_MS
+    try:
+        yield
+    finally:
+        SETTLE_MS, REP_MS = saved
 
 
 def bench_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int = 4, settle_ms: float | None = None,

@@ -12,9 +12,10 @@ and never holds more of a row than the registers or shared memory can take:
   in both passes (the second mostly hits the L2 cache, which holds the rows the resident blocks work on);
   512 threads when the row fits (blocks share an SM), 1024 when its head fills the SM alone; a row that starts
   unaligned (N % 8) is staged and streamed by its aligned body (aligned_body), its few edge elements singly;
-* on Hopper a row too long for one block's shared memory is split over a cluster of CLUSTER_SIZES blocks
-  instead, where whole 16-byte vectors split it evenly: each block stages its part, and the blocks exchange
-  their (max, sum) through distributed shared memory: one read of global memory again, no second pass.
+* on Hopper a row too long for one block's shared memory, or so long that fewer than CLUSTER_MIN_BLOCKS
+  staged blocks share an SM, is split over a cluster of CLUSTER_SIZES blocks instead, where whole 16-byte
+  vectors split it evenly: each block stages its part, and the blocks exchange their (max, sum) through
+  distributed shared memory: one read of global memory, no second pass.
 
 Pure Python (no torch; tilelang only inside row_split_layout): the tests check these rules for every width on
 every architecture.
@@ -31,6 +32,9 @@ REGISTER_ROW_LIMIT = 8192  # widest row kept in registers (16 floats on each of 
 ONLINE_THREADS, ONLINE_PER_THREAD = 512, 16  # long rows: 8192 columns a step, two vectors a thread
 SMEM_SLACK = 8192  # bytes of shared memory a staged kernel keeps for barriers and the reductions
 CLUSTER_SIZES = (2, 4, 8)  # blocks a cluster may split a row over (8: the portable maximum on Hopper)
+# Staged blocks an SM below which a row is better split over a cluster: with one or two, an SM's loads sit
+# idle while its blocks compute and write; from three on, one block's copy is always in flight.
+CLUSTER_MIN_BLOCKS = 3
 
 
 @dataclass(frozen=True)
@@ -103,22 +107,28 @@ def choose_plan(M: int, N: int, smem_budget: int, family: str = "hopper") -> Sof
     if N <= REGISTER_ROW_LIMIT:
         return register_plan(M, N)
     plan = online_plan(N, smem_budget)
-    if plan.staged < aligned_body(N) and family == "hopper":  # the row does not fit one block's shared memory
+    if family == "hopper" and staged_blocks_per_sm(plan.staged, smem_budget) < CLUSTER_MIN_BLOCKS:
         return cluster_plan(N, smem_budget) or plan
     return plan
 
 
+def staged_blocks_per_sm(columns: int, smem_budget: int) -> int:
+    """Blocks that fit an SM's shared memory when each stages `columns` (padded to whole steps of the online
+    kernel) and keeps SMEM_SLACK for its barriers and reductions."""
+    step = ONLINE_THREADS * ONLINE_PER_THREAD
+    return smem_budget // (2 * (-(-columns // step) * step) + SMEM_SLACK)
+
+
 def cluster_plan(N: int, smem_budget: int) -> "SoftmaxPlan | None":
     """The fewest blocks of a cluster that split a row into equal parts of whole 16-byte vectors, each part small
-    enough that two blocks share an SM (one's copy under the other's arithmetic); None where none does."""
-    step = ONLINE_THREADS * ONLINE_PER_THREAD
+    enough that CLUSTER_MIN_BLOCKS blocks share an SM (one's copy always in flight); None where none does."""
     for size in CLUSTER_SIZES:
         part = N // size
-        if N % (8 * size) == 0 and 2 * (-(-part // step) * step) * 2 <= smem_budget - SMEM_SLACK:
+        if N % (8 * size) == 0 and staged_blocks_per_sm(part, smem_budget) >= CLUSTER_MIN_BLOCKS:
             return SoftmaxPlan("cluster", ONLINE_PER_THREAD, ONLINE_THREADS, staged=part, cluster=size, why=(
                 f"a row of {N} is too long for one block's shared memory: split over a cluster of {size} blocks, "
                 f"{part} columns each, staged by one bulk copy (one read of global memory); the blocks exchange "
-                f"their max and sum through distributed shared memory, and two blocks share an SM"))
+                f"their max and sum through distributed shared memory, and {CLUSTER_MIN_BLOCKS} blocks share an SM"))
     return None
 
 

@@ -40,7 +40,7 @@ def plan_fits(M, N, plan, smem):
     elif plan.kind == "cluster":  # equal parts of whole vectors, each staged whole, two blocks an SM
         step = plan.threads * plan.rows_per_block
         assert plan.staged * plan.cluster == N and plan.staged % 8 == 0 and plan.cluster in P.CLUSTER_SIZES
-        assert 4 * -(-plan.staged // step) * step + P.SMEM_SLACK <= smem
+        assert P.staged_blocks_per_sm(plan.staged, smem) >= P.CLUSTER_MIN_BLOCKS
     else:
         assert plan.kind == "online" and plan.rows_per_block % P.vector_width(N) == 0
         step = plan.threads * plan.rows_per_block
@@ -97,7 +97,8 @@ def test_vector_width_follows_the_rows_alignment():
 
 
 def test_long_rows_stream_what_shared_memory_cannot_hold():
-    assert S.choose_plan(100, 65536, HOPPER).staged == 65536  # 128 KiB row fits 227 KiB: staged whole
+    assert P.online_plan(65536, HOPPER).staged == 65536  # 128 KiB row fits 227 KiB: staged whole ...
+    assert S.choose_plan(100, 65536, HOPPER).cluster == 2  # ... but alone on its SM: Hopper splits it in two
     plan = S.choose_plan(100, 65536, AMPERE_86, "ampere")  # 128 KiB row does not fit 99 KiB
     assert plan.kind == "online" and 0 < plan.staged < 65536
     vocab = P.online_plan(128256, HOPPER)  # Hopper splits such rows over a cluster (below); the others stream
@@ -117,16 +118,18 @@ def test_long_rows_stream_what_shared_memory_cannot_hold():
         assert S.choose_plan(M, N, HOPPER).kind == "online" and S.choose_plan(M, N, HOPPER).threads == 1024
 
 
-@pytest.mark.parametrize("N, cluster", [(128256, 4), (151936, 4), (262144, 8), (200000, 8), (256000, 8), (120000, 4)])
+@pytest.mark.parametrize("N, cluster", [(128256, 4), (151936, 8), (262144, 8), (200000, 8), (256000, 8), (120000, 4),
+                                        (50304, 2), (65536, 2)])
 def test_hopper_splits_a_row_too_long_for_shared_memory_over_a_cluster(N, cluster):
     plan = S.choose_plan(7, N, HOPPER)
     assert (plan.kind, plan.cluster, plan.staged) == ("cluster", cluster, N // cluster) and "cluster" in plan.why
     step = plan.threads * plan.rows_per_block
 
-    def fits_two_a_sm(c):  # equal parts of whole 16-byte vectors (one TMA copy each), two blocks' worth of SMEM
-        return N % (8 * c) == 0 and 2 * 2 * (-(-(N // c) // step) * step) <= HOPPER - P.SMEM_SLACK
+    def fits(c):  # equal parts of whole 16-byte vectors (one TMA copy each), three blocks an SM
+        return N % (8 * c) == 0 and 3 * (2 * -(-(N // c) // step) * step + P.SMEM_SLACK) <= HOPPER
 
-    assert fits_two_a_sm(cluster) and not any(fits_two_a_sm(c) for c in P.CLUSTER_SIZES if c < cluster)
+    assert fits(cluster) and not any(fits(c) for c in P.CLUSTER_SIZES if c < cluster)  # the fewest blocks
+    assert P.staged_blocks_per_sm(P.online_plan(N, HOPPER).staged, HOPPER) < P.CLUSTER_MIN_BLOCKS
     assert S.choose_plan(7, N, AMPERE_86, "ampere").kind == "online"  # clusters: Hopper only
     assert S.uses_bulk_copy(plan, N, "hopper")
 
