@@ -204,3 +204,22 @@ def test_a_notebook_shows_the_plots_inline_without_a_folder(monkeypatch):
     lines = []
     paths = tourplots.after_tour(fake_record(), inline=True, log=lines.append)
     assert shown == paths and len(paths) == 4 and lines == []  # drawn to a temporary folder, nothing said
+
+
+def test_the_committed_gpu_record_has_every_timed_section_and_redraws_the_committed_plots(tmp_path):
+    """docs/h200_tour.json is the run the README's plots come from: every section that times kernels recorded
+    its own and PyTorch's, and tourplots draws the same four files from it."""
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "docs", "h200_tour.json")) as fh:
+        run = json.load(fh)
+    entries = tourplots.timings(run["sections"])
+    kinds = {(e["section"], e["kind"]) for e in entries}
+    for section in ("vector_add", "gemm_schedules", "fusion", "softmax", "flash_attention", "autotune"):
+        assert (section, "lesson") in kinds and (section, "pytorch") in kinds, section
+    assert {("gemm_schedules", "appendix"), ("flash_attention", "appendix"), ("softmax", "copy")} <= kinds
+    paths = tourplots.draw_all(run["sections"], str(tmp_path), run["environment"])
+    names = sorted(os.path.basename(p) for p in paths)
+    assert names == sorted(tourplots.FILES.values())
+    assert names == sorted(n for n in os.listdir(os.path.join(root, "docs")) if n.endswith(".png"))
