@@ -444,7 +444,7 @@ import tourkit
 # The search space (a product of values per knob, filtered by registers and shared memory) is a schedule rule:
 # gemm_plans.
 from sections.gemm_plans import (MAX_ACCUMULATORS, MAX_WITH_COPIES, SPACES, TUNED_KEYS, GemmLauncher,  # noqa: F401
-                                 GemmPlan, aligned, describe, filter_space, search_space, to_gemm_config)
+                                 GemmPlan, aligned, describe, filter_space, gemm_bytes, search_space, to_gemm_config)
 from sections.gemm_schedules import GemmConfig, gemm_flops, gemm_program
 from tourkit import ARCH_SPECS, KernelDecl, Section, SectionSkip
 
@@ -706,7 +706,7 @@ def report_verdict(ctx, kept: list[dict], tuned: Tuned, pick: int, retimed: dict
     M, N, K = ctx.shape or tuned_shape(ctx)
     for name, ms, kind in ((f"autotuned {describe(tuned.config)}", retimed[pick], "lesson"),
                            ("cuBLAS", cublas_ms, "pytorch")):
-        ctx.timing(name, ms, flops=flops, nbytes=2 * (M * K + K * N + M * N), kind=kind, problem=f"{M}x{N}x{K}")
+        ctx.timing(name, ms, flops=flops, nbytes=gemm_bytes(M, N, K), kind=kind, problem=f"{M}x{N}x{K}")
     ctx.log(f"\nthe autotuner's readings, fastest first; {len(retimed)} of them re-timed in turns with cuBLAS "
             f"({rounds // 2} forward/backward pair{'s' if rounds > 2 else ''}, L2 flushed)")
     ctx.table(["tile MxNxK", "stages", "threads", "swizzle", "smem", "autotuner ms", "re-timed ms", "TFLOP/s",
@@ -1796,7 +1796,7 @@ import time
 
 import tourkit
 from sections.gemm_epilogue import epilogue_pass_configs, gelu_exact  # noqa: F401  (gelu_exact: the formula taught)
-from sections.gemm_plans import GemmLauncher, GemmPlan
+from sections.gemm_plans import GemmLauncher, GemmPlan, gemm_bytes
 from sections.gemm_schedules import fits, gemm_flops, gemm_program, lesson_schedules, reference, rule, sm_count  # noqa: F401
 from tourkit import KernelDecl, Section, SectionSkip
 
@@ -1982,7 +1982,7 @@ def benchmark(ctx, built: dict) -> None:
     ms = tourkit.bench_interleaved(contenders, rounds=rounds)  # taking turns: the GPU clock drifts under load
 
     flops, eager_ms, compile_ms = gemm_flops(M, N, K), ms["eager PyTorch (3 kernels)"], ms.get(compiled_name)
-    nbytes = 2 * (M * K + K * N + N + M * N)  # A, B and the bias read once, C written once: the fused minimum
+    nbytes = gemm_bytes(M, N, K, bias=True)  # the fused kernel's minimum: no intermediate round trips
     for (p, _), kind in zip(fused, ("lesson", "appendix")):
         ctx.timing(f"fused {p.config.label()}", ms[p.config.label()], flops=flops, nbytes=nbytes, kind=kind,
                    problem=f"{M}x{N}x{K}")
@@ -2195,6 +2195,11 @@ def fits(config, smem_budget: int) -> bool:
 
 def gemm_flops(M: int, N: int, K: int) -> int:
     return 2 * M * N * K
+
+
+def gemm_bytes(M: int, N: int, K: int, bias: bool = False) -> int:
+    """What a 2-byte GEMM must move at least: A and B (and the bias) read once, C written once."""
+    return 2 * (M * K + K * N + M * N + (N if bias else 0))
 
 
 def lesson_schedules(family: str) -> list[GemmConfig]:
@@ -2742,7 +2747,7 @@ import tilelang.language as T
 import tourkit
 from sections.gemm_epilogue import epilogue_pass_configs
 from sections.gemm_plans import (PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher, check_problem,  # noqa: F401
-                                 GemmPlan, consumer_registers, epilogue_macro, fits, gemm_flops, gemm_prim_func,
+                                 GemmPlan, consumer_registers, epilogue_macro, fits, gemm_bytes, gemm_flops, gemm_prim_func,
                                  lesson_schedules, neighbours, plan_problem, wave_traffic)
 from tourkit import KernelDecl, Section, SectionSkip
 
@@ -2943,10 +2948,9 @@ def time_against_cublas(M: int, N: int, K: int, contenders: dict, rounds: int, d
 
 
 def record_timings(ctx, timed: list, ms: dict, cublas_ms: float, ws) -> None:
-    """For the plots: each schedule and cuBLAS with the FLOPs and the bytes a GEMM must move at least (A and B
-    read once, C written once)."""
+    """For the plots: each schedule and cuBLAS with its FLOPs and the bytes a GEMM must move at least."""
     M, N, K = timed[0].M, timed[0].N, timed[0].K
-    flops, nbytes, problem = gemm_flops(M, N, K), 2 * (M * K + K * N + M * N), f"{M}x{N}x{K}"
+    flops, nbytes, problem = gemm_flops(M, N, K), gemm_bytes(M, N, K), f"{M}x{N}x{K}"
     for p in timed:
         ctx.timing(p.config.label(), ms[kernel_name(p)], flops=flops, nbytes=nbytes,
                    kind="appendix" if p == ws else "lesson", problem=problem)

@@ -55,7 +55,7 @@ import tourkit
 # The search space (a product of values per knob, filtered by registers and shared memory) is a schedule rule:
 # gemm_plans.
 from sections.gemm_plans import (MAX_ACCUMULATORS, MAX_WITH_COPIES, SPACES, TUNED_KEYS, GemmLauncher,  # noqa: F401
-                                 GemmPlan, aligned, describe, filter_space, search_space, to_gemm_config)
+                                 GemmPlan, aligned, describe, filter_space, gemm_bytes, search_space, to_gemm_config)
 from sections.gemm_schedules import GemmConfig, gemm_flops, gemm_program
 from tourkit import ARCH_SPECS, KernelDecl, Section, SectionSkip
 
@@ -317,7 +317,7 @@ def report_verdict(ctx, kept: list[dict], tuned: Tuned, pick: int, retimed: dict
     M, N, K = ctx.shape or tuned_shape(ctx)
     for name, ms, kind in ((f"autotuned {describe(tuned.config)}", retimed[pick], "lesson"),
                            ("cuBLAS", cublas_ms, "pytorch")):
-        ctx.timing(name, ms, flops=flops, nbytes=2 * (M * K + K * N + M * N), kind=kind, problem=f"{M}x{N}x{K}")
+        ctx.timing(name, ms, flops=flops, nbytes=gemm_bytes(M, N, K), kind=kind, problem=f"{M}x{N}x{K}")
     ctx.log(f"\nthe autotuner's readings, fastest first; {len(retimed)} of them re-timed in turns with cuBLAS "
             f"({rounds // 2} forward/backward pair{'s' if rounds > 2 else ''}, L2 flushed)")
     ctx.table(["tile MxNxK", "stages", "threads", "swizzle", "smem", "autotuner ms", "re-timed ms", "TFLOP/s",

@@ -81,6 +81,11 @@ def gemm_flops(M: int, N: int, K: int) -> int:
     return 2 * M * N * K
 
 
+def gemm_bytes(M: int, N: int, K: int, bias: bool = False) -> int:
+    """What a 2-byte GEMM must move at least: A and B (and the bias) read once, C written once."""
+    return 2 * (M * K + K * N + M * N + (N if bias else 0))
+
+
 def lesson_schedules(family: str) -> list[GemmConfig]:
     """The lesson's schedules for an architecture family: the default first, then neighbours that each
     change one knob. The section's headline kernel is whichever of them is fastest in the same run."""
