@@ -4595,18 +4595,21 @@ it, and C: softmax_plans.cluster_plan.
 
 import tilelang.language as T
 
-from sections.softmax_plans import row_split_layout
+from sections.softmax_plans import cluster_part, row_split_layout, splits_over
 
 
 def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threads: int, dtype: str = "float16"):
-    """Each row over `cluster` blocks of `threads` threads, N // cluster columns each (whole 16-byte vectors),
-    walked in steps of threads · per_thread elements."""
+    """Each row over `cluster` blocks of `threads` threads, walked in steps of threads · per_thread elements.
+    Block `rank` owns the rank-th run of cluster_part(N, cluster) columns of the row's whole 16-byte vectors
+    (the last run shorter: its copy starts early and overlaps its neighbour's, which it skips). A row of odd
+    width (N % 8) starts and ends inside a vector: the first block also takes the up to 7 columns before its
+    first whole vector, the last block those after the last, one at a time (`edge`)."""
     from sections.softmax import LOG2E, running_max_and_sum  # the lesson's pieces (it imports this module lazily)
 
-    part = N // cluster
-    if N % (8 * cluster) or per_thread % 8:
-        raise ValueError(f"cluster softmax: {N} columns must split into {cluster} parts of whole 16-byte vectors, "
-                         f"and {per_thread} elements a thread must be whole vectors")
+    part = cluster_part(N, cluster)
+    if per_thread % 8 or not splits_over(N, cluster):
+        raise ValueError(f"cluster softmax: {N} columns are too few for {cluster} blocks, or {per_thread} elements "
+                         f"a thread are not whole vectors")
     step = threads * per_thread
     steps = -(-part // step)
     low = -1.0e38  # a finite start for the running max, as in version 3
@@ -4614,10 +4617,21 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
     def column(c, i, e):  # thread i's e-th element of step c: runs of 8 in consecutive threads coalesce
         return c * step + (e // 8) * (threads * 8) + i * 8 + e % 8
 
+    def edge(row, rank, first, end, i):  # (flat index, owned) of edge column i: 0-7 before the body, 8-15 after
+        flat = T.if_then_else(i < 8, row * N + i, end * 8 + i - 8)
+        head = T.And(T.And(i < 8, rank == 0), flat < first * 8)
+        tail = T.And(T.And(i >= 8, rank == cluster - 1), flat < row * N + N)
+        return flat, T.And(N % 8 != 0, T.And(i < 16, T.Or(head, tail)))
+
     @T.prim_func
     def softmax_rows_split_over_cluster(X: T.Tensor((M * N,), dtype), Y: T.Tensor((M * N,), dtype)):
-        # Block bx takes columns [bx·part, (bx+1)·part) of the flat X: part `bx % cluster` of row `bx // cluster`.
+        # Block bx takes part `bx % cluster` of row `bx // cluster` of the flat X.
         with T.ClusterKernel(M * cluster, cluster_dims=cluster, threads=threads) as bx:
+            row, rank = bx // cluster, bx % cluster
+            first, end = (row * N + 7) // 8, (row * N + N) // 8  # the row's whole vectors: [first, end)
+            owned = first + rank * (part // 8)  # this block's first vector; its copy starts at `start`
+            start = T.min(owned, end - part // 8)
+            lo, hi = (owned - start) * 8, (T.min(owned + part // 8, end) - start) * 8  # owned staged columns
             columns = T.alloc_shared((steps * step,), dtype)
             # Static shared memory, which TileLang never shares with another buffer: the other blocks write it
             # while this one may still be reducing.
@@ -4632,12 +4646,18 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
             row_sum = T.alloc_fragment((1,), "float32")
             T.annotate_layout({x: row_split_layout(threads, per_thread, 1, per_thread)})
             T.cluster_arrive()  # "started": no block writes another's shared memory before its owner has started
-            T.copy(X[bx * part:(bx + 1) * part], columns[0:part], prefer_instruction="tma")
+            T.copy(X[start * 8:start * 8 + part], columns[0:part], prefer_instruction="tma")
             T.fill(part_max, low)
             T.fill(part_sum, 0.0)
+            if N % 8:  # the edge columns, straight from global memory
+                for i, e in T.Parallel(threads, per_thread):
+                    flat, mine_ = edge(row, rank, first, end, i)
+                    x[i, e] = T.if_then_else(T.And(e == 0, mine_), T.cast(X[flat], "float32") * LOG2E,
+                                             -T.infinity("float32"))
+                running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads, per_thread)
             for c in T.serial(steps):  # version 3's first pass, over this block's part
                 for i, e in T.Parallel(threads, per_thread):
-                    x[i, e] = T.if_then_else(column(c, i, e) < part,
+                    x[i, e] = T.if_then_else(T.And(column(c, i, e) >= lo, column(c, i, e) < hi),
                                              T.cast(columns[column(c, i, e)], "float32") * LOG2E, -T.infinity("float32"))
                 running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads, per_thread)
             T.reduce_max(part_max, row_max, dim=0)  # the block's pair
@@ -4661,9 +4681,14 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
                 row_sum[i] = 1.0 / row_sum[i]
             for c in T.serial(steps):  # the one write, from shared memory
                 for j in T.Parallel(step):
-                    if c * step + j < part:
-                        Y[bx * part + c * step + j] = T.cast(
+                    if T.And(c * step + j >= lo, c * step + j < hi):
+                        Y[start * 8 + c * step + j] = T.cast(
                             T.exp2(T.cast(columns[c * step + j], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
+            if N % 8:
+                for i in T.Parallel(16):
+                    flat, mine_ = edge(row, rank, first, end, i)
+                    if mine_:
+                        Y[flat] = T.cast(T.exp2(T.cast(X[flat], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
 
     return softmax_rows_split_over_cluster
 ''')
@@ -4684,9 +4709,9 @@ and never holds more of a row than the registers or shared memory can take:
   512 threads when the row fits (blocks share an SM), 1024 when its head fills the SM alone; a row that starts
   unaligned (N % 8) is staged and streamed by its aligned body (aligned_body), its few edge elements singly;
 * on Hopper a row too long for one block's shared memory, or so long that fewer than CLUSTER_MIN_BLOCKS
-  staged blocks share an SM, is split over a cluster of CLUSTER_SIZES blocks instead, where whole 16-byte
-  vectors split it evenly: each block stages its part, and the blocks exchange their (max, sum) through
-  distributed shared memory: one read of global memory, no second pass.
+  staged blocks share an SM, is split over a cluster of CLUSTER_SIZES blocks instead: each block stages its
+  run of the row's whole 16-byte vectors (the few edge columns of an odd width singly), and the blocks exchange
+  their (max, sum) through distributed shared memory: one read of global memory, no second pass.
 
 Pure Python (no torch; tilelang only inside row_split_layout): the tests check these rules for every width on
 every architecture.
@@ -4790,16 +4815,31 @@ def staged_blocks_per_sm(columns: int, smem_budget: int) -> int:
     return smem_budget // (2 * (-(-columns // step) * step) + SMEM_SLACK)
 
 
+def cluster_part(N: int, cluster: int) -> int:
+    """Columns each block of a cluster stages: the row's whole 16-byte vectors (N // 8 of them) shared out,
+    rounded up (the last block's run is shorter)."""
+    return 8 * -(-(N // 8) // cluster)
+
+
+def splits_over(N: int, cluster: int) -> bool:
+    """Whether every block of the cluster owns some of the row's whole vectors (N // 8, one fewer where the row
+    starts unaligned) when each takes cluster_part columns."""
+    return N // 8 - 1 > (cluster - 1) * cluster_part(N, cluster) // 8
+
+
 def cluster_plan(N: int, smem_budget: int) -> "SoftmaxPlan | None":
-    """The fewest blocks of a cluster that split a row into equal parts of whole 16-byte vectors, each part small
-    enough that CLUSTER_MIN_BLOCKS blocks share an SM (one's copy always in flight); None where none does."""
+    """The fewest blocks of a cluster that split a row into parts small enough that CLUSTER_MIN_BLOCKS blocks
+    share an SM (one's copy always in flight); None where none does."""
     for size in CLUSTER_SIZES:
-        part = N // size
-        if N % (8 * size) == 0 and staged_blocks_per_sm(part, smem_budget) >= CLUSTER_MIN_BLOCKS:
+        part = cluster_part(N, size)
+        if splits_over(N, size) and staged_blocks_per_sm(part, smem_budget) >= CLUSTER_MIN_BLOCKS:
+            edges = "" if N % 8 == 0 else (" (rows of an odd width start unaligned: the first and last blocks also "
+                                           "take the few columns outside whole 16-byte vectors, one at a time)")
             return SoftmaxPlan("cluster", ONLINE_PER_THREAD, ONLINE_THREADS, staged=part, cluster=size, why=(
                 f"a row of {N} is too long for one block's shared memory: split over a cluster of {size} blocks, "
-                f"{part} columns each, staged by one bulk copy (one read of global memory); the blocks exchange "
-                f"their max and sum through distributed shared memory, and {CLUSTER_MIN_BLOCKS} blocks share an SM"))
+                f"{part} columns each, staged by one bulk copy (one read of global memory){edges}; the blocks "
+                f"exchange their max and sum through distributed shared memory, and {CLUSTER_MIN_BLOCKS} blocks "
+                "share an SM"))
     return None
 
 

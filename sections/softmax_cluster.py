@@ -21,18 +21,21 @@ it, and C: softmax_plans.cluster_plan.
 
 import tilelang.language as T
 
-from sections.softmax_plans import row_split_layout
+from sections.softmax_plans import cluster_part, row_split_layout, splits_over
 
 
 def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threads: int, dtype: str = "float16"):
-    """Each row over `cluster` blocks of `threads` threads, N // cluster columns each (whole 16-byte vectors),
-    walked in steps of threads · per_thread elements."""
+    """Each row over `cluster` blocks of `threads` threads, walked in steps of threads · per_thread elements.
+    Block `rank` owns the rank-th run of cluster_part(N, cluster) columns of the row's whole 16-byte vectors
+    (the last run shorter: its copy starts early and overlaps its neighbour's, which it skips). A row of odd
+    width (N % 8) starts and ends inside a vector: the first block also takes the up to 7 columns before its
+    first whole vector, the last block those after the last, one at a time (`edge`)."""
     from sections.softmax import LOG2E, running_max_and_sum  # the lesson's pieces (it imports this module lazily)
 
-    part = N // cluster
-    if N % (8 * cluster) or per_thread % 8:
-        raise ValueError(f"cluster softmax: {N} columns must split into {cluster} parts of whole 16-byte vectors, "
-                         f"and {per_thread} elements a thread must be whole vectors")
+    part = cluster_part(N, cluster)
+    if per_thread % 8 or not splits_over(N, cluster):
+        raise ValueError(f"cluster softmax: {N} columns are too few for {cluster} blocks, or {per_thread} elements "
+                         f"a thread are not whole vectors")
     step = threads * per_thread
     steps = -(-part // step)
     low = -1.0e38  # a finite start for the running max, as in version 3
@@ -40,10 +43,21 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
     def column(c, i, e):  # thread i's e-th element of step c: runs of 8 in consecutive threads coalesce
         return c * step + (e // 8) * (threads * 8) + i * 8 + e % 8
 
+    def edge(row, rank, first, end, i):  # (flat index, owned) of edge column i: 0-7 before the body, 8-15 after
+        flat = T.if_then_else(i < 8, row * N + i, end * 8 + i - 8)
+        head = T.And(T.And(i < 8, rank == 0), flat < first * 8)
+        tail = T.And(T.And(i >= 8, rank == cluster - 1), flat < row * N + N)
+        return flat, T.And(N % 8 != 0, T.And(i < 16, T.Or(head, tail)))
+
     @T.prim_func
     def softmax_rows_split_over_cluster(X: T.Tensor((M * N,), dtype), Y: T.Tensor((M * N,), dtype)):
-        # Block bx takes columns [bx·part, (bx+1)·part) of the flat X: part `bx % cluster` of row `bx // cluster`.
+        # Block bx takes part `bx % cluster` of row `bx // cluster` of the flat X.
         with T.ClusterKernel(M * cluster, cluster_dims=cluster, threads=threads) as bx:
+            row, rank = bx // cluster, bx % cluster
+            first, end = (row * N + 7) // 8, (row * N + N) // 8  # the row's whole vectors: [first, end)
+            owned = first + rank * (part // 8)  # this block's first vector; its copy starts at `start`
+            start = T.min(owned, end - part // 8)
+            lo, hi = (owned - start) * 8, (T.min(owned + part // 8, end) - start) * 8  # owned staged columns
             columns = T.alloc_shared((steps * step,), dtype)
             # Static shared memory, which TileLang never shares with another buffer: the other blocks write it
             # while this one may still be reducing.
@@ -58,12 +72,18 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
             row_sum = T.alloc_fragment((1,), "float32")
             T.annotate_layout({x: row_split_layout(threads, per_thread, 1, per_thread)})
             T.cluster_arrive()  # "started": no block writes another's shared memory before its owner has started
-            T.copy(X[bx * part:(bx + 1) * part], columns[0:part], prefer_instruction="tma")
+            T.copy(X[start * 8:start * 8 + part], columns[0:part], prefer_instruction="tma")
             T.fill(part_max, low)
             T.fill(part_sum, 0.0)
+            if N % 8:  # the edge columns, straight from global memory
+                for i, e in T.Parallel(threads, per_thread):
+                    flat, mine_ = edge(row, rank, first, end, i)
+                    x[i, e] = T.if_then_else(T.And(e == 0, mine_), T.cast(X[flat], "float32") * LOG2E,
+                                             -T.infinity("float32"))
+                running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads, per_thread)
             for c in T.serial(steps):  # version 3's first pass, over this block's part
                 for i, e in T.Parallel(threads, per_thread):
-                    x[i, e] = T.if_then_else(column(c, i, e) < part,
+                    x[i, e] = T.if_then_else(T.And(column(c, i, e) >= lo, column(c, i, e) < hi),
                                              T.cast(columns[column(c, i, e)], "float32") * LOG2E, -T.infinity("float32"))
                 running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads, per_thread)
             T.reduce_max(part_max, row_max, dim=0)  # the block's pair
@@ -87,8 +107,13 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
                 row_sum[i] = 1.0 / row_sum[i]
             for c in T.serial(steps):  # the one write, from shared memory
                 for j in T.Parallel(step):
-                    if c * step + j < part:
-                        Y[bx * part + c * step + j] = T.cast(
+                    if T.And(c * step + j >= lo, c * step + j < hi):
+                        Y[start * 8 + c * step + j] = T.cast(
                             T.exp2(T.cast(columns[c * step + j], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
+            if N % 8:
+                for i in T.Parallel(16):
+                    flat, mine_ = edge(row, rank, first, end, i)
+                    if mine_:
+                        Y[flat] = T.cast(T.exp2(T.cast(X[flat], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
 
     return softmax_rows_split_over_cluster

@@ -13,9 +13,9 @@ and never holds more of a row than the registers or shared memory can take:
   512 threads when the row fits (blocks share an SM), 1024 when its head fills the SM alone; a row that starts
   unaligned (N % 8) is staged and streamed by its aligned body (aligned_body), its few edge elements singly;
 * on Hopper a row too long for one block's shared memory, or so long that fewer than CLUSTER_MIN_BLOCKS
-  staged blocks share an SM, is split over a cluster of CLUSTER_SIZES blocks instead, where whole 16-byte
-  vectors split it evenly: each block stages its part, and the blocks exchange their (max, sum) through
-  distributed shared memory: one read of global memory, no second pass.
+  staged blocks share an SM, is split over a cluster of CLUSTER_SIZES blocks instead: each block stages its
+  run of the row's whole 16-byte vectors (the few edge columns of an odd width singly), and the blocks exchange
+  their (max, sum) through distributed shared memory: one read of global memory, no second pass.
 
 Pure Python (no torch; tilelang only inside row_split_layout): the tests check these rules for every width on
 every architecture.
@@ -119,16 +119,31 @@ def staged_blocks_per_sm(columns: int, smem_budget: int) -> int:
     return smem_budget // (2 * (-(-columns // step) * step) + SMEM_SLACK)
 
 
+def cluster_part(N: int, cluster: int) -> int:
+    """Columns each block of a cluster stages: the row's whole 16-byte vectors (N // 8 of them) shared out,
+    rounded up (the last block's run is shorter)."""
+    return 8 * -(-(N // 8) // cluster)
+
+
+def splits_over(N: int, cluster: int) -> bool:
+    """Whether every block of the cluster owns some of the row's whole vectors (N // 8, one fewer where the row
+    starts unaligned) when each takes cluster_part columns."""
+    return N // 8 - 1 > (cluster - 1) * cluster_part(N, cluster) // 8
+
+
 def cluster_plan(N: int, smem_budget: int) -> "SoftmaxPlan | None":
-    """The fewest blocks of a cluster that split a row into equal parts of whole 16-byte vectors, each part small
-    enough that CLUSTER_MIN_BLOCKS blocks share an SM (one's copy always in flight); None where none does."""
+    """The fewest blocks of a cluster that split a row into parts small enough that CLUSTER_MIN_BLOCKS blocks
+    share an SM (one's copy always in flight); None where none does."""
     for size in CLUSTER_SIZES:
-        part = N // size
-        if N % (8 * size) == 0 and staged_blocks_per_sm(part, smem_budget) >= CLUSTER_MIN_BLOCKS:
+        part = cluster_part(N, size)
+        if splits_over(N, size) and staged_blocks_per_sm(part, smem_budget) >= CLUSTER_MIN_BLOCKS:
+            edges = "" if N % 8 == 0 else (" (rows of an odd width start unaligned: the first and last blocks also "
+                                           "take the few columns outside whole 16-byte vectors, one at a time)")
             return SoftmaxPlan("cluster", ONLINE_PER_THREAD, ONLINE_THREADS, staged=part, cluster=size, why=(
                 f"a row of {N} is too long for one block's shared memory: split over a cluster of {size} blocks, "
-                f"{part} columns each, staged by one bulk copy (one read of global memory); the blocks exchange "
-                f"their max and sum through distributed shared memory, and {CLUSTER_MIN_BLOCKS} blocks share an SM"))
+                f"{part} columns each, staged by one bulk copy (one read of global memory){edges}; the blocks "
+                f"exchange their max and sum through distributed shared memory, and {CLUSTER_MIN_BLOCKS} blocks "
+                "share an SM"))
     return None
 
 

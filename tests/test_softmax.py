@@ -37,9 +37,9 @@ def plan_fits(M, N, plan, smem):
         assert plan.threads <= 1024
         if plan.kind == "staged":
             assert 2 * plan.rows_per_block * N + P.SMEM_SLACK <= smem and (plan.rows_per_block * N) % 8 == 0
-    elif plan.kind == "cluster":  # equal parts of whole vectors, each staged whole, two blocks an SM
-        step = plan.threads * plan.rows_per_block
-        assert plan.staged * plan.cluster == N and plan.staged % 8 == 0 and plan.cluster in P.CLUSTER_SIZES
+    elif plan.kind == "cluster":  # runs of whole vectors, each staged whole, every block owning some
+        assert plan.staged == P.cluster_part(N, plan.cluster) and plan.staged % 8 == 0 and P.splits_over(N, plan.cluster)
+        assert plan.staged * plan.cluster >= N // 8 * 8 and plan.cluster in P.CLUSTER_SIZES
         assert P.staged_blocks_per_sm(plan.staged, smem) >= P.CLUSTER_MIN_BLOCKS
     else:
         assert plan.kind == "online" and plan.rows_per_block % P.vector_width(N) == 0
@@ -106,7 +106,7 @@ def test_long_rows_stream_what_shared_memory_cannot_hold():
     assert vocab.kind == "online" and vocab.staged % step == 0 and "L2" in vocab.why
     assert 2 * vocab.staged + P.SMEM_SLACK <= HOPPER < 2 * (vocab.staged + step) + P.SMEM_SLACK  # as much as fits
     assert vocab.threads == 1024  # the head fills the SM alone: the block keeps twice the loads in flight
-    odd = S.choose_plan(2048, 50257, HOPPER)  # odd rows: their aligned bodies staged whole, by a bulk copy
+    odd = P.online_plan(50257, HOPPER)  # odd rows: their aligned bodies staged whole, by a bulk copy
     assert odd.staged == P.aligned_body(50257) == 50248 and odd.threads == 512
     assert S.uses_bulk_copy(odd, 50257, "hopper") and "unaligned" in odd.why
     assert S.uses_bulk_copy(vocab, 128256, "hopper") and not S.uses_bulk_copy(vocab, 128256, "ampere")
@@ -114,19 +114,22 @@ def test_long_rows_stream_what_shared_memory_cannot_hold():
     assert S.choose_plan(8192, 32000, HOPPER).threads == 512  # rows that fit: blocks share an SM
     for N in (262144, 151936, 128256):  # heads that fill the SM: 1024 threads
         assert P.online_plan(N, HOPPER).threads == 1024 and 0 < P.online_plan(N, HOPPER).staged < N
-    for M, N in ((5, 150001), (3, 262147)):  # no cluster splits an unaligned row evenly: streamed on Hopper too
-        assert S.choose_plan(M, N, HOPPER).kind == "online" and S.choose_plan(M, N, HOPPER).threads == 1024
+    for N in (150001, 262147):  # unaligned rows too long to stage: streamed, except on Hopper (a cluster)
+        assert S.choose_plan(5, N, AMPERE_86, "ampere").kind == "online"
+        assert S.choose_plan(5, N, HOPPER).kind == "cluster" and "one at a time" in S.choose_plan(5, N, HOPPER).why
 
 
 @pytest.mark.parametrize("N, cluster", [(128256, 4), (151936, 8), (262144, 8), (200000, 8), (256000, 8), (120000, 4),
-                                        (50304, 2), (65536, 2)])
+                                        (50304, 2), (65536, 2), (50257, 2), (100003, 4), (262147, 8), (32776, 2)])
 def test_hopper_splits_a_row_too_long_for_shared_memory_over_a_cluster(N, cluster):
     plan = S.choose_plan(7, N, HOPPER)
-    assert (plan.kind, plan.cluster, plan.staged) == ("cluster", cluster, N // cluster) and "cluster" in plan.why
+    part = -(-(N // 8) // cluster) * 8  # the row's whole 16-byte vectors shared out, rounded up
+    assert (plan.kind, plan.cluster, plan.staged) == ("cluster", cluster, part) and "cluster" in plan.why
     step = plan.threads * plan.rows_per_block
 
-    def fits(c):  # equal parts of whole 16-byte vectors (one TMA copy each), three blocks an SM
-        return N % (8 * c) == 0 and 3 * (2 * -(-(N // c) // step) * step + P.SMEM_SLACK) <= HOPPER
+    def fits(c):  # runs of whole 16-byte vectors (one TMA copy each), three blocks an SM
+        run = -(-(N // 8) // c) * 8
+        return N // 8 - 1 > (c - 1) * run // 8 and 3 * (2 * -(-run // step) * step + P.SMEM_SLACK) <= HOPPER
 
     assert fits(cluster) and not any(fits(c) for c in P.CLUSTER_SIZES if c < cluster)  # the fewest blocks
     assert P.staged_blocks_per_sm(P.online_plan(N, HOPPER).staged, HOPPER) < P.CLUSTER_MIN_BLOCKS
@@ -134,7 +137,7 @@ def test_hopper_splits_a_row_too_long_for_shared_memory_over_a_cluster(N, cluste
     assert S.uses_bulk_copy(plan, N, "hopper")
 
 
-@pytest.mark.parametrize("M, N", [(1024, 128256), (3, 262144)])
+@pytest.mark.parametrize("M, N", [(1024, 128256), (3, 262144), (7, 50257)])
 def test_the_cluster_kernel_exchanges_through_distributed_shared_memory(M, N):
     plan = S.choose_plan(M, N, HOPPER)
     report = tourkit.inspect_kernel(f"softmax {M}x{N}", S.build(M, N, plan, "hopper"), "sm_90a",
@@ -362,7 +365,11 @@ def test_softmax_matches_torch(shape, dtype):
     (S.SoftmaxPlan("online", 16, 512, staged=50256), (9, 50266)), (S.SoftmaxPlan("online", 8, 1024), (17, 8194)),
     (S.SoftmaxPlan("cluster", 16, 512, staged=32064, cluster=4), (1024, 128256)),
     (S.SoftmaxPlan("cluster", 16, 512, staged=8000, cluster=8), (3, 64000)),
-    (S.SoftmaxPlan("cluster", 8, 256, staged=4096, cluster=2), (5, 8192))])
+    (S.SoftmaxPlan("cluster", 8, 256, staged=4096, cluster=2), (5, 8192)),
+    (S.SoftmaxPlan("cluster", 16, 512, staged=25128, cluster=2), (7, 50257)),  # odd widths: edges taken singly
+    (S.SoftmaxPlan("cluster", 16, 512, staged=25000, cluster=4), (5, 100003)),
+    (S.SoftmaxPlan("cluster", 16, 512, staged=6288, cluster=8), (9, 50306)),  # the last block's run shorter
+    (S.SoftmaxPlan("cluster", 8, 256, staged=4104, cluster=2), (3, 8210))])
 def test_each_kernel_variant_matches_torch(plan, shape):
     device = tourkit.detect_device()
     if plan.kind == "cluster" and device.family != "hopper":
