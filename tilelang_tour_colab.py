@@ -4731,6 +4731,8 @@ CLUSTER_SIZES = (2, 4, 8)  # blocks a cluster may split a row over (8: the porta
 # Staged blocks an SM below which a row is better split over a cluster: with one or two, an SM's loads sit
 # idle while its blocks compute and write; from three on, one block's copy is always in flight.
 CLUSTER_MIN_BLOCKS = 3
+# A cluster's blocks: 256 threads, 4096 columns a step (less padding of a part, more blocks an SM than 512).
+CLUSTER_THREADS = 256
 
 
 @dataclass(frozen=True)
@@ -4746,7 +4748,7 @@ class SoftmaxPlan:
     def describe(self) -> str:
         if self.kind == "cluster":
             return (f"row split over a cluster of {self.cluster} blocks, {self.staged} columns each staged in shared "
-                    f"memory, {self.threads} threads")
+                    f"memory, {self.rows_per_block} elements a thread a step, {self.threads} threads")
         if self.kind == "online":
             where = f"{self.staged} columns of a row staged in shared memory" if self.staged else "row streamed"
             return f"online two-pass, {where}, {self.rows_per_block} elements a thread a step, {self.threads} threads"
@@ -4808,10 +4810,10 @@ def choose_plan(M: int, N: int, smem_budget: int, family: str = "hopper") -> Sof
     return plan
 
 
-def staged_blocks_per_sm(columns: int, smem_budget: int) -> int:
-    """Blocks that fit an SM's shared memory when each stages `columns` (padded to whole steps of the online
-    kernel) and keeps SMEM_SLACK for its barriers and reductions."""
-    step = ONLINE_THREADS * ONLINE_PER_THREAD
+def staged_blocks_per_sm(columns: int, smem_budget: int, threads: int = ONLINE_THREADS) -> int:
+    """Blocks that fit an SM's shared memory when each stages `columns` (padded to whole steps of `threads`
+    threads, ONLINE_PER_THREAD columns each) and keeps SMEM_SLACK for its barriers and reductions."""
+    step = threads * ONLINE_PER_THREAD
     return smem_budget // (2 * (-(-columns // step) * step) + SMEM_SLACK)
 
 
@@ -4832,10 +4834,10 @@ def cluster_plan(N: int, smem_budget: int) -> "SoftmaxPlan | None":
     share an SM (one's copy always in flight); None where none does."""
     for size in CLUSTER_SIZES:
         part = cluster_part(N, size)
-        if splits_over(N, size) and staged_blocks_per_sm(part, smem_budget) >= CLUSTER_MIN_BLOCKS:
+        if splits_over(N, size) and staged_blocks_per_sm(part, smem_budget, CLUSTER_THREADS) >= CLUSTER_MIN_BLOCKS:
             edges = "" if N % 8 == 0 else (" (rows of an odd width start unaligned: the first and last blocks also "
                                            "take the few columns outside whole 16-byte vectors, one at a time)")
-            return SoftmaxPlan("cluster", ONLINE_PER_THREAD, ONLINE_THREADS, staged=part, cluster=size, why=(
+            return SoftmaxPlan("cluster", ONLINE_PER_THREAD, CLUSTER_THREADS, staged=part, cluster=size, why=(
                 f"a row of {N} is too long for one block's shared memory: split over a cluster of {size} blocks, "
                 f"{part} columns each, staged by one bulk copy (one read of global memory){edges}; the blocks "
                 f"exchange their max and sum through distributed shared memory, and {CLUSTER_MIN_BLOCKS} blocks "

@@ -75,6 +75,13 @@ def alternatives(M: int, N: int, smem: int, family: str) -> list:
             for staged in (head, head // 2 // (threads * per_thread) * (threads * per_thread), 0):
                 if per_thread % vec == 0:
                     add(P.SoftmaxPlan("online", per_thread, threads, staged=staged))
+    if family == "hopper" and N > 8192:  # the cluster kernel: every cluster size, and other step shapes
+        for size in P.CLUSTER_SIZES:
+            for per_thread, threads in ((16, 512), (16, 256), (8, 512), (16, 1024)):
+                part = P.cluster_part(N, size)
+                padded = -(-part // (per_thread * threads)) * per_thread * threads
+                if P.splits_over(N, size) and 2 * padded + P.SMEM_SLACK <= smem:
+                    add(P.SoftmaxPlan("cluster", per_thread, threads, staged=part, cluster=size))
     return plans
 
 

@@ -40,7 +40,7 @@ def plan_fits(M, N, plan, smem):
     elif plan.kind == "cluster":  # runs of whole vectors, each staged whole, every block owning some
         assert plan.staged == P.cluster_part(N, plan.cluster) and plan.staged % 8 == 0 and P.splits_over(N, plan.cluster)
         assert plan.staged * plan.cluster >= N // 8 * 8 and plan.cluster in P.CLUSTER_SIZES
-        assert P.staged_blocks_per_sm(plan.staged, smem) >= P.CLUSTER_MIN_BLOCKS
+        assert P.staged_blocks_per_sm(plan.staged, smem, plan.threads) >= P.CLUSTER_MIN_BLOCKS
     else:
         assert plan.kind == "online" and plan.rows_per_block % P.vector_width(N) == 0
         step = plan.threads * plan.rows_per_block
