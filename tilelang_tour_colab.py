@@ -4325,11 +4325,10 @@ def long_rows_online(M: int, N: int, per_thread: int, threads: int, dtype: str =
                      bulk_copy: bool = True):
     """Version 3, rows too long for registers, one a block, walked twice in steps of threads · per_thread
     elements (the online softmax). The first `staged` columns are copied into shared memory at once (TMA on
-    Hopper; the whole row when it fits: one read of global memory); the rest of a longer row (a vocabulary) is
-    streamed from global memory in both passes, the second mostly from the L2 cache. Each thread keeps its
-    OWN running (max, sum): no block-wide exchange stalls the loop; the block merges the pairs once.
-    A row that starts unaligned (N % 8: 50257 columns) is a body of whole 16-byte vectors (aligned_body(N)
-    columns), moved like an aligned row, and edges (up to 7 elements before it, 15 after) moved one by one."""
+    Hopper; the whole row when it fits: one read of global memory); the rest of a longer row is streamed from
+    global memory in both passes, the second mostly from L2. Each thread keeps its OWN running (max, sum): no
+    exchange stalls the loop; the block merges the pairs once. An unaligned row (N % 8: 50257 columns) is a body
+    of whole 16-byte vectors (aligned_body(N)), moved as an aligned row, and edges (7 before, 15 after) singly."""
     aligned, body = N % 8 == 0, aligned_body(N)
     if per_thread % 8 or staged > body or staged % 8 and staged != N:
         raise ValueError(f"long-row softmax: {per_thread} elements a thread must be whole 16-byte vectors; a "
@@ -4345,9 +4344,9 @@ def long_rows_online(M: int, N: int, per_thread: int, threads: int, dtype: str =
     def edge(i, first):  # flat index of edge element i: i < 8 before the body, 8 <= i < 24 after it
         return T.if_then_else(i < 8, first - 8 + i, first + body + i - 8)
 
-    def edge_in_row(i, bx, first):  # ... if it is row bx's (the rest of those vectors belongs to other rows)
-        before, after = T.And(i < 8, first - 8 + i >= bx * N), T.And(i >= 8, i < 24)
-        return T.Or(before, T.And(after, first + body + i - 8 < bx * N + N))
+    def edge_in_row(i, row, first):  # ... if it is the row's (the rest of those vectors belongs to other rows)
+        before, after = T.And(i < 8, first - 8 + i >= row * N), T.And(i >= 8, i < 24)
+        return T.Or(before, T.And(after, first + body + i - 8 < row * N + N))
 
     def at(first, col):  # flat index of body column col; TileLang reads before it masks: a clamp to the last
         return first + col if aligned else T.min(first // 8 + col // 8, M * N // 8 - 1) * 8 + col % 8  # whole vector
@@ -4364,7 +4363,8 @@ def long_rows_online(M: int, N: int, per_thread: int, threads: int, dtype: str =
             row_max = T.alloc_fragment((1,), "float32")
             row_sum = T.alloc_fragment((1,), "float32")
             T.annotate_layout({x: row_split_layout(threads, per_thread, 1, per_thread)})
-            first = bx * N if aligned else (bx * N + 7) // 8 * 8  # the body: [first, first + body)
+            row = T.cast(bx, "int64") if M * N >= 2**31 else bx  # 64-bit offsets where M·N overflows 32 bits
+            first = row * N if aligned else (row * N + 7) // 8 * 8  # the body: [first, first + body)
             if staged:  # Hopper: one TMA bulk copy, completion tracked by an mbarrier
                 T.copy(X[first:first + staged], head[0:staged], prefer_instruction="tma" if bulk_copy else None)
             if aligned:
@@ -4372,7 +4372,7 @@ def long_rows_online(M: int, N: int, per_thread: int, threads: int, dtype: str =
                 T.fill(part_sum, 0.0)
             else:  # the edges start the running pairs: thread i < 8 the element first - 8 + i, 8 <= i < 24 ...
                 for i in T.Parallel(threads):  # ... the element i - 8 after the body: each alone, sum 1
-                    part_max[i] = T.if_then_else(edge_in_row(i, bx, first),
+                    part_max[i] = T.if_then_else(edge_in_row(i, row, first),
                                                  T.cast(X[edge(i, first)], "float32") * LOG2E, low)
                     part_sum[i] = T.if_then_else(part_max[i] > low, 1.0, 0.0)
             for c in T.serial(head_steps):  # pass 1 over the staged head (none when staged == 0) ...
@@ -4405,7 +4405,7 @@ def long_rows_online(M: int, N: int, per_thread: int, threads: int, dtype: str =
                             T.exp2(T.cast(X[at(first, col)], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
             if not aligned:
                 for i in T.Parallel(threads):
-                    if edge_in_row(i, bx, first):
+                    if edge_in_row(i, row, first):
                         Y[edge(i, first)] = T.cast(
                             T.exp2(T.cast(X[edge(i, first)], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
 
@@ -4627,7 +4627,8 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
     def softmax_rows_split_over_cluster(X: T.Tensor((M * N,), dtype), Y: T.Tensor((M * N,), dtype)):
         # Block bx takes part `bx % cluster` of row `bx // cluster` of the flat X.
         with T.ClusterKernel(M * cluster, cluster_dims=cluster, threads=threads) as bx:
-            row, rank = bx // cluster, bx % cluster
+            # 64-bit offsets where M·N elements overflow 32 bits (row · N would wrap before any cast)
+            row, rank = T.cast(bx // cluster, "int64" if M * N >= 2**31 else "int32"), bx % cluster
             first, end = (row * N + 7) // 8, (row * N + N) // 8  # the row's whole vectors: [first, end)
             owned = first + rank * (part // 8)  # this block's first vector; its copy starts at `start`
             start = T.min(owned, end - part // 8)

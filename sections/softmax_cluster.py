@@ -53,7 +53,8 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
     def softmax_rows_split_over_cluster(X: T.Tensor((M * N,), dtype), Y: T.Tensor((M * N,), dtype)):
         # Block bx takes part `bx % cluster` of row `bx // cluster` of the flat X.
         with T.ClusterKernel(M * cluster, cluster_dims=cluster, threads=threads) as bx:
-            row, rank = bx // cluster, bx % cluster
+            # 64-bit offsets where M·N elements overflow 32 bits (row · N would wrap before any cast)
+            row, rank = T.cast(bx // cluster, "int64" if M * N >= 2**31 else "int32"), bx % cluster
             first, end = (row * N + 7) // 8, (row * N + N) // 8  # the row's whole vectors: [first, end)
             owned = first + rank * (part // 8)  # this block's first vector; its copy starts at `start`
             start = T.min(owned, end - part // 8)

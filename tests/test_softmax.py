@@ -137,6 +137,21 @@ def test_hopper_splits_a_row_too_long_for_shared_memory_over_a_cluster(N, cluste
     assert S.uses_bulk_copy(plan, N, "hopper")
 
 
+@pytest.mark.parametrize("M, N, family, kind", [(40000, 65537, "hopper", "cluster"), (20000, 131073, "hopper", "cluster"),
+                                                (40000, 65537, "ampere", "online"), (70000, 40001, "ampere", "online")])
+def test_long_row_kernels_offset_rows_in_64_bits_past_two_billion_elements(M, N, family, kind):
+    # Regression: row · N was computed in 32 bits and cast afterwards; past 2^31 elements it wrapped (40000 rows
+    # of 65537). The control: the same kernels below 2^31 elements keep 32-bit offsets.
+    arch, smem = ("sm_90a", HOPPER) if family == "hopper" else ("sm_80", AMPERE_86)
+    plan = S.choose_plan(M, N, smem, family)
+    assert plan.kind == kind
+    source = tourkit.lower_for_arch(S.build(M, N, plan, family), arch).kernel_source
+    small = tourkit.lower_for_arch(S.build(1000, N, S.choose_plan(1000, N, smem, family), family), arch).kernel_source
+    narrow = r"(?<!int64_t\)\()\(\(int\)blockIdx\.x\)( >> \d+\))?\)? \* %d\)" % N  # a 32-bit row · N
+    assert not re.search(narrow, source) and "int64_t" in source
+    assert re.search(narrow, small)
+
+
 @pytest.mark.parametrize("M, N", [(1024, 128256), (3, 262144), (7, 50257)])
 def test_the_cluster_kernel_exchanges_through_distributed_shared_memory(M, N):
     plan = S.choose_plan(M, N, HOPPER)
