@@ -5845,7 +5845,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from tourkit import TourContext, ValidationError, check_arch, find_nvcc, format_bytes, one_line
+from tourkit import TourContext, ValidationError, check_arch, find_nvcc, format_bytes, one_line, wait_until_untimed
 
 # ---------------------------------------------------------------------------------------------------------
 # Codegen inspection: what TileLang generated for an architecture
@@ -5994,6 +5994,7 @@ def compile_many(programs, *, target="cuda", out_idx=None, pass_configs: dict[st
 
     def one(item):
         func, configs = item if isinstance(item, tuple) else (item, pass_configs)
+        wait_until_untimed()  # a background compile does not load kernels while the GPU is being timed
         try:
             return tilelang.compile(func, out_idx=out_idx, target=target, pass_configs=dict(configs or {}))
         except Exception:  # only a speed-up: the caller compiles (and reports) each kernel itself
@@ -6229,12 +6230,14 @@ plain data (str, int, float, bool, lists and dicts of them) so that it can trave
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
@@ -6605,6 +6608,40 @@ def _flush_buffer(nbytes: int = 256 * 1024 * 1024):
 FLUSH_MODES = ("write", "read")
 
 
+# While the GPU is timed, compiles in other threads wait (tourkernels.compile_many): loading a kernel takes the
+# GIL and the CUDA driver's module loader, and a stall between a start event and its launch counts as GPU time.
+_untimed = threading.Event()
+_untimed.set()
+_timing_depth = [0]
+_timing_lock = threading.Lock()
+
+
+def timing_window(fn):
+    """Decorator: while `fn` runs (nested calls included), other threads' compiles wait (wait_until_untimed)."""
+    @functools.wraps(fn)
+    def timed(*args, **kwargs):
+        with _timing_lock:
+            _timing_depth[0] += 1
+            _untimed.clear()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            with _timing_lock:
+                _timing_depth[0] -= 1
+                if _timing_depth[0] == 0:
+                    _untimed.set()
+    return timed
+
+
+def wait_until_untimed(timeout: float = 120.0) -> bool:
+    """Block a background thread while a timing is in progress (at most `timeout` s); the main thread never
+    waits (it is the one timing). True when no timing is in progress."""
+    if threading.current_thread() is threading.main_thread():
+        return True
+    return _untimed.wait(timeout)
+
+
+@timing_window
 def bench_ms(fn: Callable[[], Any], *, warmup_ms: float = 25.0, rep_ms: float | None = None,
              flush_l2: bool = True, flush_mode: str = "write", min_reps: int = 5, max_reps: int = 1000) -> float:
     """Median time of `fn()` in milliseconds, from CUDA events around each call, after a warm-up.
@@ -6663,6 +6700,7 @@ def speedup(reference_ms: float, ours_ms: float) -> float:
     return reference_ms / ours_ms
 
 
+@timing_window
 def device_copy_gbps(nbytes: int = 1 << 30) -> float:
     """The device-to-device copy bandwidth right now (bytes read plus written): the memory ceiling."""
     import torch
@@ -6697,6 +6735,7 @@ def quick_timing(quick: bool):
         SETTLE_MS, REP_MS = saved
 
 
+@timing_window
 def bench_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int = 4, settle_ms: float | None = None,
                       pairs: dict[str, list[float]] | None = None, **bench_kwargs: Any) -> dict[str, float]:
     """`bench_ms` of each contender, taking turns in pairs of rounds: A B C, then C B A. Each contender's
@@ -6738,6 +6777,7 @@ def pair_ratio_range(reference: Sequence[float], contender: Sequence[float]) -> 
     return min(ratios), max(ratios)
 
 
+@timing_window
 def settle(fns, ms: float) -> None:
     """Call each of `fns` in turn, untimed, until `ms` milliseconds of wall time have passed (with no GPU
     there is nothing to settle)."""

@@ -324,3 +324,54 @@ def test_inspect_declared_reports_every_kernel_and_enforces_markers_and_shared_m
         tourkit.inspect_declared(ctx, [dataclasses.replace(decls[1], markers=("wgmma",))])
     with pytest.raises(tourkit.ValidationError, match="shared memory"):
         tourkit.inspect_declared(ctx, [dataclasses.replace(decls[1], smem_limit=-1)])
+
+
+
+def test_background_compiles_wait_while_the_gpu_is_timed(monkeypatch):
+    # A kernel loaded by the background preparer while a section times its kernels stalls the timing (the GIL,
+    # the driver's module loader): compile_many's workers wait for the timing to end.
+    import threading
+    import time
+
+    import tilelang
+    import tourkernels
+
+    compiled = []
+    monkeypatch.setattr(tilelang, "compile", lambda func, **kw: compiled.append(time.perf_counter()) or func)
+
+    @tourkit.timing_window
+    def timing(background):
+        background.start()
+        time.sleep(0.3)
+        return list(compiled), time.perf_counter()
+
+    background = threading.Thread(target=tourkernels.compile_many, args=(["a", "b"],))
+    during, ended = timing(background)
+    background.join(5)
+    assert during == [] and len(compiled) == 2 and min(compiled) >= ended
+    compiled.clear()  # the control: with no timing in progress the same compiles run at once
+    background = threading.Thread(target=tourkernels.compile_many, args=(["a", "b"],))
+    background.start()
+    background.join(5)
+    assert len(compiled) == 2
+
+
+def test_a_failed_timing_still_lets_compiles_run():
+    import threading
+
+    waited = []
+
+    def background_wait():
+        thread = threading.Thread(target=lambda: waited.append(tourkit.wait_until_untimed(timeout=0.05)))
+        thread.start()
+        thread.join()
+
+    @tourkit.timing_window
+    def failing():
+        background_wait()
+        raise RuntimeError("the kernel failed its check")
+
+    with pytest.raises(RuntimeError):
+        failing()
+    background_wait()
+    assert waited == [False, True] and tourkit.wait_until_untimed()  # the main thread never waits
