@@ -69,19 +69,19 @@ def alternatives(M: int, N: int, smem: int, family: str) -> list:
         for threads in (256, 1024):  # only where the row splits evenly: no masked read past the buffer
             if 8 <= N // threads <= 64 and N % threads == 0:
                 add(P.SoftmaxPlan("staged", 1, threads))
-    if N > 8192:  # the online kernel: step shapes, and the staged head whole, halved, or none
+    if pick.kind == "cluster":  # every cluster size and step shape, and the online kernel it replaced
+        for size in P.CLUSTER_SIZES:
+            for per_thread, threads in ((16, 256), (16, 512), (8, 512)):
+                padded = -(-P.cluster_part(N, size) // (per_thread * threads)) * per_thread * threads
+                if P.splits_over(N, size) and 2 * padded + P.SMEM_SLACK <= smem:
+                    add(P.SoftmaxPlan("cluster", per_thread, threads, staged=P.cluster_part(N, size), cluster=size))
+        add(P.online_plan(N, smem))
+    elif N > 8192:  # the online kernel: step shapes, and the staged head whole, halved, or none
         for per_thread, threads in ((16, 512), (16, 1024), (32, 256)):
             head = P.staged_head(N, smem, threads * per_thread)
             for staged in (head, head // 2 // (threads * per_thread) * (threads * per_thread), 0):
                 if per_thread % vec == 0:
                     add(P.SoftmaxPlan("online", per_thread, threads, staged=staged))
-    if family == "hopper" and N > 8192:  # the cluster kernel: every cluster size, and other step shapes
-        for size in P.CLUSTER_SIZES:
-            for per_thread, threads in ((16, 512), (16, 256), (8, 512), (16, 1024)):
-                part = P.cluster_part(N, size)
-                padded = -(-part // (per_thread * threads)) * per_thread * threads
-                if P.splits_over(N, size) and 2 * padded + P.SMEM_SLACK <= smem:
-                    add(P.SoftmaxPlan("cluster", per_thread, threads, staged=part, cluster=size))
     return plans
 
 

@@ -14,6 +14,7 @@ from sections import softmax as S
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 import softmax_probe as probe  # noqa: E402
 import softmax_shapes_probe as shapes_probe  # noqa: E402
+from sections import softmax_plans as P  # noqa: E402
 from sections.softmax_plans import SMEM_SLACK  # noqa: E402
 
 HOPPER = tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin
@@ -208,6 +209,9 @@ def test_the_shapes_probe_starts_with_the_sections_pick_and_sweeps_only_plans_th
             step = plan.threads * plan.rows_per_block
             assert 2 * (-(-plan.staged // step) * step) + SMEM_SLACK <= HOPPER
             assert plan.rows_per_block % S.vector_width(N) == 0
+        elif plan.kind == "cluster":  # each block's part staged whole, every block owning some of the row
+            step = plan.threads * plan.rows_per_block
+            assert 2 * (-(-plan.staged // step) * step) + SMEM_SLACK <= HOPPER and P.splits_over(N, plan.cluster)
         else:
             assert plan.threads % plan.rows_per_block == 0 and plan.threads <= 1024
 
