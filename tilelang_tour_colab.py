@@ -4621,7 +4621,7 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
         flat = T.if_then_else(i < 8, row * N + i, end * 8 + i - 8)
         head = T.And(T.And(i < 8, rank == 0), flat < first * 8)
         tail = T.And(T.And(i >= 8, rank == cluster - 1), flat < row * N + N)
-        return flat, T.And(N % 8 != 0, T.And(i < 16, T.Or(head, tail)))
+        return flat, T.And(i < 16, T.Or(head, tail))
 
     @T.prim_func
     def softmax_rows_split_over_cluster(X: T.Tensor((M * N,), dtype), Y: T.Tensor((M * N,), dtype)):
@@ -4652,8 +4652,8 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
             T.fill(part_sum, 0.0)
             if N % 8:  # the edge columns, straight from global memory
                 for i, e in T.Parallel(threads, per_thread):
-                    flat, mine_ = edge(row, rank, first, end, i)
-                    x[i, e] = T.if_then_else(T.And(e == 0, mine_), T.cast(X[flat], "float32") * LOG2E,
+                    flat, ours = edge(row, rank, first, end, i)
+                    x[i, e] = T.if_then_else(T.And(e == 0, ours), T.cast(X[flat], "float32") * LOG2E,
                                              -T.infinity("float32"))
                 running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads, per_thread)
             for c in T.serial(steps):  # version 3's first pass, over this block's part
@@ -4687,8 +4687,8 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
                             T.exp2(T.cast(columns[c * step + j], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
             if N % 8:
                 for i in T.Parallel(16):
-                    flat, mine_ = edge(row, rank, first, end, i)
-                    if mine_:
+                    flat, ours = edge(row, rank, first, end, i)
+                    if ours:
                         Y[flat] = T.cast(T.exp2(T.cast(X[flat], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
 
     return softmax_rows_split_over_cluster
@@ -6612,7 +6612,7 @@ FLUSH_MODES = ("write", "read")
 # GIL and the CUDA driver's module loader, and a stall between a start event and its launch counts as GPU time.
 _untimed = threading.Event()
 _untimed.set()
-_timing_depth = [0]
+_timing_depth = 0  # timing_window calls in progress (they nest: bench_interleaved calls bench_ms)
 _timing_lock = threading.Lock()
 
 
@@ -6620,15 +6620,16 @@ def timing_window(fn):
     """Decorator: while `fn` runs (nested calls included), other threads' compiles wait (wait_until_untimed)."""
     @functools.wraps(fn)
     def timed(*args, **kwargs):
+        global _timing_depth
         with _timing_lock:
-            _timing_depth[0] += 1
+            _timing_depth += 1
             _untimed.clear()
         try:
             return fn(*args, **kwargs)
         finally:
             with _timing_lock:
-                _timing_depth[0] -= 1
-                if _timing_depth[0] == 0:
+                _timing_depth -= 1
+                if _timing_depth == 0:
                     _untimed.set()
     return timed
 

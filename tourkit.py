@@ -391,7 +391,7 @@ FLUSH_MODES = ("write", "read")
 # GIL and the CUDA driver's module loader, and a stall between a start event and its launch counts as GPU time.
 _untimed = threading.Event()
 _untimed.set()
-_timing_depth = [0]
+_timing_depth = 0  # timing_window calls in progress (they nest: bench_interleaved calls bench_ms)
 _timing_lock = threading.Lock()
 
 
@@ -399,15 +399,16 @@ def timing_window(fn):
     """Decorator: while `fn` runs (nested calls included), other threads' compiles wait (wait_until_untimed)."""
     @functools.wraps(fn)
     def timed(*args, **kwargs):
+        global _timing_depth
         with _timing_lock:
-            _timing_depth[0] += 1
+            _timing_depth += 1
             _untimed.clear()
         try:
             return fn(*args, **kwargs)
         finally:
             with _timing_lock:
-                _timing_depth[0] -= 1
-                if _timing_depth[0] == 0:
+                _timing_depth -= 1
+                if _timing_depth == 0:
                     _untimed.set()
     return timed
 

@@ -47,7 +47,7 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
         flat = T.if_then_else(i < 8, row * N + i, end * 8 + i - 8)
         head = T.And(T.And(i < 8, rank == 0), flat < first * 8)
         tail = T.And(T.And(i >= 8, rank == cluster - 1), flat < row * N + N)
-        return flat, T.And(N % 8 != 0, T.And(i < 16, T.Or(head, tail)))
+        return flat, T.And(i < 16, T.Or(head, tail))
 
     @T.prim_func
     def softmax_rows_split_over_cluster(X: T.Tensor((M * N,), dtype), Y: T.Tensor((M * N,), dtype)):
@@ -78,8 +78,8 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
             T.fill(part_sum, 0.0)
             if N % 8:  # the edge columns, straight from global memory
                 for i, e in T.Parallel(threads, per_thread):
-                    flat, mine_ = edge(row, rank, first, end, i)
-                    x[i, e] = T.if_then_else(T.And(e == 0, mine_), T.cast(X[flat], "float32") * LOG2E,
+                    flat, ours = edge(row, rank, first, end, i)
+                    x[i, e] = T.if_then_else(T.And(e == 0, ours), T.cast(X[flat], "float32") * LOG2E,
                                              -T.infinity("float32"))
                 running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads, per_thread)
             for c in T.serial(steps):  # version 3's first pass, over this block's part
@@ -113,8 +113,8 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
                             T.exp2(T.cast(columns[c * step + j], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
             if N % 8:
                 for i in T.Parallel(16):
-                    flat, mine_ = edge(row, rank, first, end, i)
-                    if mine_:
+                    flat, ours = edge(row, rank, first, end, i)
+                    if ours:
                         Y[flat] = T.cast(T.exp2(T.cast(X[flat], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
 
     return softmax_rows_split_over_cluster
