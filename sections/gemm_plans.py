@@ -47,6 +47,7 @@ class GemmConfig:
     policy: str = "Square"
     staged_store: bool = True
     split_k: int = 1
+    blocks_per_sm: int = 1  # >1 (Hopper): that many blocks share an SM, their registers split between them
 
     def smem_bytes(self, dtype_bytes: int = 2) -> int:
         """An upper bound of the kernel's shared memory: `num_stages` copies of the A and B tiles, or the C tile
@@ -60,6 +61,7 @@ class GemmConfig:
     def columns(self) -> dict:
         """The schedule as the table shows it."""
         split = f", K split {self.split_k}" if self.split_k > 1 else ""
+        split += f", {self.blocks_per_sm} blocks an SM" if self.blocks_per_sm > 1 else ""
         return {"kernel": "T.Pipelined", "tile": f"{self.block_M}x{self.block_N}x{self.block_K}",
                 "stages": self.num_stages, "threads": self.threads,
                 "swizzle": f"panel {self.panel}" if self.swizzle else "off",
@@ -69,7 +71,8 @@ class GemmConfig:
         c = self.columns()
         policy = self.policy + ("" if self.staged_store else ", direct store")
         return (f"{c['kernel']} {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}"
-                + (f", {policy}" if policy != "Square" else "") + (f", K split {self.split_k}" if self.split_k > 1 else ""))
+                + (f", {policy}" if policy != "Square" else "") + (f", K split {self.split_k}" if self.split_k > 1 else "")
+                + (f", {self.blocks_per_sm} blocks an SM" if self.blocks_per_sm > 1 else ""))
 
 
 def fits(config, smem_budget: int) -> bool:
@@ -106,9 +109,14 @@ def lesson_schedules(family: str) -> list[GemmConfig]:
     raise ValueError(f"no GEMM schedules for architecture family {family!r}")
 
 
-def consumer_registers(threads: int) -> int:
-    """Registers a consumer thread may take (setmaxnreg) beside one producer warpgroup: 65536 shared out."""
-    return min(240, (65536 - 128 * PRODUCER_REGISTERS) // threads // 8 * 8)
+def consumer_registers(threads: int, blocks: int = 1) -> int:
+    """Registers a consumer thread may take (setmaxnreg) beside one producer warpgroup: 65536 shared out
+    among `blocks` blocks of an SM. Two blocks: nvcc first caps every thread at 64K over all their threads
+    (launch bounds), and setmaxnreg can only move registers the block holds."""
+    if blocks == 1:
+        return min(240, (65536 - 128 * PRODUCER_REGISTERS) // threads // 8 * 8)
+    cap = 65536 // (blocks * (threads + 128)) // 8 * 8
+    return min(240, (cap + 128 * (cap - PRODUCER_REGISTERS) // threads) // 8 * 8)
 
 
 def wave_traffic(M: int, N: int, K: int, config, wave: int = 132, dtype_bytes: int = 2) -> tuple[int, int]:
@@ -174,7 +182,10 @@ def k_steps(K: int, config: GemmConfig) -> int:
 
 
 def blocks_per_sm(config: GemmConfig, smem_budget: int) -> int:
-    return max(1, min(2, smem_budget // config.smem_bytes(), 1024 // config.threads))
+    """Blocks an SM runs at once: as many as asked for, or (none asked for) two where their shared memory
+    and threads fit."""
+    asked = config.blocks_per_sm if config.blocks_per_sm > 1 else min(2, 1024 // config.threads)
+    return max(1, min(asked, smem_budget // config.smem_bytes()))
 
 
 def estimate_seconds(M: int, N: int, K: int, config: GemmConfig, family: str, sm_count: int,

@@ -71,17 +71,17 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
             step_sum = T.alloc_fragment((threads,), "float32")
             row_max = T.alloc_fragment((1,), "float32")
             row_sum = T.alloc_fragment((1,), "float32")
+            edge_x = T.alloc_fragment((threads,), "float32") if N % 8 else None  # thread i < 16: edge column i
             T.annotate_layout({x: row_split_layout(threads, per_thread, 1, per_thread)})
             T.cluster_arrive()  # "started": no block writes another's shared memory before its owner has started
-            T.copy(X[start * 8:start * 8 + part], columns[0:part], prefer_instruction="tma")
-            T.fill(part_max, low)
-            T.fill(part_sum, 0.0)
-            if N % 8:  # the edge columns, straight from global memory
-                for i, e in T.Parallel(threads, per_thread):
+            if N % 8:  # the edge columns, straight from global memory: loaded before the copy, in its shadow
+                for i in T.Parallel(threads):
                     flat, ours = edge(row, rank, first, end, i)
-                    x[i, e] = T.if_then_else(T.And(e == 0, ours), T.cast(X[flat], "float32") * LOG2E,
-                                             -T.infinity("float32"))
-                running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads, per_thread)
+                    edge_x[i] = T.if_then_else(ours, T.cast(X[flat], "float32") * LOG2E, low)
+            T.copy(X[start * 8:start * 8 + part], columns[0:part], prefer_instruction="tma")
+            for i in T.Parallel(threads):  # a running (max, sum) that starts from the edge column, if any
+                part_max[i] = edge_x[i] if N % 8 else low
+                part_sum[i] = T.if_then_else(edge_x[i] > low, 1.0, 0.0) if N % 8 else 0.0
             for c in T.serial(steps):  # version 3's first pass, over this block's part
                 for i, e in T.Parallel(threads, per_thread):
                     x[i, e] = T.if_then_else(T.And(column(c, i, e) >= lo, column(c, i, e) < hi),
@@ -112,9 +112,9 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
                         Y[start * 8 + c * step + j] = T.cast(
                             T.exp2(T.cast(columns[c * step + j], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
             if N % 8:
-                for i in T.Parallel(16):
+                for i in T.Parallel(threads):
                     flat, ours = edge(row, rank, first, end, i)
                     if ours:
-                        Y[flat] = T.cast(T.exp2(T.cast(X[flat], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
+                        Y[flat] = T.cast(T.exp2(edge_x[i] - row_max[0]) * row_sum[0], dtype)
 
     return softmax_rows_split_over_cluster
