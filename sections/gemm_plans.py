@@ -133,10 +133,14 @@ def wave_traffic(M: int, N: int, K: int, config, wave: int = 132, dtype_bytes: i
 
 # ---- The rule ------------------------------------------------------------------------------------------
 
-# The candidate tiles per family, biggest first (ties in the estimate go to the earlier). Small tiles take
-# more stages: they are there for problems that stream their operands, where bytes in flight decide.
+# The candidate tiles per family: the lesson's own first (the rule's explanations compare against it), then
+# the rest biggest first. Small tiles take more stages: they are there for problems that stream their
+# operands, where bytes in flight decide.
 CANDIDATES = {
-    "hopper": [GemmConfig(128, 256, 64, 4, 256, True), GemmConfig(128, 192, 64, 4, 256, True, policy="FullRow"),
+    "hopper": [GemmConfig(128, 256, 64, 4, 256, True),
+               GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol"),  # three consumer warpgroups
+               GemmConfig(192, 192, 64, 4, 384, True, policy="FullRow"),
+               GemmConfig(128, 192, 64, 4, 256, True, policy="FullRow"),
                GemmConfig(128, 128, 64, 4, 256, True), GemmConfig(64, 256, 64, 4, 128, True),
                GemmConfig(64, 128, 64, 6, 128, True), GemmConfig(64, 64, 64, 8, 128, True)],
     "ampere": [GemmConfig(128, 256, 32, 3, 256, True), GemmConfig(128, 128, 32, 4, 256, True),
@@ -165,11 +169,12 @@ class Machine:
 MACHINES = {"hopper": Machine(5.4e12, 100e9, 3.2e12), "ampere": Machine(2.3e12, 60e9, 1.5e12),
             "ada": Machine(1.2e12, 50e9, 0.8e12), "turing": Machine(0.5e12, 40e9, 0.5e12)}
 MEMORY_LATENCY = 1.6e-6  # a load's round trip under load: bytes in flight / latency bounds a block's stream
-# A tile's tensor-core rate per FLOP against the 128x256 tile's, compute-bound (8192^3 on an H200): smaller
-# tiles issue shorter MMAs and read more operand bytes per FLOP from shared memory. 128x192 (FullRow: one
-# m64n192 MMA per warpgroup) is set between its neighbours.
-TILE_EFFICIENCY = {(128, 256): 1.0, (128, 192): 0.92, (128, 128): 0.85, (64, 256): 0.82, (64, 128): 0.62,
-                   (64, 64): 0.45}
+# A tile's tensor-core rate per FLOP against the 128x256 tile's, compute-bound (8192^3 and full waves of
+# mid-size problems on an H200): smaller tiles issue shorter MMAs and read more operand bytes per FLOP from
+# shared memory. Three consumer warpgroups (256x192: each a 256x64 strip; 192x192: each a 64x192 row) keep
+# the SM as busy as two, with more of C per block: fewer blocks, so the waves can come out whole.
+TILE_EFFICIENCY = {(128, 256): 1.0, (256, 192): 1.02, (192, 192): 0.92, (128, 192): 0.8, (128, 128): 0.85,
+                   (64, 256): 0.82, (64, 128): 0.62, (64, 64): 0.45}
 
 
 def tile_efficiency(config: GemmConfig) -> float:
@@ -264,8 +269,8 @@ def neighbours(plan, family: str, sm_count: int, smem_budget: int) -> list[GemmC
 
 
 def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget) -> str:
-    """One or two lines: the blocks the pick makes against the SMs; what the biggest tile (or, when the pick
-    is the biggest, the next best candidate) would make and take."""
+    """One or two lines: the blocks the pick makes against the SMs; what the lesson's tile (or, when the pick
+    is the lesson's tile, the next best candidate) would make and take."""
     def said(c):
         blocks = -(-M // c.block_M) * -(-N // c.block_N) * c.split_k
         split = f" with K split {c.split_k} ways ({k_steps(K, c)} steps each)" if c.split_k > 1 else ""
@@ -275,7 +280,7 @@ def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget) -> str
     biggest = options[0]
     if pick == biggest:
         other = min((i for i, c in enumerate(options) if c != pick), key=lambda i: times[i], default=None)
-        why = "the biggest tile reads the fewest bytes a FLOP"
+        why = "the lesson's tile: its waves and rate come out best here"
     else:
         other, blocks = 0, -(-M // biggest.block_M) * -(-N // biggest.block_N)
         waves = blocks / sm_count

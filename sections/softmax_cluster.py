@@ -106,11 +106,16 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
                 for r in T.unroll(cluster):
                     row_sum[i] += pairs[r, 1] * T.exp2(pairs[r, 0] - row_max[i])
                 row_sum[i] = 1.0 / row_sum[i]
-            for c in T.serial(steps):  # the one write, from shared memory
+            # The one write, from shared memory, walked from the 128-byte line where the part starts: a warp's
+            # 512 bytes then cover 4 whole lines, not parts of 5 (a row of odd width starts anywhere).
+            shift = start % 8  # vectors between that line's start and the part's
+            for c in T.serial(-(-(part + 56) // step)):
                 for j in T.Parallel(step):
-                    if T.And(c * step + j >= lo, c * step + j < hi):
-                        Y[start * 8 + c * step + j] = T.cast(
-                            T.exp2(T.cast(columns[c * step + j], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
+                    vector = (c * step + j) // 8 - shift  # the staged vector; its owned ones: [lo, hi) / 8
+                    if T.And(vector >= lo // 8, vector < hi // 8):
+                        Y[start // 8 * 64 + c * step + j] = T.cast(T.exp2(
+                            T.cast(columns[c * step + j - shift * 8], "float32") * LOG2E - row_max[0]) * row_sum[0],
+                            dtype)
             if N % 8:
                 for i in T.Parallel(threads):
                     flat, ours = edge(row, rank, first, end, i)

@@ -24,11 +24,15 @@ def pick(M, N, K, **machine):
     return choose_schedule(M, N, K, **{**H200, **machine})[0]
 
 
-def test_big_problems_keep_the_lessons_128x256_tile():
-    for shape in [(8192, 8192, 8192), (5120, 13824, 5120), (8192, 2048, 8192), (4096, 14336, 4096),
-                  (12288, 12288, 12288), (4096, 4096, 1024)]:
+def test_big_problems_take_a_big_tile_whose_waves_come_out_whole():
+    """The lesson's 128x256 tile, or 256x192 (three consumer warpgroups) where its waves fill the SMs better:
+    5120x13824x5120 in 128x256 tiles is 16.36 waves (the last 64% empty), in 256x192 ones 10.91."""
+    for shape in [(8192, 8192, 8192), (8192, 2048, 8192), (4096, 14336, 4096), (12288, 12288, 12288),
+                  (4096, 4096, 1024)]:
         config = pick(*shape)
         assert (config.block_M, config.block_N, config.split_k) == (128, 256, 1), shape
+    config = pick(5120, 13824, 5120)
+    assert (config.block_M, config.block_N, config.threads, config.policy) == (256, 192, 384, "FullCol")
 
 
 def test_skinny_problems_take_short_tiles_and_fill_the_sms():
@@ -41,12 +45,16 @@ def test_skinny_problems_take_short_tiles_and_fill_the_sms():
 
 
 def test_mid_problems_weigh_wave_quantization():
-    """2000x3000x4000: 128x256 tiles make 192 blocks, 1.45 waves of 132; 128x192 make 256, 1.94 waves."""
-    config = pick(2000, 3000, 4000)
-    assert (config.block_M, config.block_N) == (128, 192)
+    """2000x3000x4000: 128x256 tiles make 192 blocks, 1.45 waves of 132; 256x192 make 128, 0.97 waves.
+    3000^3: 128x256 make 288 (2.18 waves), 192x192 make 256 (1.94); 1536^3 is under a wave with any tile, the
+    smaller 128x192 keeps more SMs busy."""
     big = GemmConfig(128, 256, 64, 4, 256, True)
-    assert estimate_seconds(2000, 3000, 4000, config, "hopper", 132, 232448) < \
-        estimate_seconds(2000, 3000, 4000, big, "hopper", 132, 232448)
+    for shape, tile in [((2000, 3000, 4000), (256, 192)), ((3000, 3000, 3000), (192, 192)),
+                        ((1536, 1536, 1536), (128, 192))]:
+        config = pick(*shape)
+        assert (config.block_M, config.block_N) == tile, shape
+        assert estimate_seconds(*shape, config, "hopper", 132, 232448) < \
+            estimate_seconds(*shape, big, "hopper", 132, 232448)
 
 
 def test_the_rule_says_why_in_a_line_a_learner_can_follow():
@@ -78,7 +86,8 @@ def test_no_tile_fits_raises():
 def test_candidates_are_listed_biggest_first_and_fit_their_family():
     for family, configs in CANDIDATES.items():
         assert all(fits(c, BUDGETS[family]) for c in configs)
-        areas = [c.block_M * c.block_N for c in configs]
+        assert configs[0] == gemm_schedules.lesson_schedules(family)[0]
+        areas = [c.block_M * c.block_N for c in configs[1:]]
         assert areas == sorted(areas, reverse=True)
 
 
