@@ -2163,6 +2163,7 @@ class GemmConfig:
     policy: str = "Square"
     staged_store: bool = True
     split_k: int = 1
+    blocks_per_sm: int = 1  # >1 (Hopper): that many blocks share an SM, their registers split between them
 
     def smem_bytes(self, dtype_bytes: int = 2) -> int:
         """An upper bound of the kernel's shared memory: `num_stages` copies of the A and B tiles, or the C tile
@@ -2176,6 +2177,7 @@ class GemmConfig:
     def columns(self) -> dict:
         """The schedule as the table shows it."""
         split = f", K split {self.split_k}" if self.split_k > 1 else ""
+        split += f", {self.blocks_per_sm} blocks an SM" if self.blocks_per_sm > 1 else ""
         return {"kernel": "T.Pipelined", "tile": f"{self.block_M}x{self.block_N}x{self.block_K}",
                 "stages": self.num_stages, "threads": self.threads,
                 "swizzle": f"panel {self.panel}" if self.swizzle else "off",
@@ -2185,7 +2187,8 @@ class GemmConfig:
         c = self.columns()
         policy = self.policy + ("" if self.staged_store else ", direct store")
         return (f"{c['kernel']} {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}"
-                + (f", {policy}" if policy != "Square" else "") + (f", K split {self.split_k}" if self.split_k > 1 else ""))
+                + (f", {policy}" if policy != "Square" else "") + (f", K split {self.split_k}" if self.split_k > 1 else "")
+                + (f", {self.blocks_per_sm} blocks an SM" if self.blocks_per_sm > 1 else ""))
 
 
 def fits(config, smem_budget: int) -> bool:
@@ -2222,9 +2225,14 @@ def lesson_schedules(family: str) -> list[GemmConfig]:
     raise ValueError(f"no GEMM schedules for architecture family {family!r}")
 
 
-def consumer_registers(threads: int) -> int:
-    """Registers a consumer thread may take (setmaxnreg) beside one producer warpgroup: 65536 shared out."""
-    return min(240, (65536 - 128 * PRODUCER_REGISTERS) // threads // 8 * 8)
+def consumer_registers(threads: int, blocks: int = 1) -> int:
+    """Registers a consumer thread may take (setmaxnreg) beside one producer warpgroup: 65536 shared out
+    among `blocks` blocks of an SM. Two blocks: nvcc first caps every thread at 64K over all their threads
+    (launch bounds), and setmaxnreg can only move registers the block holds."""
+    if blocks == 1:
+        return min(240, (65536 - 128 * PRODUCER_REGISTERS) // threads // 8 * 8)
+    cap = 65536 // (blocks * (threads + 128)) // 8 * 8
+    return min(240, (cap + 128 * (cap - PRODUCER_REGISTERS) // threads) // 8 * 8)
 
 
 def wave_traffic(M: int, N: int, K: int, config, wave: int = 132, dtype_bytes: int = 2) -> tuple[int, int]:
@@ -2241,10 +2249,14 @@ def wave_traffic(M: int, N: int, K: int, config, wave: int = 132, dtype_bytes: i
 
 # ---- The rule ------------------------------------------------------------------------------------------
 
-# The candidate tiles per family, biggest first (ties in the estimate go to the earlier). Small tiles take
-# more stages: they are there for problems that stream their operands, where bytes in flight decide.
+# The candidate tiles per family: the lesson's own first (the rule's explanations compare against it), then
+# the rest biggest first. Small tiles take more stages: they are there for problems that stream their
+# operands, where bytes in flight decide.
 CANDIDATES = {
-    "hopper": [GemmConfig(128, 256, 64, 4, 256, True), GemmConfig(128, 192, 64, 4, 256, True, policy="FullRow"),
+    "hopper": [GemmConfig(128, 256, 64, 4, 256, True),
+               GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol"),  # three consumer warpgroups
+               GemmConfig(192, 192, 64, 4, 384, True, policy="FullRow"),
+               GemmConfig(128, 192, 64, 4, 256, True, policy="FullRow"),
                GemmConfig(128, 128, 64, 4, 256, True), GemmConfig(64, 256, 64, 4, 128, True),
                GemmConfig(64, 128, 64, 6, 128, True), GemmConfig(64, 64, 64, 8, 128, True)],
     "ampere": [GemmConfig(128, 256, 32, 3, 256, True), GemmConfig(128, 128, 32, 4, 256, True),
@@ -2273,11 +2285,12 @@ class Machine:
 MACHINES = {"hopper": Machine(5.4e12, 100e9, 3.2e12), "ampere": Machine(2.3e12, 60e9, 1.5e12),
             "ada": Machine(1.2e12, 50e9, 0.8e12), "turing": Machine(0.5e12, 40e9, 0.5e12)}
 MEMORY_LATENCY = 1.6e-6  # a load's round trip under load: bytes in flight / latency bounds a block's stream
-# A tile's tensor-core rate per FLOP against the 128x256 tile's, compute-bound (8192^3 on an H200): smaller
-# tiles issue shorter MMAs and read more operand bytes per FLOP from shared memory. 128x192 (FullRow: one
-# m64n192 MMA per warpgroup) is set between its neighbours.
-TILE_EFFICIENCY = {(128, 256): 1.0, (128, 192): 0.92, (128, 128): 0.85, (64, 256): 0.82, (64, 128): 0.62,
-                   (64, 64): 0.45}
+# A tile's tensor-core rate per FLOP against the 128x256 tile's, compute-bound (8192^3 and full waves of
+# mid-size problems on an H200): smaller tiles issue shorter MMAs and read more operand bytes per FLOP from
+# shared memory. Three consumer warpgroups (256x192: each a 256x64 strip; 192x192: each a 64x192 row) keep
+# the SM as busy as two, with more of C per block: fewer blocks, so the waves can come out whole.
+TILE_EFFICIENCY = {(128, 256): 1.0, (256, 192): 1.02, (192, 192): 0.92, (128, 192): 0.8, (128, 128): 0.85,
+                   (64, 256): 0.82, (64, 128): 0.62, (64, 64): 0.45}
 
 
 def tile_efficiency(config: GemmConfig) -> float:
@@ -2290,7 +2303,10 @@ def k_steps(K: int, config: GemmConfig) -> int:
 
 
 def blocks_per_sm(config: GemmConfig, smem_budget: int) -> int:
-    return max(1, min(2, smem_budget // config.smem_bytes(), 1024 // config.threads))
+    """Blocks an SM runs at once: as many as asked for, or (none asked for) two where their shared memory
+    and threads fit."""
+    asked = config.blocks_per_sm if config.blocks_per_sm > 1 else min(2, 1024 // config.threads)
+    return max(1, min(asked, smem_budget // config.smem_bytes()))
 
 
 def estimate_seconds(M: int, N: int, K: int, config: GemmConfig, family: str, sm_count: int,
@@ -2369,8 +2385,8 @@ def neighbours(plan, family: str, sm_count: int, smem_budget: int) -> list[GemmC
 
 
 def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget) -> str:
-    """One or two lines: the blocks the pick makes against the SMs; what the biggest tile (or, when the pick
-    is the biggest, the next best candidate) would make and take."""
+    """One or two lines: the blocks the pick makes against the SMs; what the lesson's tile (or, when the pick
+    is the lesson's tile, the next best candidate) would make and take."""
     def said(c):
         blocks = -(-M // c.block_M) * -(-N // c.block_N) * c.split_k
         split = f" with K split {c.split_k} ways ({k_steps(K, c)} steps each)" if c.split_k > 1 else ""
@@ -2380,7 +2396,7 @@ def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget) -> str
     biggest = options[0]
     if pick == biggest:
         other = min((i for i, c in enumerate(options) if c != pick), key=lambda i: times[i], default=None)
-        why = "the biggest tile reads the fewest bytes a FLOP"
+        why = "the lesson's tile: its waves and rate come out best here"
     else:
         other, blocks = 0, -(-M // biggest.block_M) * -(-N // biggest.block_N)
         waves = blocks / sm_count
@@ -2713,7 +2729,8 @@ You will learn:
   is timed beside it: what the compiler's pipeline gives, and what warp specialization by hand adds;
 - how to choose a schedule for any problem (`--shape MxNxK`, `--dtype bfloat16`; sections/gemm_plans.py):
   count the tiles against the SMs. 2000x3000x4000 in 128x256 tiles is 192 blocks, 1.45 waves of 132: the
-  second wave runs half empty; 128x192 tiles make 256 blocks, 1.94 waves. A skinny problem (64x8192x8192)
+  second wave runs half empty; 256x192 tiles (three consumer warpgroups) make 128 blocks, 0.97 waves, and
+  3000^3 in 192x192 tiles 1.94 waves instead of 2.18. A skinny problem (64x8192x8192)
   has too few tall tiles to fill the SMs: 64-row tiles, and where even those are few, a split K (block z
   sums its run of K into fp32 partials, `splitk_reduce_program` adds them). `choose_schedule` estimates
   each candidate (waves x a block's math or loads, against streaming the operands once) and says why;
@@ -2798,9 +2815,11 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
 
     @T.macro
     def registers():
-        if config.threads > 256:  # Hopper: say how the 64K registers split (TileLang warns otherwise)
+        if config.blocks_per_sm > 1:  # launch bounds: nvcc keeps each thread within its share of the SM
+            T.annotate_min_blocks_per_sm(config.blocks_per_sm)
+        if config.threads > 256 or config.blocks_per_sm > 1:  # Hopper: how the registers split (TileLang warns otherwise)
             T.annotate_producer_reg_dealloc(PRODUCER_REGISTERS)
-            T.annotate_consumer_reg_alloc(consumer_registers(config.threads))
+            T.annotate_consumer_reg_alloc(consumer_registers(config.threads, config.blocks_per_sm))
 
     @T.macro
     def body(A, B, Bias, C):
@@ -4645,17 +4664,17 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
             step_sum = T.alloc_fragment((threads,), "float32")
             row_max = T.alloc_fragment((1,), "float32")
             row_sum = T.alloc_fragment((1,), "float32")
+            edge_x = T.alloc_fragment((threads,), "float32") if N % 8 else None  # thread i < 16: edge column i
             T.annotate_layout({x: row_split_layout(threads, per_thread, 1, per_thread)})
             T.cluster_arrive()  # "started": no block writes another's shared memory before its owner has started
-            T.copy(X[start * 8:start * 8 + part], columns[0:part], prefer_instruction="tma")
-            T.fill(part_max, low)
-            T.fill(part_sum, 0.0)
-            if N % 8:  # the edge columns, straight from global memory
-                for i, e in T.Parallel(threads, per_thread):
+            if N % 8:  # the edge columns, straight from global memory: loaded before the copy, in its shadow
+                for i in T.Parallel(threads):
                     flat, ours = edge(row, rank, first, end, i)
-                    x[i, e] = T.if_then_else(T.And(e == 0, ours), T.cast(X[flat], "float32") * LOG2E,
-                                             -T.infinity("float32"))
-                running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads, per_thread)
+                    edge_x[i] = T.if_then_else(ours, T.cast(X[flat], "float32") * LOG2E, low)
+            T.copy(X[start * 8:start * 8 + part], columns[0:part], prefer_instruction="tma")
+            for i in T.Parallel(threads):  # a running (max, sum) that starts from the edge column, if any
+                part_max[i] = edge_x[i] if N % 8 else low
+                part_sum[i] = T.if_then_else(edge_x[i] > low, 1.0, 0.0) if N % 8 else 0.0
             for c in T.serial(steps):  # version 3's first pass, over this block's part
                 for i, e in T.Parallel(threads, per_thread):
                     x[i, e] = T.if_then_else(T.And(column(c, i, e) >= lo, column(c, i, e) < hi),
@@ -4680,16 +4699,21 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
                 for r in T.unroll(cluster):
                     row_sum[i] += pairs[r, 1] * T.exp2(pairs[r, 0] - row_max[i])
                 row_sum[i] = 1.0 / row_sum[i]
-            for c in T.serial(steps):  # the one write, from shared memory
+            # The one write, from shared memory, walked from the 128-byte line where the part starts: a warp's
+            # 512 bytes then cover 4 whole lines, not parts of 5 (a row of odd width starts anywhere).
+            shift = start % 8  # vectors between that line's start and the part's
+            for c in T.serial(-(-(part + 56) // step)):
                 for j in T.Parallel(step):
-                    if T.And(c * step + j >= lo, c * step + j < hi):
-                        Y[start * 8 + c * step + j] = T.cast(
-                            T.exp2(T.cast(columns[c * step + j], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
+                    vector = (c * step + j) // 8 - shift  # the staged vector; its owned ones: [lo, hi) / 8
+                    if T.And(vector >= lo // 8, vector < hi // 8):
+                        Y[start // 8 * 64 + c * step + j] = T.cast(T.exp2(
+                            T.cast(columns[c * step + j - shift * 8], "float32") * LOG2E - row_max[0]) * row_sum[0],
+                            dtype)
             if N % 8:
-                for i in T.Parallel(16):
+                for i in T.Parallel(threads):
                     flat, ours = edge(row, rank, first, end, i)
                     if ours:
-                        Y[flat] = T.cast(T.exp2(T.cast(X[flat], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
+                        Y[flat] = T.cast(T.exp2(edge_x[i] - row_max[0]) * row_sum[0], dtype)
 
     return softmax_rows_split_over_cluster
 ''')
