@@ -2163,7 +2163,6 @@ class GemmConfig:
     policy: str = "Square"
     staged_store: bool = True
     split_k: int = 1
-    blocks_per_sm: int = 1  # >1 (Hopper): that many blocks share an SM, their registers split between them
 
     def smem_bytes(self, dtype_bytes: int = 2) -> int:
         """An upper bound of the kernel's shared memory: `num_stages` copies of the A and B tiles, or the C tile
@@ -2177,7 +2176,6 @@ class GemmConfig:
     def columns(self) -> dict:
         """The schedule as the table shows it."""
         split = f", K split {self.split_k}" if self.split_k > 1 else ""
-        split += f", {self.blocks_per_sm} blocks an SM" if self.blocks_per_sm > 1 else ""
         return {"kernel": "T.Pipelined", "tile": f"{self.block_M}x{self.block_N}x{self.block_K}",
                 "stages": self.num_stages, "threads": self.threads,
                 "swizzle": f"panel {self.panel}" if self.swizzle else "off",
@@ -2187,8 +2185,7 @@ class GemmConfig:
         c = self.columns()
         policy = self.policy + ("" if self.staged_store else ", direct store")
         return (f"{c['kernel']} {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}"
-                + (f", {policy}" if policy != "Square" else "") + (f", K split {self.split_k}" if self.split_k > 1 else "")
-                + (f", {self.blocks_per_sm} blocks an SM" if self.blocks_per_sm > 1 else ""))
+                + (f", {policy}" if policy != "Square" else "") + (f", K split {self.split_k}" if self.split_k > 1 else ""))
 
 
 def fits(config, smem_budget: int) -> bool:
@@ -2225,14 +2222,9 @@ def lesson_schedules(family: str) -> list[GemmConfig]:
     raise ValueError(f"no GEMM schedules for architecture family {family!r}")
 
 
-def consumer_registers(threads: int, blocks: int = 1) -> int:
-    """Registers a consumer thread may take (setmaxnreg) beside one producer warpgroup: 65536 shared out
-    among `blocks` blocks of an SM. Two blocks: nvcc first caps every thread at 64K over all their threads
-    (launch bounds), and setmaxnreg can only move registers the block holds."""
-    if blocks == 1:
-        return min(240, (65536 - 128 * PRODUCER_REGISTERS) // threads // 8 * 8)
-    cap = 65536 // (blocks * (threads + 128)) // 8 * 8
-    return min(240, (cap + 128 * (cap - PRODUCER_REGISTERS) // threads) // 8 * 8)
+def consumer_registers(threads: int) -> int:
+    """Registers a consumer thread may take (setmaxnreg) beside one producer warpgroup: 65536 shared out."""
+    return min(240, (65536 - 128 * PRODUCER_REGISTERS) // threads // 8 * 8)
 
 
 def wave_traffic(M: int, N: int, K: int, config, wave: int = 132, dtype_bytes: int = 2) -> tuple[int, int]:
@@ -2303,10 +2295,7 @@ def k_steps(K: int, config: GemmConfig) -> int:
 
 
 def blocks_per_sm(config: GemmConfig, smem_budget: int) -> int:
-    """Blocks an SM runs at once: as many as asked for, or (none asked for) two where their shared memory
-    and threads fit."""
-    asked = config.blocks_per_sm if config.blocks_per_sm > 1 else min(2, 1024 // config.threads)
-    return max(1, min(asked, smem_budget // config.smem_bytes()))
+    return max(1, min(2, smem_budget // config.smem_bytes(), 1024 // config.threads))
 
 
 def estimate_seconds(M: int, N: int, K: int, config: GemmConfig, family: str, sm_count: int,
@@ -2354,7 +2343,9 @@ def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem
             continue  # a tile twice as tall as the whole problem would only multiply zeros
         tiles = -(-M // base.block_M) * -(-N // base.block_N)
         steps = -(-K // base.block_K)
-        for split in SPLITS:
+        # Three-warpgroup tiles are there to make whole waves of whole K loops: no split (one split of them
+        # measured behind the unsplit 128x192 tile it was to replace).
+        for split in SPLITS if base.threads <= 256 else (1,):
             if split == 1 or (steps // split >= 4 and tiles * split <= 2 * sm_count):
                 config = replace(base, split_k=split)
                 if fits(config, smem_budget):
@@ -2393,15 +2384,15 @@ def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget) -> str
         waves = blocks / (sm_count * blocks_per_sm(c, smem_budget))
         return f"{c.block_M}x{c.block_N} tiles{split}: {blocks} blocks on {sm_count} SMs ({waves:.2f} waves)"
 
-    biggest = options[0]
-    if pick == biggest:
+    lesson = options[0]
+    if pick == lesson:
         other = min((i for i, c in enumerate(options) if c != pick), key=lambda i: times[i], default=None)
         why = "the lesson's tile: its waves and rate come out best here"
     else:
-        other, blocks = 0, -(-M // biggest.block_M) * -(-N // biggest.block_N)
+        other, blocks = 0, -(-M // lesson.block_M) * -(-N // lesson.block_N)
         waves = blocks / sm_count
         why = ("as few blocks: at this size the launch and latency count, and a smaller tile wastes less"
-               if blocks * biggest.split_k == -(-M // pick.block_M) * -(-N // pick.block_N) * pick.split_k else
+               if blocks * lesson.split_k == -(-M // pick.block_M) * -(-N // pick.block_N) * pick.split_k else
                "too few blocks for the SMs" if blocks < sm_count else
                f"its last wave would run {100 * (1 - waves % 1):.0f}% empty" if 0 < waves % 1 < 0.75 else
                "it streams fewer bytes per SM" if M <= 64 else "it costs more per FLOP here")
@@ -2815,11 +2806,9 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
 
     @T.macro
     def registers():
-        if config.blocks_per_sm > 1:  # launch bounds: nvcc keeps each thread within its share of the SM
-            T.annotate_min_blocks_per_sm(config.blocks_per_sm)
-        if config.threads > 256 or config.blocks_per_sm > 1:  # Hopper: how the registers split (TileLang warns otherwise)
+        if config.threads > 256:  # Hopper: say how the 64K registers split (TileLang warns otherwise)
             T.annotate_producer_reg_dealloc(PRODUCER_REGISTERS)
-            T.annotate_consumer_reg_alloc(consumer_registers(config.threads, config.blocks_per_sm))
+            T.annotate_consumer_reg_alloc(consumer_registers(config.threads))
 
     @T.macro
     def body(A, B, Bias, C):
@@ -4664,17 +4653,17 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
             step_sum = T.alloc_fragment((threads,), "float32")
             row_max = T.alloc_fragment((1,), "float32")
             row_sum = T.alloc_fragment((1,), "float32")
-            edge_x = T.alloc_fragment((threads,), "float32") if N % 8 else None  # thread i < 16: edge column i
             T.annotate_layout({x: row_split_layout(threads, per_thread, 1, per_thread)})
             T.cluster_arrive()  # "started": no block writes another's shared memory before its owner has started
-            if N % 8:  # the edge columns, straight from global memory: loaded before the copy, in its shadow
-                for i in T.Parallel(threads):
-                    flat, ours = edge(row, rank, first, end, i)
-                    edge_x[i] = T.if_then_else(ours, T.cast(X[flat], "float32") * LOG2E, low)
             T.copy(X[start * 8:start * 8 + part], columns[0:part], prefer_instruction="tma")
-            for i in T.Parallel(threads):  # a running (max, sum) that starts from the edge column, if any
-                part_max[i] = edge_x[i] if N % 8 else low
-                part_sum[i] = T.if_then_else(edge_x[i] > low, 1.0, 0.0) if N % 8 else 0.0
+            T.fill(part_max, low)
+            T.fill(part_sum, 0.0)
+            if N % 8:  # the edge columns, straight from global memory
+                for i, e in T.Parallel(threads, per_thread):
+                    flat, ours = edge(row, rank, first, end, i)
+                    x[i, e] = T.if_then_else(T.And(e == 0, ours), T.cast(X[flat], "float32") * LOG2E,
+                                             -T.infinity("float32"))
+                running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads, per_thread)
             for c in T.serial(steps):  # version 3's first pass, over this block's part
                 for i, e in T.Parallel(threads, per_thread):
                     x[i, e] = T.if_then_else(T.And(column(c, i, e) >= lo, column(c, i, e) < hi),
@@ -4699,21 +4688,16 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
                 for r in T.unroll(cluster):
                     row_sum[i] += pairs[r, 1] * T.exp2(pairs[r, 0] - row_max[i])
                 row_sum[i] = 1.0 / row_sum[i]
-            # The one write, from shared memory, walked from the 128-byte line where the part starts: a warp's
-            # 512 bytes then cover 4 whole lines, not parts of 5 (a row of odd width starts anywhere).
-            shift = start % 8  # vectors between that line's start and the part's
-            for c in T.serial(-(-(part + 56) // step)):
+            for c in T.serial(steps):  # the one write, from shared memory
                 for j in T.Parallel(step):
-                    vector = (c * step + j) // 8 - shift  # the staged vector; its owned ones: [lo, hi) / 8
-                    if T.And(vector >= lo // 8, vector < hi // 8):
-                        Y[start // 8 * 64 + c * step + j] = T.cast(T.exp2(
-                            T.cast(columns[c * step + j - shift * 8], "float32") * LOG2E - row_max[0]) * row_sum[0],
-                            dtype)
+                    if T.And(c * step + j >= lo, c * step + j < hi):
+                        Y[start * 8 + c * step + j] = T.cast(
+                            T.exp2(T.cast(columns[c * step + j], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
             if N % 8:
-                for i in T.Parallel(threads):
+                for i in T.Parallel(16):
                     flat, ours = edge(row, rank, first, end, i)
                     if ours:
-                        Y[flat] = T.cast(T.exp2(edge_x[i] - row_max[0]) * row_sum[0], dtype)
+                        Y[flat] = T.cast(T.exp2(T.cast(X[flat], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
 
     return softmax_rows_split_over_cluster
 ''')

@@ -85,12 +85,6 @@ def variants(pick, M, N, K, family, sms, smem):
     for bn, buffers in ((256, 4), (192, 3), (128, 2)) if M * N <= 6144 * 6144 else ((256, 4),):
         out.append(replace(pick, config=gemm_ws.WsConfig(128, bn, 64, 3 if bn == 256 else 4, 256, True,
                                                          persistent=sms, store_buffers=buffers, even_rounds=True)))
-    # Tiles the rule does not offer: two 128x128 blocks sharing an SM (one's prologue and store beside the
-    # other's MMAs), and 192x192 tiles over three consumer warpgroups (more tiles per wave than 128x256).
-    for extra in (P.GemmConfig(128, 128, 64, 3, 256, True, blocks_per_sm=2),
-                  P.GemmConfig(192, 192, 64, 4, 384, True, policy="FullRow")):
-        if extra != pick.config:
-            out.append(replace(pick, config=extra))
     if M * N >= 8192 * 8192:
         out.append(replace(pick, config=replace(pick.config, panel=16)))
     else:  # the lesson's three-consumer schedule: taller tiles, fewer blocks
@@ -112,7 +106,6 @@ def short(plan):
     more = (" P" if getattr(config, "persistent", 0) else "") + (f" pn{config.panel}" if config.panel != 10 else "")
     more += " " + config.policy[:4] if config.policy != "Square" else ""
     more += " nopad" if not plan.pad else ""
-    more += f" x{config.blocks_per_sm}" if config.blocks_per_sm > 1 else ""
     return f"{config.block_M}x{config.block_N}x{config.block_K} s{config.num_stages} t{config.threads}{split}{more}"
 
 

@@ -47,7 +47,6 @@ class GemmConfig:
     policy: str = "Square"
     staged_store: bool = True
     split_k: int = 1
-    blocks_per_sm: int = 1  # >1 (Hopper): that many blocks share an SM, their registers split between them
 
     def smem_bytes(self, dtype_bytes: int = 2) -> int:
         """An upper bound of the kernel's shared memory: `num_stages` copies of the A and B tiles, or the C tile
@@ -61,7 +60,6 @@ class GemmConfig:
     def columns(self) -> dict:
         """The schedule as the table shows it."""
         split = f", K split {self.split_k}" if self.split_k > 1 else ""
-        split += f", {self.blocks_per_sm} blocks an SM" if self.blocks_per_sm > 1 else ""
         return {"kernel": "T.Pipelined", "tile": f"{self.block_M}x{self.block_N}x{self.block_K}",
                 "stages": self.num_stages, "threads": self.threads,
                 "swizzle": f"panel {self.panel}" if self.swizzle else "off",
@@ -71,8 +69,7 @@ class GemmConfig:
         c = self.columns()
         policy = self.policy + ("" if self.staged_store else ", direct store")
         return (f"{c['kernel']} {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}"
-                + (f", {policy}" if policy != "Square" else "") + (f", K split {self.split_k}" if self.split_k > 1 else "")
-                + (f", {self.blocks_per_sm} blocks an SM" if self.blocks_per_sm > 1 else ""))
+                + (f", {policy}" if policy != "Square" else "") + (f", K split {self.split_k}" if self.split_k > 1 else ""))
 
 
 def fits(config, smem_budget: int) -> bool:
@@ -109,14 +106,9 @@ def lesson_schedules(family: str) -> list[GemmConfig]:
     raise ValueError(f"no GEMM schedules for architecture family {family!r}")
 
 
-def consumer_registers(threads: int, blocks: int = 1) -> int:
-    """Registers a consumer thread may take (setmaxnreg) beside one producer warpgroup: 65536 shared out
-    among `blocks` blocks of an SM. Two blocks: nvcc first caps every thread at 64K over all their threads
-    (launch bounds), and setmaxnreg can only move registers the block holds."""
-    if blocks == 1:
-        return min(240, (65536 - 128 * PRODUCER_REGISTERS) // threads // 8 * 8)
-    cap = 65536 // (blocks * (threads + 128)) // 8 * 8
-    return min(240, (cap + 128 * (cap - PRODUCER_REGISTERS) // threads) // 8 * 8)
+def consumer_registers(threads: int) -> int:
+    """Registers a consumer thread may take (setmaxnreg) beside one producer warpgroup: 65536 shared out."""
+    return min(240, (65536 - 128 * PRODUCER_REGISTERS) // threads // 8 * 8)
 
 
 def wave_traffic(M: int, N: int, K: int, config, wave: int = 132, dtype_bytes: int = 2) -> tuple[int, int]:
@@ -187,10 +179,7 @@ def k_steps(K: int, config: GemmConfig) -> int:
 
 
 def blocks_per_sm(config: GemmConfig, smem_budget: int) -> int:
-    """Blocks an SM runs at once: as many as asked for, or (none asked for) two where their shared memory
-    and threads fit."""
-    asked = config.blocks_per_sm if config.blocks_per_sm > 1 else min(2, 1024 // config.threads)
-    return max(1, min(asked, smem_budget // config.smem_bytes()))
+    return max(1, min(2, smem_budget // config.smem_bytes(), 1024 // config.threads))
 
 
 def estimate_seconds(M: int, N: int, K: int, config: GemmConfig, family: str, sm_count: int,
@@ -238,7 +227,9 @@ def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem
             continue  # a tile twice as tall as the whole problem would only multiply zeros
         tiles = -(-M // base.block_M) * -(-N // base.block_N)
         steps = -(-K // base.block_K)
-        for split in SPLITS:
+        # Three-warpgroup tiles are there to make whole waves of whole K loops: no split (one split of them
+        # measured behind the unsplit 128x192 tile it was to replace).
+        for split in SPLITS if base.threads <= 256 else (1,):
             if split == 1 or (steps // split >= 4 and tiles * split <= 2 * sm_count):
                 config = replace(base, split_k=split)
                 if fits(config, smem_budget):
@@ -277,15 +268,15 @@ def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget) -> str
         waves = blocks / (sm_count * blocks_per_sm(c, smem_budget))
         return f"{c.block_M}x{c.block_N} tiles{split}: {blocks} blocks on {sm_count} SMs ({waves:.2f} waves)"
 
-    biggest = options[0]
-    if pick == biggest:
+    lesson = options[0]
+    if pick == lesson:
         other = min((i for i, c in enumerate(options) if c != pick), key=lambda i: times[i], default=None)
         why = "the lesson's tile: its waves and rate come out best here"
     else:
-        other, blocks = 0, -(-M // biggest.block_M) * -(-N // biggest.block_N)
+        other, blocks = 0, -(-M // lesson.block_M) * -(-N // lesson.block_N)
         waves = blocks / sm_count
         why = ("as few blocks: at this size the launch and latency count, and a smaller tile wastes less"
-               if blocks * biggest.split_k == -(-M // pick.block_M) * -(-N // pick.block_N) * pick.split_k else
+               if blocks * lesson.split_k == -(-M // pick.block_M) * -(-N // pick.block_N) * pick.split_k else
                "too few blocks for the SMs" if blocks < sm_count else
                f"its last wave would run {100 * (1 - waves % 1):.0f}% empty" if 0 < waves % 1 < 0.75 else
                "it streams fewer bytes per SM" if M <= 64 else "it costs more per FLOP here")

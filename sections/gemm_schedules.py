@@ -96,11 +96,9 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
 
     @T.macro
     def registers():
-        if config.blocks_per_sm > 1:  # launch bounds: nvcc keeps each thread within its share of the SM
-            T.annotate_min_blocks_per_sm(config.blocks_per_sm)
-        if config.threads > 256 or config.blocks_per_sm > 1:  # Hopper: how the registers split (TileLang warns otherwise)
+        if config.threads > 256:  # Hopper: say how the 64K registers split (TileLang warns otherwise)
             T.annotate_producer_reg_dealloc(PRODUCER_REGISTERS)
-            T.annotate_consumer_reg_alloc(consumer_registers(config.threads, config.blocks_per_sm))
+            T.annotate_consumer_reg_alloc(consumer_registers(config.threads))
 
     @T.macro
     def body(A, B, Bias, C):

@@ -71,17 +71,17 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
             step_sum = T.alloc_fragment((threads,), "float32")
             row_max = T.alloc_fragment((1,), "float32")
             row_sum = T.alloc_fragment((1,), "float32")
-            edge_x = T.alloc_fragment((threads,), "float32") if N % 8 else None  # thread i < 16: edge column i
             T.annotate_layout({x: row_split_layout(threads, per_thread, 1, per_thread)})
             T.cluster_arrive()  # "started": no block writes another's shared memory before its owner has started
-            if N % 8:  # the edge columns, straight from global memory: loaded before the copy, in its shadow
-                for i in T.Parallel(threads):
-                    flat, ours = edge(row, rank, first, end, i)
-                    edge_x[i] = T.if_then_else(ours, T.cast(X[flat], "float32") * LOG2E, low)
             T.copy(X[start * 8:start * 8 + part], columns[0:part], prefer_instruction="tma")
-            for i in T.Parallel(threads):  # a running (max, sum) that starts from the edge column, if any
-                part_max[i] = edge_x[i] if N % 8 else low
-                part_sum[i] = T.if_then_else(edge_x[i] > low, 1.0, 0.0) if N % 8 else 0.0
+            T.fill(part_max, low)
+            T.fill(part_sum, 0.0)
+            if N % 8:  # the edge columns, straight from global memory
+                for i, e in T.Parallel(threads, per_thread):
+                    flat, ours = edge(row, rank, first, end, i)
+                    x[i, e] = T.if_then_else(T.And(e == 0, ours), T.cast(X[flat], "float32") * LOG2E,
+                                             -T.infinity("float32"))
+                running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads, per_thread)
             for c in T.serial(steps):  # version 3's first pass, over this block's part
                 for i, e in T.Parallel(threads, per_thread):
                     x[i, e] = T.if_then_else(T.And(column(c, i, e) >= lo, column(c, i, e) < hi),
@@ -106,20 +106,15 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
                 for r in T.unroll(cluster):
                     row_sum[i] += pairs[r, 1] * T.exp2(pairs[r, 0] - row_max[i])
                 row_sum[i] = 1.0 / row_sum[i]
-            # The one write, from shared memory, walked from the 128-byte line where the part starts: a warp's
-            # 512 bytes then cover 4 whole lines, not parts of 5 (a row of odd width starts anywhere).
-            shift = start % 8  # vectors between that line's start and the part's
-            for c in T.serial(-(-(part + 56) // step)):
+            for c in T.serial(steps):  # the one write, from shared memory
                 for j in T.Parallel(step):
-                    vector = (c * step + j) // 8 - shift  # the staged vector; its owned ones: [lo, hi) / 8
-                    if T.And(vector >= lo // 8, vector < hi // 8):
-                        Y[start // 8 * 64 + c * step + j] = T.cast(T.exp2(
-                            T.cast(columns[c * step + j - shift * 8], "float32") * LOG2E - row_max[0]) * row_sum[0],
-                            dtype)
+                    if T.And(c * step + j >= lo, c * step + j < hi):
+                        Y[start * 8 + c * step + j] = T.cast(
+                            T.exp2(T.cast(columns[c * step + j], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
             if N % 8:
-                for i in T.Parallel(threads):
+                for i in T.Parallel(16):
                     flat, ours = edge(row, rank, first, end, i)
                     if ours:
-                        Y[flat] = T.cast(T.exp2(edge_x[i] - row_max[0]) * row_sum[0], dtype)
+                        Y[flat] = T.cast(T.exp2(T.cast(X[flat], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
 
     return softmax_rows_split_over_cluster

@@ -57,6 +57,15 @@ def test_mid_problems_weigh_wave_quantization():
             estimate_seconds(*shape, big, "hopper", 132, 232448)
 
 
+def test_three_warpgroup_tiles_run_whole_k_loops():
+    """256x192 and 192x192 tiles take no split K: 1000x3000x8192 (16 tile columns, 8 rows of 128) fills a wave
+    with unsplit 128x192 tiles."""
+    for shape in [(1000, 3000, 8192), (512, 5120, 8192), (64, 8192, 8192), (2500, 1024, 8192)]:
+        assert all(c.split_k == 1 for c in candidate_schedules(*shape, **H200) if c.threads > 256)
+    config = pick(1000, 3000, 8192)
+    assert (config.block_M, config.block_N, config.split_k) == (128, 192, 1)
+
+
 def test_the_rule_says_why_in_a_line_a_learner_can_follow():
     _, reason = choose_schedule(64, 8192, 8192, **H200)
     assert "64x64 tiles" in reason and "blocks on 132 SMs" in reason and "waves" in reason and "us" in reason
@@ -166,7 +175,8 @@ FAMILY = {"sm_80": "ampere", "sm_90a": "hopper"}
 @pytest.mark.parametrize("shape,dtype,epilogue", [((1, 1, 1), "float16", False), ((33, 4097, 65), "bfloat16", True),
                                                   ((2, 4097, 4095), "float16", True),
                                                   ((128, 4096, 11008), "float16", True),
-                                                  ((2000, 3000, 4000), "bfloat16", False)])
+                                                  ((2000, 3000, 4000), "bfloat16", False),
+                                                  ((3000, 3000, 3000), "float16", True)])
 def test_the_rules_kernels_lower_for_users_problems(arch, shape, dtype, epilogue):
     plan = plan_problem(*shape, FAMILY[arch], 132 if arch == "sm_90a" else 108, BUDGETS[FAMILY[arch]], dtype)
     programs = plan.programs(bias=epilogue, activation="gelu" if epilogue else None)
