@@ -33,12 +33,13 @@ import tilelang.language as T
 
 import tourkit
 from sections.softmax_plans import (SoftmaxPlan, aligned_body, choose_plan, row_split_layout,  # noqa: F401
-                                    staged_vector_width, uses_bulk_copy, vector_width)  # the rules: plain Python
+                                    staged_vector_width, step_column, uses_bulk_copy, vector_width)  # the rules
 
 LOG2E = 1.4426950408889634
 BENCH_SHAPES = [(32768, 4096), (16384, 8192), (8192, 32768), (4096, 1823)]
 QUICK_SHAPES = [(4096, 4096), (2048, 1823), (1024, 32768)]
 ODD_SHAPES = [(1001, 1823), (1000, 1823), (999, 4096), (37, 32768)]  # correctness only: odd rows and widths
+TOLERANCE = {"float16": 5e-3, "bfloat16": 1e-2}  # bfloat16 rounds y to 8 bits of mantissa, float16 to 11
 ROUNDS = 2  # one forward and backward pair: the kernels sit well above the verdict's line (85% of a copy)
 
 
@@ -150,6 +151,15 @@ def running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads: int, 
         part_max[i] = new_max[i]
 
 
+@T.macro
+def merge_thread_pairs(part_max, part_sum, row_max, row_sum, threads: int):
+    """The block's (max, sum) from its threads' pairs: an exchange for the max, each sum rescaled, one for the sum."""
+    T.reduce_max(part_max, row_max, dim=0)
+    for i in T.Parallel(threads):
+        part_sum[i] = part_sum[i] * T.exp2(part_max[i] - row_max[0])
+    T.reduce_sum(part_sum, row_sum, dim=0)
+
+
 def long_rows_online(M: int, N: int, per_thread: int, threads: int, dtype: str = "float16", staged: int = 0,
                      bulk_copy: bool = True):
     """Version 3, rows too long for registers, one a block, walked twice in steps of threads · per_thread
@@ -167,8 +177,7 @@ def long_rows_online(M: int, N: int, per_thread: int, threads: int, dtype: str =
     padded = max(head_steps * step, 8)  # TileLang reads a masked vector of shared memory before its mask: pad
     low = -1.0e38  # a finite start for the running max: exp2(low - low) never meets inf - inf
 
-    def column(c, i, e):  # thread i's e-th element of step c: runs of 8 in consecutive threads coalesce
-        return c * step + (e // 8) * (threads * 8) + i * 8 + e % 8
+    column = step_column(threads, per_thread)  # thread i's e-th element of step c
 
     def edge(i, first):  # flat index of edge element i: i < 8 before the body, 8 <= i < 24 after it
         return T.if_then_else(i < 8, first - 8 + i, first + body + i - 8)
@@ -215,10 +224,7 @@ def long_rows_online(M: int, N: int, per_thread: int, threads: int, dtype: str =
                     x[i, e] = T.if_then_else(col < body, T.cast(X[at(first, col)], "float32") * LOG2E,
                                              -T.infinity("float32"))
                 running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads, per_thread)
-            T.reduce_max(part_max, row_max, dim=0)  # the block's one exchange for the max ...
-            for i in T.Parallel(threads):
-                part_sum[i] = part_sum[i] * T.exp2(part_max[i] - row_max[0])
-            T.reduce_sum(part_sum, row_sum, dim=0)  # ... and one for the sum
+            merge_thread_pairs(part_max, part_sum, row_max, row_sum, threads)
             for i in T.Parallel(1):
                 row_sum[i] = 1.0 / row_sum[i]
             for c in T.serial(head_steps):  # pass 2: y, a step at a time, consecutive threads on consecutive columns
@@ -303,10 +309,6 @@ def reference(x):
     return x.float().softmax(dim=-1)  # float32: the higher-precision reference
 
 
-def tolerance(dtype: str) -> float:
-    return 5e-3 if dtype == "float16" else 1e-2  # bfloat16 rounds y to 8 bits of mantissa, float16 to 11
-
-
 def check_shape(M: int, N: int, plan: SoftmaxPlan, softmax=None, family: str = "hopper",
                 dtype: str = "float16") -> "tourkit.Check":
     import torch
@@ -315,13 +317,12 @@ def check_shape(M: int, N: int, plan: SoftmaxPlan, softmax=None, family: str = "
     x = tourkit.random_tensor((M, N), getattr(torch, dtype), scale=3.0)
     y = torch.empty_like(x)
     return tourkit.validate(f"softmax {M}x{N} {dtype} [{plan.describe()}]", lambda: softmax(x, y), y, reference(x),
-                            tolerance(dtype))
+                            TOLERANCE[dtype])
 
 
 def bench_table(cases: dict, dtype: str = "float16") -> dict:
     """{label: (M, N, softmax)} -> {label: (ms, torch.softmax ms, copy ms)}: every shape's kernel, torch.softmax
-    and y.copy_(x) (the same bytes: the ceiling) in ONE bench_interleaved call. The shapes are independent,
-    so they share one settling of the GPU and take turns together."""
+    and y.copy_(x) (the same bytes: the ceiling) in ONE bench_interleaved call: one settling, turns together."""
     import torch
 
     contenders = {}
@@ -339,10 +340,9 @@ def bench_table(cases: dict, dtype: str = "float16") -> dict:
 # --- The lesson -----------------------------------------------------------------------------------------
 def show_generated(ctx, source: str) -> None:
     excerpt = tourkit.source_excerpt(source, r"AllReduce<tl::MaxOp", context=5, limit=14)
-    if not excerpt:  # a row on one thread: T.reduce_max is a loop in registers, nothing to exchange
-        return
-    ctx.log("\ngenerated CUDA around T.reduce_max (per-thread max, then shuffles + a shared-memory exchange):\n"
-            + tourkit.indent(excerpt, "  "))
+    if excerpt:  # none where a row is on one thread: T.reduce_max is then a loop in registers, nothing to exchange
+        ctx.log("\ngenerated CUDA around T.reduce_max (per-thread max, then shuffles + a shared-memory exchange):\n"
+                + tourkit.indent(excerpt, "  "))
 
 
 def run(ctx) -> None:

@@ -21,7 +21,7 @@ it, and C: softmax_plans.cluster_plan.
 
 import tilelang.language as T
 
-from sections.softmax_plans import cluster_part, row_split_layout, splits_over
+from sections.softmax_plans import cluster_part, row_split_layout, splits_over, step_column
 
 
 def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threads: int, dtype: str = "float16"):
@@ -30,7 +30,7 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
     (the last run shorter: its copy starts early and overlaps its neighbour's, which it skips). A row of odd
     width (N % 8) starts and ends inside a vector: the first block also takes the up to 7 columns before its
     first whole vector, the last block those after the last, one at a time (`edge`)."""
-    from sections.softmax import LOG2E, running_max_and_sum  # the lesson's pieces (it imports this module lazily)
+    from sections.softmax import LOG2E, merge_thread_pairs, running_max_and_sum  # the lesson's (imports us lazily)
 
     part = cluster_part(N, cluster)
     if per_thread % 8 or not splits_over(N, cluster):
@@ -40,8 +40,7 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
     steps = -(-part // step)
     low = -1.0e38  # a finite start for the running max, as in version 3
 
-    def column(c, i, e):  # thread i's e-th element of step c: runs of 8 in consecutive threads coalesce
-        return c * step + (e // 8) * (threads * 8) + i * 8 + e % 8
+    column = step_column(threads, per_thread)  # thread i's e-th element of step c, as version 3 walks
 
     def edge(row, rank, first, end, i):  # (flat index, owned) of edge column i: 0-7 before the body, 8-15 after
         flat = T.if_then_else(i < 8, row * N + i, end * 8 + i - 8)
@@ -87,10 +86,7 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
                     x[i, e] = T.if_then_else(T.And(column(c, i, e) >= lo, column(c, i, e) < hi),
                                              T.cast(columns[column(c, i, e)], "float32") * LOG2E, -T.infinity("float32"))
                 running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads, per_thread)
-            T.reduce_max(part_max, row_max, dim=0)  # the block's pair
-            for i in T.Parallel(threads):
-                part_sum[i] = part_sum[i] * T.exp2(part_max[i] - row_max[0])
-            T.reduce_sum(part_sum, row_sum, dim=0)
+            merge_thread_pairs(part_max, part_sum, row_max, row_sum, threads)  # the block's pair
             for i in T.Parallel(1):
                 mine[0] = row_max[i]
                 mine[1] = row_sum[i]

@@ -202,3 +202,11 @@ def row_split_layout(rows: int, width: int, threads_per_row: int, vec: int):
     t = threads_per_row
     return Fragment([rows, width], forward_thread_fn=lambda i, j: i * t + (j // vec) % t,
                     forward_index_fn=lambda i, j: (j // (vec * t)) * vec + j % vec)
+
+
+def step_column(threads: int, per_thread: int):
+    """column(c, i, e): the row column of thread i's e-th element in step c of a walk in steps of
+    threads·per_thread elements, as row_split_layout(threads, per_thread, 1, per_thread) places them: runs of 8
+    in consecutive threads, so a warp's loads coalesce."""
+    step = threads * per_thread
+    return lambda c, i, e: c * step + (e // 8) * (threads * 8) + i * 8 + e % 8

@@ -501,7 +501,7 @@ def test_a_users_problem_is_checked_and_timed_with_its_dtype(monkeypatch):
 
     def fake_check(M, N, plan, softmax=None, family="hopper", dtype="float16"):
         seen.setdefault("checked", []).append((M, N, dtype))
-        return tourkit.Check(f"softmax {M}x{N}", 1e-3, S.tolerance(dtype))
+        return tourkit.Check(f"softmax {M}x{N}", 1e-3, S.TOLERANCE[dtype])
 
     def fake_bench(cases, dtype="float16"):
         seen["timed"] = (sorted(cases), dtype)
