@@ -356,7 +356,8 @@ def test_kernels_declared_for_a_run_are_what_it_checks_and_times():
     ((5, 128256), "bfloat16"), ((3, 2), "bfloat16"), ((2, 65536), "bfloat16"),
     ((2048, 50257), "float16"), ((3, 50257), "bfloat16"), ((1, 50257), "float16"), ((5, 100003), "float16"),
     ((1000, 50265), "bfloat16"), ((9, 8193), "float16"), ((3, 262147), "float16"), ((1024, 128256), "float16"),
-    ((2, 151936), "bfloat16"), ((5, 200000), "float16"), ((1, 262144), "bfloat16")])
+    ((2, 151936), "bfloat16"), ((5, 200000), "float16"), ((1, 262144), "bfloat16")],
+    ids=lambda v: f"{v[0]}x{v[1]}" if isinstance(v, tuple) else v)  # -k 50257 selects by width
 def test_softmax_matches_torch(shape, dtype):
     device = tourkit.detect_device()
     if dtype == "bfloat16" and device.capability < (8, 0):
@@ -384,7 +385,8 @@ def test_softmax_matches_torch(shape, dtype):
     (S.SoftmaxPlan("cluster", 16, 512, staged=25128, cluster=2), (7, 50257)),  # odd widths: edges taken singly
     (S.SoftmaxPlan("cluster", 16, 512, staged=25000, cluster=4), (5, 100003)),
     (S.SoftmaxPlan("cluster", 16, 512, staged=6288, cluster=8), (9, 50306)),  # the last block's run shorter
-    (S.SoftmaxPlan("cluster", 8, 256, staged=4104, cluster=2), (3, 8210))])
+    (S.SoftmaxPlan("cluster", 8, 256, staged=4104, cluster=2), (3, 8210))],
+    ids=lambda v: f"{v[0]}x{v[1]}" if isinstance(v, tuple) else f"{v.kind}{v.cluster if v.cluster > 1 else ''}")
 def test_each_kernel_variant_matches_torch(plan, shape):
     device = tourkit.detect_device()
     if plan.kind == "cluster" and device.family != "hopper":
