@@ -243,6 +243,7 @@ class RunOptions:
     install: bool = False
     exitfirst: bool = False
     shape: list[int] | None = None  # --shape, parsed and checked (sections/shapes.py)
+    without_gpu: bool = False  # compile-only because no GPU was found, not because it was asked for
     dtype: str = "float16"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -437,6 +438,7 @@ def header_line(count: int, options: RunOptions, device) -> str:
         f"on {device.name} ({device.arch})" if device else "without a GPU")
     problem = f", shape {'x'.join(map(str, options.shape))}" if options.shape else ""
     dtype = f", {options.dtype}" if options.dtype != "float16" else ""
+    mode += " (no CUDA GPU found)" if options.without_gpu else ""
     return f"TileLang Tour — {count} section(s), {mode}{', quick sizes' if options.quick else ''}{problem}{dtype}"
 
 
@@ -523,9 +525,9 @@ def _worker(spec_text: str) -> None:
     source = section_source()
     options = RunOptions(**{**spec["options"], "timeout": 0})  # the parent enforces the time limits
     device = device_from(spec["device"]) or (source.detect_device() if spec["detect"] else None)
-    if options.compile_only and not options.arch:
-        options.arch = device.arch if device else tourkit.DEFAULT_ARCH
-    channel.send("hello", pid=os.getpid(), device=asdict(device) if device else None, arch=options.arch)
+    settle_mode(options, device)
+    channel.send("hello", pid=os.getpid(), device=asdict(device) if device else None, arch=options.arch,
+                 compile_only=options.compile_only)
     if spec["gpu_check"] and device is not None and not options.compile_only:
         channel.send("gpu_check")
         try:
@@ -576,9 +578,20 @@ def _worker_command() -> list[str] | None:
     return [sys.executable, "-u", os.path.abspath(path), "--worker"] if path and os.path.exists(path) else None
 
 
+def settle_mode(options: RunOptions, device) -> None:
+    """Without a GPU the tour still does what it can: it builds and inspects every kernel (compile-only) for
+    the default architecture, rather than skipping the lessons."""
+    if device is None and not options.compile_only:
+        options.compile_only = options.without_gpu = True
+    if options.compile_only and not options.arch:
+        options.arch = device.arch if device else tourkit.DEFAULT_ARCH
+
+
 def _run_isolated(names, options: RunOptions, faults, sigint) -> tuple[list[SectionResult], Any, Any, bool]:
-    def on_header(device, arch, known):
+    def on_header(device, arch, known, compile_only):
         options.arch = arch
+        if compile_only and not options.compile_only:
+            options.compile_only = options.without_gpu = True
         line = header_line(len(names), options, device_from(device))
         print(line if known or options.compile_only else line.split(", without")[0], flush=True)
 
@@ -596,8 +609,7 @@ def _run_isolated(names, options: RunOptions, faults, sigint) -> tuple[list[Sect
 
 def _run_here(names, options: RunOptions, source, faults) -> tuple[list[SectionResult], Any, Any, bool]:
     device = None if options.compile_only and options.arch else source.detect_device()
-    if options.compile_only and not options.arch:
-        options.arch = device.arch if device else tourkit.DEFAULT_ARCH
+    settle_mode(options, device)
     print(header_line(len(names), options, device), flush=True)
     tourkit.quiet_tilelang()
     results, probe, interrupted = run_sections(names, options, device, source, faults=faults)
@@ -662,7 +674,8 @@ def _finish(args, names, options, results, environment, interrupted, sigint) -> 
     print_summary(results)
     print("\n" + QUICK_REFERENCE, flush=True)
     environment["options"] = {k: v for k, v in asdict(options).items() if k in ("quick", "full", "compile_only",
-                                                                             "arch", "shape", "dtype")}
+                                                                             "without_gpu", "arch", "shape",
+                                                                             "dtype")}
     run = TourRun(results, environment, 130 if interrupted or sigint.fired else _exit_code(results))
     if args.json:
         try:

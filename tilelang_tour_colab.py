@@ -2,7 +2,8 @@
 # this file into a cell and run it: it runs every section. Then pick sections in the next cell:
 #     main(["--only", "flash_attention"])
 #     main(["--only", "gemm_schedules", "--shape", "4096x4096x4096", "--dtype", "bfloat16"])
-#     main(["--compile-only", "--arch", "sm_90a"])    # no GPU: build and inspect every kernel
+#     main(["--compile-only", "--arch", "sm_80"])     # build and inspect every kernel for an A100
+# Without a GPU, main() builds and inspects every kernel for sm_90a instead of running it.
 # main() takes tilelang_tour.py's command line as a list (main(["--help"]) shows it), ignores the notebook's
 # own argv, never raises SystemExit, and returns the records (this cell's are in tour_run).
 # As a script: python tilelang_tour_colab.py [ARGS], as tilelang_tour.py.
@@ -1337,8 +1338,9 @@ def run(ctx) -> None:
     device = ctx.device if ctx.device is not None else tourkit.detect_device()
     if device is None:
         ctx.log("")
-        ctx.log("No CUDA GPU visible to torch. The GPU sections will skip; with --compile-only they still")
-        ctx.log(f"build every kernel for an architecture you name (--arch, default {tourkit.DEFAULT_ARCH}).")
+        arch = ctx.arch or tourkit.DEFAULT_ARCH
+        ctx.log(f"No CUDA GPU visible to torch. The lessons build and inspect their kernels for {arch} instead")
+        ctx.log("of running them (--compile-only --arch ARCH names another architecture).")
         ctx.headline(gpu="none", tilelang=tilelang_detail if tilelang_ok else "missing")
     else:
         ctx.log("")
@@ -5390,6 +5392,7 @@ class RunOptions:
     install: bool = False
     exitfirst: bool = False
     shape: list[int] | None = None  # --shape, parsed and checked (sections/shapes.py)
+    without_gpu: bool = False  # compile-only because no GPU was found, not because it was asked for
     dtype: str = "float16"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -5584,6 +5587,7 @@ def header_line(count: int, options: RunOptions, device) -> str:
         f"on {device.name} ({device.arch})" if device else "without a GPU")
     problem = f", shape {'x'.join(map(str, options.shape))}" if options.shape else ""
     dtype = f", {options.dtype}" if options.dtype != "float16" else ""
+    mode += " (no CUDA GPU found)" if options.without_gpu else ""
     return f"TileLang Tour — {count} section(s), {mode}{', quick sizes' if options.quick else ''}{problem}{dtype}"
 
 
@@ -5670,9 +5674,9 @@ def _worker(spec_text: str) -> None:
     source = section_source()
     options = RunOptions(**{**spec["options"], "timeout": 0})  # the parent enforces the time limits
     device = device_from(spec["device"]) or (source.detect_device() if spec["detect"] else None)
-    if options.compile_only and not options.arch:
-        options.arch = device.arch if device else tourkit.DEFAULT_ARCH
-    channel.send("hello", pid=os.getpid(), device=asdict(device) if device else None, arch=options.arch)
+    settle_mode(options, device)
+    channel.send("hello", pid=os.getpid(), device=asdict(device) if device else None, arch=options.arch,
+                 compile_only=options.compile_only)
     if spec["gpu_check"] and device is not None and not options.compile_only:
         channel.send("gpu_check")
         try:
@@ -5723,9 +5727,20 @@ def _worker_command() -> list[str] | None:
     return [sys.executable, "-u", os.path.abspath(path), "--worker"] if path and os.path.exists(path) else None
 
 
+def settle_mode(options: RunOptions, device) -> None:
+    """Without a GPU the tour still does what it can: it builds and inspects every kernel (compile-only) for
+    the default architecture, rather than skipping the lessons."""
+    if device is None and not options.compile_only:
+        options.compile_only = options.without_gpu = True
+    if options.compile_only and not options.arch:
+        options.arch = device.arch if device else tourkit.DEFAULT_ARCH
+
+
 def _run_isolated(names, options: RunOptions, faults, sigint) -> tuple[list[SectionResult], Any, Any, bool]:
-    def on_header(device, arch, known):
+    def on_header(device, arch, known, compile_only):
         options.arch = arch
+        if compile_only and not options.compile_only:
+            options.compile_only = options.without_gpu = True
         line = header_line(len(names), options, device_from(device))
         print(line if known or options.compile_only else line.split(", without")[0], flush=True)
 
@@ -5743,8 +5758,7 @@ def _run_isolated(names, options: RunOptions, faults, sigint) -> tuple[list[Sect
 
 def _run_here(names, options: RunOptions, source, faults) -> tuple[list[SectionResult], Any, Any, bool]:
     device = None if options.compile_only and options.arch else source.detect_device()
-    if options.compile_only and not options.arch:
-        options.arch = device.arch if device else tourkit.DEFAULT_ARCH
+    settle_mode(options, device)
     print(header_line(len(names), options, device), flush=True)
     tourkit.quiet_tilelang()
     results, probe, interrupted = run_sections(names, options, device, source, faults=faults)
@@ -5809,7 +5823,8 @@ def _finish(args, names, options, results, environment, interrupted, sigint) -> 
     print_summary(results)
     print("\n" + QUICK_REFERENCE, flush=True)
     environment["options"] = {k: v for k, v in asdict(options).items() if k in ("quick", "full", "compile_only",
-                                                                             "arch", "shape", "dtype")}
+                                                                             "without_gpu", "arch", "shape",
+                                                                             "dtype")}
     run = TourRun(results, environment, 130 if interrupted or sigint.fired else _exit_code(results))
     if args.json:
         try:
@@ -7677,7 +7692,8 @@ class Worker:
 class Supervisor:
     """Runs `names` in workers, one after another, and returns the records (see the module docstring).
 
-    on_header(device, arch, known): once, when the first worker knows the device (known=False: it died first).
+    on_header(device, arch, known, compile_only): once, when the first worker knows the device (known=False: it
+    died first); compile_only is True where the worker found no GPU and builds the kernels instead.
     on_lost(record, index): a section the worker could not report itself (crashed, timed out, interrupted).
     """
 
@@ -7710,7 +7726,7 @@ class Supervisor:
     def _header(self, device, arch, known: bool = True) -> None:
         if not self.header_done:
             self.header_done = True
-            self.on_header(device, arch, known)
+            self.on_header(device, arch, known, bool(self.options.get("compile_only")))
 
     def _spec(self, pending: list[str]) -> dict[str, Any]:
         return {"names": pending, "first_index": len(self.results) + 1, "total": len(self.names),
@@ -7746,7 +7762,8 @@ class Supervisor:
                     kind = message["type"]
                     if kind == "hello":
                         self.device = message["device"]
-                        self.options = {**self.options, "arch": message["arch"]}
+                        self.options = {**self.options, "arch": message["arch"],
+                                        "compile_only": message["compile_only"]}
                         self._header(message["device"], message["arch"])
                     elif kind == "probe":
                         self.probe = message["probe"]

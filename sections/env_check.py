@@ -144,8 +144,9 @@ def run(ctx) -> None:
     device = ctx.device if ctx.device is not None else tourkit.detect_device()
     if device is None:
         ctx.log("")
-        ctx.log("No CUDA GPU visible to torch. The GPU sections will skip; with --compile-only they still")
-        ctx.log(f"build every kernel for an architecture you name (--arch, default {tourkit.DEFAULT_ARCH}).")
+        arch = ctx.arch or tourkit.DEFAULT_ARCH
+        ctx.log(f"No CUDA GPU visible to torch. The lessons build and inspect their kernels for {arch} instead")
+        ctx.log("of running them (--compile-only --arch ARCH names another architecture).")
         ctx.headline(gpu="none", tilelang=tilelang_detail if tilelang_ok else "missing")
     else:
         ctx.log("")

@@ -17,7 +17,7 @@ FAKE_GPU = DeviceInfo("fake GPU", (9, 0), "sm_90a", 132, 141 * 2**30, 232448, 60
 
 def _ok(ctx):
     ctx.log(f"fake section ran in process {os.getpid()}")
-    ctx.headline(pid=os.getpid())
+    ctx.headline(pid=os.getpid(), compile_only=ctx.compile_only)
 
 
 def _nap(ctx):

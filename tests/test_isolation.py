@@ -101,11 +101,22 @@ def test_a_gpu_check_that_hangs_is_stopped(monkeypatch):
     assert time.monotonic() - started < 10
 
 
+def test_without_a_gpu_every_worker_builds_instead_of_running(monkeypatch, capsys):
+    monkeypatch.setenv(tourrunner.FAULT_ENV, "first:segfault")
+    run = tilelang_tour.main(["--only", "first,second,gpu_one"])
+    assert statuses(run) == ["crashed", "passed", "passed"]
+    assert [r.headline["compile_only"] for r in run.results[1:]] == [True, True]  # the second worker too
+    assert run.results[1].headline["pid"] == run.results[2].headline["pid"]
+    headers = [line for line in capsys.readouterr().out.splitlines() if line.startswith("TileLang Tour")]
+    assert headers == ["TileLang Tour — 3 section(s), compile-only for sm_90a (no CUDA GPU found)"]
+
+
 def test_a_gpu_that_answers_runs_the_gpu_sections(monkeypatch):
     monkeypatch.setenv("FAKE_SECTIONS_GPU", "1")
     monkeypatch.setenv(tourrunner.FAULT_ENV, "first:abort")
     run = tilelang_tour.main(["--only", "first,gpu_one"])
     assert statuses(run) == ["crashed", "passed"]
+    assert run.results[1].headline["compile_only"] is False
 
 
 def test_a_worker_that_dies_before_it_starts_is_recorded(monkeypatch, capsys):
@@ -216,6 +227,7 @@ def test_main_inside_a_notebook_survives_a_crash_and_returns(monkeypatch, capsys
     monkeypatch.setenv(tourrunner.FAULT_ENV, "second:segfault")
     run = tilelang_tour.main()  # no SystemExit, and this process lives on
     assert {r.name: r.status for r in run.results}["second"] == "crashed"
-    assert run.results[-1].status == "skipped"  # the last fake section needs a GPU
+    assert run.results[-1].status == "passed"  # the last fake section needs a GPU: it builds instead
+    assert run.results[-1].headline["compile_only"] is True
     assert run.exit_code == 1
     assert "fake section ran" in capsys.readouterr().out
