@@ -92,7 +92,7 @@ def register_plan(M: int, N: int) -> SoftmaxPlan:
     share = per_thread(N, t)
     # Odd rows of up to 2048 hold up to 64 floats a thread: capping the registers keeps 8 blocks on an SM.
     min_blocks = ODD_MIN_BLOCKS if vector_width(N) == 1 and share > 32 and N <= 2048 else 0
-    why = (f"a row of {N} fits in registers: {t} thread{'s' if t > 1 else ''} a row, {share} floats each"
+    why = (f"a row of {N} fits in registers: {t} thread{'s' if t > 1 else ''} a row, {share} float{'s' if share > 1 else ''} each"
            + (" (single-element loads: the width is odd)" if vector_width(N) == 1 and N > 1 else "") + "; "
            + (f"{rows} rows a block of {rows * t} threads" if rows > 1 else "one row a block"))
     return SoftmaxPlan("registers", rows, rows * t, min_blocks, why=why)
