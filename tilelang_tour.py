@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """TileLang Tour: build real GPU kernels in TileLang, check them against PyTorch, time them, look inside.
 
-    python tilelang_tour.py                          # the whole tour
+    python tilelang_tour.py                          # the whole tour (no GPU: builds the kernels for sm_90a)
     python tilelang_tour.py --only flash_attention   # one section
-    python tilelang_tour.py --compile-only --arch sm_80   # no GPU: build and inspect the kernels
+    python tilelang_tour.py --compile-only --arch sm_80   # build and inspect the kernels for another GPU
     python tilelang_tour.py --list
 
 The runner knows nothing about kernels: it runs the registered sections in order, isolates their
@@ -38,6 +38,7 @@ import tourkit
 import tourplots  # matplotlib only when drawing
 import tourrunner
 from sections import SECTION_NAMES
+from tourreference import QUICK_REFERENCE
 from tourkit import SectionResult, SectionSkip, TourContext, UsageError
 
 DEFAULT_SECTION_TIMEOUT_S = 900
@@ -47,32 +48,6 @@ FAILING = ("failed", "crashed", "timed out")
 # and gpu_check() in place of the real ones (tests/fake_sections.py).
 SECTIONS_ENV = "TILELANG_TOUR_SECTIONS"
 
-QUICK_REFERENCE = r"""
-TileLang quick reference (tilelang 0.1.15; import tilelang, tilelang.language as T)
-  kernel launch     with T.Kernel(T.ceildiv(N, bN), T.ceildiv(M, bM), threads=128) as (bx, by): ...
-  shared memory     A_s = T.alloc_shared((bM, bK), "float16")          # one tile per block, in SMEM
-  register tile     C_f = T.alloc_fragment((bM, bN), "float32")        # spread over the threads' registers
-  per-thread local  acc = T.alloc_local((1,), "float32")               # private scalar/array per thread
-  tile copy         T.copy(A[by * bM, k * bK], A_s)                    # global<->shared<->fragment, vectorized
-  tensor-core GEMM  T.gemm(A_s, B_s, C_f, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-  clear / fill      T.clear(C_f);  T.fill(m_f, -T.infinity("float32"))
-  pipelining        for k in T.Pipelined(T.ceildiv(K, bK), num_stages=3): ...   # cp.async / TMA overlap
-  elementwise       for i, j in T.Parallel(bM, bN): C_f[i, j] = T.max(C_f[i, j], 0)
-  row reductions    T.reduce_max(S_f, m_f, dim=1, clear=True);  T.reduce_sum(P_f, l_f, dim=1)
-  math              T.exp2(x), T.log2(x), T.max(a, b), T.if_then_else(c, a, b)
-  L2 swizzle        T.use_swizzle(panel_size=10)                        # rasterize blocks for L2 reuse
-  device print      T.print(A_s, msg="A tile")                          # from a kernel, to the process stdout
-  copy options      T.copy(A[by * bM, 0], A_s, disable_tma=True)       # Hopper: a plain copy instead of TMA
-  jit               @tilelang.jit(out_idx=[-1], pass_configs={"tl.enable_fast_math": True})
-  compile directly  kernel = tilelang.compile(prim_func, out_idx=[2], target="cuda")
-  autotune          @tilelang.autotune(configs=[{"block_M": 128, ...}, ...], warmup=3, rep=20)  # counts, not ms
-  inspect           kernel.get_kernel_source()   kernel.get_profiler().do_bench()
-  validate          kernel.get_profiler().assert_allclose(ref_fn, rtol=1e-2, atol=1e-2)
-  kernel cache      TILELANG_CACHE_DIR=~/.tilelang/cache   TILELANG_DISABLE_CACHE=1   (or tilelang.disable_cache())
-  debug env         TILELANG_PRINT_ON_COMPILATION=1 (the compile log, off here)  TL_LOWER_TRACE=terminal
-                    (IR diff per lowering pass; read when tilelang is imported)   pass_configs={"tl.enable_dump_ir": True}
-  no GPU            with Target({"kind": "cuda", "arch": "sm_90a"}) as t: tilelang.lower(f, target=t)
-""".strip("\n")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -438,7 +413,9 @@ def header_line(count: int, options: RunOptions, device) -> str:
         f"on {device.name} ({device.arch})" if device else "without a GPU")
     problem = f", shape {'x'.join(map(str, options.shape))}" if options.shape else ""
     dtype = f", {options.dtype}" if options.dtype != "float16" else ""
-    mode += " (no CUDA GPU found)" if options.without_gpu else ""
+    if options.without_gpu:
+        mode += (" (no CUDA GPU found)" if device is None else
+                 f" ({device.name} is sm_{device.capability[0]}{device.capability[1]}; the kernels need sm_75 or newer)")
     return f"TileLang Tour — {count} section(s), {mode}{', quick sizes' if options.quick else ''}{problem}{dtype}"
 
 
@@ -525,10 +502,10 @@ def _worker(spec_text: str) -> None:
     source = section_source()
     options = RunOptions(**{**spec["options"], "timeout": 0})  # the parent enforces the time limits
     device = device_from(spec["device"]) or (source.detect_device() if spec["detect"] else None)
-    settle_mode(options, device)
+    runs_on = settle_mode(options, device)
     channel.send("hello", pid=os.getpid(), device=asdict(device) if device else None, arch=options.arch,
                  compile_only=options.compile_only)
-    if spec["gpu_check"] and device is not None and not options.compile_only:
+    if spec["gpu_check"] and runs_on is not None and not options.compile_only:
         channel.send("gpu_check")
         try:
             source.gpu_check()
@@ -538,7 +515,7 @@ def _worker(spec_text: str) -> None:
         channel.send("gpu_result", ok=True)
     tourkit.quiet_tilelang()
     probe = tuple(spec["probe"]) if spec["probe"] else None
-    results, _, _ = run_sections(spec["names"], options, device, source, faults=spec["faults"],
+    results, _, _ = run_sections(spec["names"], options, runs_on, source, faults=spec["faults"],
                                  gpu_broken=spec["gpu_broken"], probe=probe, first_index=spec["first_index"],
                                  total=spec["total"], send=channel.send)
     if not (results and tourrunner.broken_cuda_context(results[-1])):
@@ -578,13 +555,16 @@ def _worker_command() -> list[str] | None:
     return [sys.executable, "-u", os.path.abspath(path), "--worker"] if path and os.path.exists(path) else None
 
 
-def settle_mode(options: RunOptions, device) -> None:
-    """Without a GPU the tour still does what it can: it builds and inspects every kernel (compile-only) for
-    the default architecture, rather than skipping the lessons."""
-    if device is None and not options.compile_only:
+def settle_mode(options: RunOptions, device):
+    """Without a GPU the kernels can run on (none, or one older than sm_75), the tour still does what it can:
+    it builds and inspects every kernel (compile-only) for the default architecture, rather than skipping the
+    lessons. Returns the device the sections get (None for one they cannot use)."""
+    usable = device if tourkit.runs_kernels(device) else None
+    if usable is None and not options.compile_only:
         options.compile_only = options.without_gpu = True
     if options.compile_only and not options.arch:
-        options.arch = device.arch if device else tourkit.DEFAULT_ARCH
+        options.arch = usable.arch if usable else tourkit.DEFAULT_ARCH
+    return usable
 
 
 def _run_isolated(names, options: RunOptions, faults, sigint) -> tuple[list[SectionResult], Any, Any, bool]:
@@ -609,10 +589,10 @@ def _run_isolated(names, options: RunOptions, faults, sigint) -> tuple[list[Sect
 
 def _run_here(names, options: RunOptions, source, faults) -> tuple[list[SectionResult], Any, Any, bool]:
     device = None if options.compile_only and options.arch else source.detect_device()
-    settle_mode(options, device)
+    runs_on = settle_mode(options, device)
     print(header_line(len(names), options, device), flush=True)
     tourkit.quiet_tilelang()
-    results, probe, interrupted = run_sections(names, options, device, source, faults=faults)
+    results, probe, interrupted = run_sections(names, options, runs_on, source, faults=faults)
     return results, device, probe, interrupted
 
 

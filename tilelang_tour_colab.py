@@ -480,11 +480,11 @@ def kernels(ctx) -> list[KernelDecl]:
     """Every configuration that passes the filter, at the tuned size, as tilelang.autotune compiles it
     (out_idx=[-1]: C is returned). Compiled in the background before the section runs, they make the
     autotuner's own compiles cache hits."""
-    family, shape = ARCH_SPECS[ctx.arch].family, tuned_shape(ctx)
+    shape = tuned_shape(ctx)
     _, kept, _ = kept_space(ctx)
     return [KernelDecl(to_gemm_config(c).label(), functools.partial(gemm_program, *shape, to_gemm_config(c),
                                                                     dtype=ctx.dtype), out_idx=[-1], threads=c["threads"], nvcc=i < NVCC_BUILDS,
-                       markers=tuple(tourkit.TENSOR_CORE_MARKERS[family]), smem_limit=ctx.smem_budget)
+                       markers=tuple(tourkit.tensor_core_markers(ctx.arch)), smem_limit=ctx.smem_budget)
             for i, c in enumerate(kept)]
 
 
@@ -939,7 +939,7 @@ def marker_kernels(arch: str, size: int, smem_budget: int | None = None) -> list
     """The GEMM lesson kernel (out_idx=[2]: the profiler's form) and the FlashAttention lesson kernel for
     `arch`, with the markers a tensor-core kernel must show there."""
     config = lesson_gemm(arch, smem_budget)
-    markers = tuple(tourkit.TENSOR_CORE_MARKERS[ARCH_SPECS[arch].family])
+    markers = tuple(tourkit.tensor_core_markers(arch))
     return [tourkit.KernelDecl(f"gemm {size}^3", functools.partial(gemm_program, size, size, size, config),
                                out_idx=[2], threads=config.threads, markers=markers),
             tourkit.KernelDecl(f"flash_attention d{FLASH_SHAPE['dim']}",
@@ -1316,10 +1316,18 @@ def software_rows(tilelang_detail: str, tilelang_ok: bool) -> list[list[str]]:
     ]
 
 
+def target_note(device) -> str:
+    if not tourkit.runs_kernels(device):
+        return "older than the sm_75 the tour's kernels need"
+    if device.capability >= (10, 0):  # Blackwell: tcgen05, not wgmma
+        return f"TileLang target {device.arch}; the lessons' Ampere-style kernels, mma.sync fed by TMA"
+    return f"TileLang target {device.arch}"
+
+
 def gpu_rows(device) -> list[list[str]]:
     return [
         ["GPU", device.name],
-        ["compute capability", f"{device.capability[0]}.{device.capability[1]} (TileLang target {device.arch})"],
+        ["compute capability", f"{device.capability[0]}.{device.capability[1]} ({target_note(device)})"],
         ["SMs", str(device.sm_count)],
         ["memory", tourkit.format_bytes(device.memory_bytes)],
         ["shared memory / block (opt-in max)", f"{device.smem_per_block_optin} B ({tourkit.format_bytes(device.smem_per_block_optin)})"],
@@ -1336,20 +1344,24 @@ def run(ctx) -> None:
                apache_tvm_ffi=package_version("apache-tvm-ffi"), nvcc=tourkit.find_nvcc(), colab=in_colab())
 
     device = ctx.device if ctx.device is not None else tourkit.detect_device()
+    arch = ctx.arch or tourkit.DEFAULT_ARCH
     if device is None:
         ctx.log("")
-        arch = ctx.arch or tourkit.DEFAULT_ARCH
         ctx.log(f"No CUDA GPU visible to torch. The lessons build and inspect their kernels for {arch} instead")
         ctx.log("of running them (--compile-only --arch ARCH names another architecture).")
         ctx.headline(gpu="none", tilelang=tilelang_detail if tilelang_ok else "missing")
     else:
         ctx.log("")
         ctx.table(["device", "value"], gpu_rows(device))
+        if not tourkit.runs_kernels(device):
+            ctx.log(f"The tour's kernels need sm_75 (Turing) or newer: the lessons build and inspect them for {arch}")
+            ctx.log("instead of running them.")
         ctx.metric(gpu=device.name, capability=f"{device.capability[0]}.{device.capability[1]}",
                    sm_count=device.sm_count, memory_bytes=device.memory_bytes,
                    smem_per_block_optin=device.smem_per_block_optin, l2_bytes=device.l2_bytes,
                    driver=nvidia_driver_version(), cuda_driver_api=cuda_driver_api_version())
-        ctx.headline(gpu=device.name, arch=device.arch, tilelang=tilelang_detail if tilelang_ok else "missing")
+        real_arch = device.arch if tourkit.runs_kernels(device) else "sm_%d%d" % device.capability
+        ctx.headline(gpu=device.name, arch=real_arch, tilelang=tilelang_detail if tilelang_ok else "missing")
     if not tilelang_ok:
         raise TileLangUnavailable(f"tilelang unavailable: {tilelang_detail}; {tilelang_fix(tilelang_detail)}")
 
@@ -1686,7 +1698,7 @@ def plan(ctx) -> list:
 
 def kernels(ctx) -> list:
     """The kernels run() launches (compile-only: the same list, nvcc on the timed ones)."""
-    markers = tuple(tourkit.TENSOR_CORE_MARKERS[tourkit.ARCH_SPECS[ctx.arch].family])
+    markers = tuple(tourkit.tensor_core_markers(ctx.arch))
     return [tourkit.KernelDecl(name, (lambda p=problem, c=cfg: build(p, c)), pass_configs=pass_configs(cfg),
                                threads=cfg["threads"], nvcc=timed, markers=markers, smem_limit=ctx.smem_budget)
             for name, _, problem, cfg, _, timed in plan(ctx)]
@@ -1914,7 +1926,7 @@ def parts(p: GemmPlan) -> tuple[str, ...]:
 
 
 def kernels(ctx) -> list[KernelDecl]:
-    markers = tuple(tourkit.TENSOR_CORE_MARKERS[tourkit.ARCH_SPECS[ctx.arch].family])
+    markers = tuple(tourkit.tensor_core_markers(ctx.arch))
     return [KernelDecl(kernel_name(p, act, part), (lambda p=p, a=act, part=part: p.programs(True, a)[part]),
                        pass_configs=epilogue_pass_configs(act), threads=p.config.threads, nvcc=nvcc,
                        markers=p.markers(markers) if part == "gemm" else (), smem_limit=p.config.smem_bytes())
@@ -2908,7 +2920,7 @@ def kernel_name(p: GemmPlan, part: str = "gemm") -> str:
 def kernels(ctx) -> list[KernelDecl]:
     """Every program of the timed plans, the appendix's and the checked ones. Compile-only runs nvcc on the
     first timed plan, the first checked one and the appendix's, and only lowers the rest."""
-    markers = tuple(tourkit.TENSOR_CORE_MARKERS[tourkit.ARCH_SPECS[ctx.arch].family])
+    markers = tuple(tourkit.tensor_core_markers(ctx.arch))
     rows, ws, odd = plan(ctx)
     jobs = [(p, i == 0) for i, p in enumerate(rows)] + [(p, i == 0) for i, p in enumerate(odd)]
     jobs += [(ws, True)] if ws else []
@@ -3005,7 +3017,7 @@ def run(ctx) -> None:
             ctx.log(f"threads as launched include TileLang's producer warpgroup (TMA copies): {first.threads} "
                     f"for {decls[0].threads} asked")
         show_generated_code(ctx, first.source, family)
-        ctx.headline(arch=ctx.arch, kernels=len(decls), markers=",".join(tourkit.TENSOR_CORE_MARKERS[family]))
+        ctx.headline(arch=ctx.arch, kernels=len(decls), markers=",".join(tourkit.tensor_core_markers(ctx.arch)))
         return
     tourkit.require_device_memory(ctx, 10 * (M * K + K * N + M * N) + 4 * rows[0].config.split_k * M * N,
                                   f"the {M}x{N}x{K} GEMM with its float32 reference")
@@ -5150,9 +5162,9 @@ _tour_file('tilelang_tour.py', r'''
 #!/usr/bin/env python3
 """TileLang Tour: build real GPU kernels in TileLang, check them against PyTorch, time them, look inside.
 
-    python tilelang_tour.py                          # the whole tour
+    python tilelang_tour.py                          # the whole tour (no GPU: builds the kernels for sm_90a)
     python tilelang_tour.py --only flash_attention   # one section
-    python tilelang_tour.py --compile-only --arch sm_80   # no GPU: build and inspect the kernels
+    python tilelang_tour.py --compile-only --arch sm_80   # build and inspect the kernels for another GPU
     python tilelang_tour.py --list
 
 The runner knows nothing about kernels: it runs the registered sections in order, isolates their
@@ -5187,6 +5199,7 @@ import tourkit
 import tourplots  # matplotlib only when drawing
 import tourrunner
 from sections import SECTION_NAMES
+from tourreference import QUICK_REFERENCE
 from tourkit import SectionResult, SectionSkip, TourContext, UsageError
 
 DEFAULT_SECTION_TIMEOUT_S = 900
@@ -5196,32 +5209,6 @@ FAILING = ("failed", "crashed", "timed out")
 # and gpu_check() in place of the real ones (tests/fake_sections.py).
 SECTIONS_ENV = "TILELANG_TOUR_SECTIONS"
 
-QUICK_REFERENCE = r"""
-TileLang quick reference (tilelang 0.1.15; import tilelang, tilelang.language as T)
-  kernel launch     with T.Kernel(T.ceildiv(N, bN), T.ceildiv(M, bM), threads=128) as (bx, by): ...
-  shared memory     A_s = T.alloc_shared((bM, bK), "float16")          # one tile per block, in SMEM
-  register tile     C_f = T.alloc_fragment((bM, bN), "float32")        # spread over the threads' registers
-  per-thread local  acc = T.alloc_local((1,), "float32")               # private scalar/array per thread
-  tile copy         T.copy(A[by * bM, k * bK], A_s)                    # global<->shared<->fragment, vectorized
-  tensor-core GEMM  T.gemm(A_s, B_s, C_f, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-  clear / fill      T.clear(C_f);  T.fill(m_f, -T.infinity("float32"))
-  pipelining        for k in T.Pipelined(T.ceildiv(K, bK), num_stages=3): ...   # cp.async / TMA overlap
-  elementwise       for i, j in T.Parallel(bM, bN): C_f[i, j] = T.max(C_f[i, j], 0)
-  row reductions    T.reduce_max(S_f, m_f, dim=1, clear=True);  T.reduce_sum(P_f, l_f, dim=1)
-  math              T.exp2(x), T.log2(x), T.max(a, b), T.if_then_else(c, a, b)
-  L2 swizzle        T.use_swizzle(panel_size=10)                        # rasterize blocks for L2 reuse
-  device print      T.print(A_s, msg="A tile")                          # from a kernel, to the process stdout
-  copy options      T.copy(A[by * bM, 0], A_s, disable_tma=True)       # Hopper: a plain copy instead of TMA
-  jit               @tilelang.jit(out_idx=[-1], pass_configs={"tl.enable_fast_math": True})
-  compile directly  kernel = tilelang.compile(prim_func, out_idx=[2], target="cuda")
-  autotune          @tilelang.autotune(configs=[{"block_M": 128, ...}, ...], warmup=3, rep=20)  # counts, not ms
-  inspect           kernel.get_kernel_source()   kernel.get_profiler().do_bench()
-  validate          kernel.get_profiler().assert_allclose(ref_fn, rtol=1e-2, atol=1e-2)
-  kernel cache      TILELANG_CACHE_DIR=~/.tilelang/cache   TILELANG_DISABLE_CACHE=1   (or tilelang.disable_cache())
-  debug env         TILELANG_PRINT_ON_COMPILATION=1 (the compile log, off here)  TL_LOWER_TRACE=terminal
-                    (IR diff per lowering pass; read when tilelang is imported)   pass_configs={"tl.enable_dump_ir": True}
-  no GPU            with Target({"kind": "cuda", "arch": "sm_90a"}) as t: tilelang.lower(f, target=t)
-""".strip("\n")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -5587,7 +5574,9 @@ def header_line(count: int, options: RunOptions, device) -> str:
         f"on {device.name} ({device.arch})" if device else "without a GPU")
     problem = f", shape {'x'.join(map(str, options.shape))}" if options.shape else ""
     dtype = f", {options.dtype}" if options.dtype != "float16" else ""
-    mode += " (no CUDA GPU found)" if options.without_gpu else ""
+    if options.without_gpu:
+        mode += (" (no CUDA GPU found)" if device is None else
+                 f" ({device.name} is sm_{device.capability[0]}{device.capability[1]}; the kernels need sm_75 or newer)")
     return f"TileLang Tour — {count} section(s), {mode}{', quick sizes' if options.quick else ''}{problem}{dtype}"
 
 
@@ -5674,10 +5663,10 @@ def _worker(spec_text: str) -> None:
     source = section_source()
     options = RunOptions(**{**spec["options"], "timeout": 0})  # the parent enforces the time limits
     device = device_from(spec["device"]) or (source.detect_device() if spec["detect"] else None)
-    settle_mode(options, device)
+    runs_on = settle_mode(options, device)
     channel.send("hello", pid=os.getpid(), device=asdict(device) if device else None, arch=options.arch,
                  compile_only=options.compile_only)
-    if spec["gpu_check"] and device is not None and not options.compile_only:
+    if spec["gpu_check"] and runs_on is not None and not options.compile_only:
         channel.send("gpu_check")
         try:
             source.gpu_check()
@@ -5687,7 +5676,7 @@ def _worker(spec_text: str) -> None:
         channel.send("gpu_result", ok=True)
     tourkit.quiet_tilelang()
     probe = tuple(spec["probe"]) if spec["probe"] else None
-    results, _, _ = run_sections(spec["names"], options, device, source, faults=spec["faults"],
+    results, _, _ = run_sections(spec["names"], options, runs_on, source, faults=spec["faults"],
                                  gpu_broken=spec["gpu_broken"], probe=probe, first_index=spec["first_index"],
                                  total=spec["total"], send=channel.send)
     if not (results and tourrunner.broken_cuda_context(results[-1])):
@@ -5727,13 +5716,16 @@ def _worker_command() -> list[str] | None:
     return [sys.executable, "-u", os.path.abspath(path), "--worker"] if path and os.path.exists(path) else None
 
 
-def settle_mode(options: RunOptions, device) -> None:
-    """Without a GPU the tour still does what it can: it builds and inspects every kernel (compile-only) for
-    the default architecture, rather than skipping the lessons."""
-    if device is None and not options.compile_only:
+def settle_mode(options: RunOptions, device):
+    """Without a GPU the kernels can run on (none, or one older than sm_75), the tour still does what it can:
+    it builds and inspects every kernel (compile-only) for the default architecture, rather than skipping the
+    lessons. Returns the device the sections get (None for one they cannot use)."""
+    usable = device if tourkit.runs_kernels(device) else None
+    if usable is None and not options.compile_only:
         options.compile_only = options.without_gpu = True
     if options.compile_only and not options.arch:
-        options.arch = device.arch if device else tourkit.DEFAULT_ARCH
+        options.arch = usable.arch if usable else tourkit.DEFAULT_ARCH
+    return usable
 
 
 def _run_isolated(names, options: RunOptions, faults, sigint) -> tuple[list[SectionResult], Any, Any, bool]:
@@ -5758,10 +5750,10 @@ def _run_isolated(names, options: RunOptions, faults, sigint) -> tuple[list[Sect
 
 def _run_here(names, options: RunOptions, source, faults) -> tuple[list[SectionResult], Any, Any, bool]:
     device = None if options.compile_only and options.arch else source.detect_device()
-    settle_mode(options, device)
+    runs_on = settle_mode(options, device)
     print(header_line(len(names), options, device), flush=True)
     tourkit.quiet_tilelang()
-    results, probe, interrupted = run_sections(names, options, device, source, faults=faults)
+    results, probe, interrupted = run_sections(names, options, runs_on, source, faults=faults)
     return results, device, probe, interrupted
 
 
@@ -5872,7 +5864,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from tourkit import TourContext, ValidationError, check_arch, find_nvcc, format_bytes, one_line, wait_until_untimed
+from tourkit import ARCH_SPECS, TourContext, ValidationError, check_arch, find_nvcc, format_bytes, one_line, wait_until_untimed
 
 # ---------------------------------------------------------------------------------------------------------
 # Codegen inspection: what TileLang generated for an architecture
@@ -5900,6 +5892,13 @@ TENSOR_CORE_MARKERS: dict[str, list[str]] = {
     "ada": ["cp_async", "ldmatrix", "mma_sync"],
     "turing": ["ldmatrix", "mma_sync"],
 }
+
+
+def tensor_core_markers(arch: str) -> list[str]:
+    """What a tensor-core kernel built for `arch` must show: its family's markers, except on Blackwell, where
+    TileLang feeds the Ampere-style mma.sync with TMA copies under mbarriers instead of cp.async."""
+    spec = ARCH_SPECS[arch]
+    return ["tma_load", "mbarrier", "mma_sync"] if spec.capability >= (10, 0) else TENSOR_CORE_MARKERS[spec.family]
 
 
 def count_markers(source: str) -> dict[str, int]:
@@ -6411,6 +6410,9 @@ ARCH_SPECS: dict[str, ArchSpec] = {
     "sm_89": ArchSpec("sm_89", "ada", (8, 9), 99 * 1024),
     # Hopper's wgmma and setmaxnreg exist only for the arch-specific target, sm_90a, not plain sm_90.
     "sm_90a": ArchSpec("sm_90a", "hopper", (9, 0), 227 * 1024),
+    # Blackwell has no wgmma (its tcgen05 is not taught here): the Ampere-style kernels, for TileLang's own target.
+    "sm_100a": ArchSpec("sm_100a", "ampere", (10, 0), 227 * 1024),
+    "sm_120a": ArchSpec("sm_120a", "ada", (12, 0), 99 * 1024),
 }
 DEFAULT_ARCH = "sm_90a"
 
@@ -6425,6 +6427,11 @@ def check_arch(arch: str) -> str:
     if arch not in ARCH_SPECS:
         raise UsageError(f"unknown --arch {arch!r}; choose one of: {', '.join(ARCH_SPECS)}")
     return arch
+
+
+def runs_kernels(device) -> bool:
+    """Whether the tour's kernels (fp16 mma.sync m16n8k16: sm_75, Turing, or newer) run on `device` (or None)."""
+    return device is not None and tuple(device.capability) >= (7, 5)
 
 
 def arch_for_capability(major: int, minor: int) -> str:
@@ -6831,7 +6838,7 @@ def _median(values: Sequence[float]) -> float:
 # Building and inspecting kernels lives in tourkernels.py; its names are tourkit's too
 # ---------------------------------------------------------------------------------------------------------
 
-KERNEL_NAMES = frozenset(('MARKERS', 'TENSOR_CORE_MARKERS', 'count_markers', 'cuda_target', '_STATIC_SMEM', '_SCALAR_BYTES', 'KernelReport', '_launch_shape', 'static_smem_bytes', 'lower_for_arch', 'compile_for_arch', 'compile_many', 'KernelDecl', 'build_declared', 'inspect_declared', '_DropMemoryCacheHits', 'quiet_tilelang', 'inspect_kernel', 'inspect_kernels', 'report_kernels', 'require_markers', 'source_excerpt', 'compile_cubin', 'ptxas_usage'))
+KERNEL_NAMES = frozenset(('MARKERS', 'TENSOR_CORE_MARKERS', 'tensor_core_markers', 'count_markers', 'cuda_target', '_STATIC_SMEM', '_SCALAR_BYTES', 'KernelReport', '_launch_shape', 'static_smem_bytes', 'lower_for_arch', 'compile_for_arch', 'compile_many', 'KernelDecl', 'build_declared', 'inspect_declared', '_DropMemoryCacheHits', 'quiet_tilelang', 'inspect_kernel', 'inspect_kernels', 'report_kernels', 'require_markers', 'source_excerpt', 'compile_cubin', 'ptxas_usage'))
 
 
 def __getattr__(name: str):
@@ -7305,6 +7312,38 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+''')
+
+_tour_file('tourreference.py', r'''
+"""The TileLang quick reference the tour prints at its end: the idioms the lessons use, with the names of the
+pinned tilelang (tests/test_quick_reference.py checks each one exists)."""
+
+QUICK_REFERENCE = r"""
+TileLang quick reference (tilelang 0.1.15; import tilelang, tilelang.language as T)
+  kernel launch     with T.Kernel(T.ceildiv(N, bN), T.ceildiv(M, bM), threads=128) as (bx, by): ...
+  shared memory     A_s = T.alloc_shared((bM, bK), "float16")          # one tile per block, in SMEM
+  register tile     C_f = T.alloc_fragment((bM, bN), "float32")        # spread over the threads' registers
+  per-thread local  acc = T.alloc_local((1,), "float32")               # private scalar/array per thread
+  tile copy         T.copy(A[by * bM, k * bK], A_s)                    # global<->shared<->fragment, vectorized
+  tensor-core GEMM  T.gemm(A_s, B_s, C_f, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+  clear / fill      T.clear(C_f);  T.fill(m_f, -T.infinity("float32"))
+  pipelining        for k in T.Pipelined(T.ceildiv(K, bK), num_stages=3): ...   # cp.async / TMA overlap
+  elementwise       for i, j in T.Parallel(bM, bN): C_f[i, j] = T.max(C_f[i, j], 0)
+  row reductions    T.reduce_max(S_f, m_f, dim=1, clear=True);  T.reduce_sum(P_f, l_f, dim=1)
+  math              T.exp2(x), T.log2(x), T.max(a, b), T.if_then_else(c, a, b)
+  L2 swizzle        T.use_swizzle(panel_size=10)                        # rasterize blocks for L2 reuse
+  device print      T.print(A_s, msg="A tile")                          # from a kernel, to the process stdout
+  copy options      T.copy(A[by * bM, 0], A_s, disable_tma=True)       # Hopper: a plain copy instead of TMA
+  jit               @tilelang.jit(out_idx=[-1], pass_configs={"tl.enable_fast_math": True})
+  compile directly  kernel = tilelang.compile(prim_func, out_idx=[2], target="cuda")
+  autotune          @tilelang.autotune(configs=[{"block_M": 128, ...}, ...], warmup=3, rep=20)  # counts, not ms
+  inspect           kernel.get_kernel_source()   kernel.get_profiler().do_bench()
+  validate          kernel.get_profiler().assert_allclose(ref_fn, rtol=1e-2, atol=1e-2)
+  kernel cache      TILELANG_CACHE_DIR=~/.tilelang/cache   TILELANG_DISABLE_CACHE=1   (or tilelang.disable_cache())
+  debug env         TILELANG_PRINT_ON_COMPILATION=1 (the compile log, off here)  TL_LOWER_TRACE=terminal
+                    (IR diff per lowering pass; read when tilelang is imported)   pass_configs={"tl.enable_dump_ir": True}
+  no GPU            with Target({"kind": "cuda", "arch": "sm_90a"}) as t: tilelang.lower(f, target=t)
+""".strip("\n")
 ''')
 
 _tour_file('tourrunner.py', r'''

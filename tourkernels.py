@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from tourkit import TourContext, ValidationError, check_arch, find_nvcc, format_bytes, one_line, wait_until_untimed
+from tourkit import ARCH_SPECS, TourContext, ValidationError, check_arch, find_nvcc, format_bytes, one_line, wait_until_untimed
 
 # ---------------------------------------------------------------------------------------------------------
 # Codegen inspection: what TileLang generated for an architecture
@@ -41,6 +41,13 @@ TENSOR_CORE_MARKERS: dict[str, list[str]] = {
     "ada": ["cp_async", "ldmatrix", "mma_sync"],
     "turing": ["ldmatrix", "mma_sync"],
 }
+
+
+def tensor_core_markers(arch: str) -> list[str]:
+    """What a tensor-core kernel built for `arch` must show: its family's markers, except on Blackwell, where
+    TileLang feeds the Ampere-style mma.sync with TMA copies under mbarriers instead of cp.async."""
+    spec = ARCH_SPECS[arch]
+    return ["tma_load", "mbarrier", "mma_sync"] if spec.capability >= (10, 0) else TENSOR_CORE_MARKERS[spec.family]
 
 
 def count_markers(source: str) -> dict[str, int]:

@@ -163,6 +163,9 @@ ARCH_SPECS: dict[str, ArchSpec] = {
     "sm_89": ArchSpec("sm_89", "ada", (8, 9), 99 * 1024),
     # Hopper's wgmma and setmaxnreg exist only for the arch-specific target, sm_90a, not plain sm_90.
     "sm_90a": ArchSpec("sm_90a", "hopper", (9, 0), 227 * 1024),
+    # Blackwell has no wgmma (its tcgen05 is not taught here): the Ampere-style kernels, for TileLang's own target.
+    "sm_100a": ArchSpec("sm_100a", "ampere", (10, 0), 227 * 1024),
+    "sm_120a": ArchSpec("sm_120a", "ada", (12, 0), 99 * 1024),
 }
 DEFAULT_ARCH = "sm_90a"
 
@@ -177,6 +180,11 @@ def check_arch(arch: str) -> str:
     if arch not in ARCH_SPECS:
         raise UsageError(f"unknown --arch {arch!r}; choose one of: {', '.join(ARCH_SPECS)}")
     return arch
+
+
+def runs_kernels(device) -> bool:
+    """Whether the tour's kernels (fp16 mma.sync m16n8k16: sm_75, Turing, or newer) run on `device` (or None)."""
+    return device is not None and tuple(device.capability) >= (7, 5)
 
 
 def arch_for_capability(major: int, minor: int) -> str:
@@ -583,7 +591,7 @@ def _median(values: Sequence[float]) -> float:
 # Building and inspecting kernels lives in tourkernels.py; its names are tourkit's too
 # ---------------------------------------------------------------------------------------------------------
 
-KERNEL_NAMES = frozenset(('MARKERS', 'TENSOR_CORE_MARKERS', 'count_markers', 'cuda_target', '_STATIC_SMEM', '_SCALAR_BYTES', 'KernelReport', '_launch_shape', 'static_smem_bytes', 'lower_for_arch', 'compile_for_arch', 'compile_many', 'KernelDecl', 'build_declared', 'inspect_declared', '_DropMemoryCacheHits', 'quiet_tilelang', 'inspect_kernel', 'inspect_kernels', 'report_kernels', 'require_markers', 'source_excerpt', 'compile_cubin', 'ptxas_usage'))
+KERNEL_NAMES = frozenset(('MARKERS', 'TENSOR_CORE_MARKERS', 'tensor_core_markers', 'count_markers', 'cuda_target', '_STATIC_SMEM', '_SCALAR_BYTES', 'KernelReport', '_launch_shape', 'static_smem_bytes', 'lower_for_arch', 'compile_for_arch', 'compile_many', 'KernelDecl', 'build_declared', 'inspect_declared', '_DropMemoryCacheHits', 'quiet_tilelang', 'inspect_kernel', 'inspect_kernels', 'report_kernels', 'require_markers', 'source_excerpt', 'compile_cubin', 'ptxas_usage'))
 
 
 def __getattr__(name: str):

@@ -90,11 +90,11 @@ def kernels(ctx) -> list[KernelDecl]:
     """Every configuration that passes the filter, at the tuned size, as tilelang.autotune compiles it
     (out_idx=[-1]: C is returned). Compiled in the background before the section runs, they make the
     autotuner's own compiles cache hits."""
-    family, shape = ARCH_SPECS[ctx.arch].family, tuned_shape(ctx)
+    shape = tuned_shape(ctx)
     _, kept, _ = kept_space(ctx)
     return [KernelDecl(to_gemm_config(c).label(), functools.partial(gemm_program, *shape, to_gemm_config(c),
                                                                     dtype=ctx.dtype), out_idx=[-1], threads=c["threads"], nvcc=i < NVCC_BUILDS,
-                       markers=tuple(tourkit.TENSOR_CORE_MARKERS[family]), smem_limit=ctx.smem_budget)
+                       markers=tuple(tourkit.tensor_core_markers(ctx.arch)), smem_limit=ctx.smem_budget)
             for i, c in enumerate(kept)]
 
 

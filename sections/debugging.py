@@ -148,7 +148,7 @@ def marker_kernels(arch: str, size: int, smem_budget: int | None = None) -> list
     """The GEMM lesson kernel (out_idx=[2]: the profiler's form) and the FlashAttention lesson kernel for
     `arch`, with the markers a tensor-core kernel must show there."""
     config = lesson_gemm(arch, smem_budget)
-    markers = tuple(tourkit.TENSOR_CORE_MARKERS[ARCH_SPECS[arch].family])
+    markers = tuple(tourkit.tensor_core_markers(arch))
     return [tourkit.KernelDecl(f"gemm {size}^3", functools.partial(gemm_program, size, size, size, config),
                                out_idx=[2], threads=config.threads, markers=markers),
             tourkit.KernelDecl(f"flash_attention d{FLASH_SHAPE['dim']}",

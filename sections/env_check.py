@@ -122,10 +122,18 @@ def software_rows(tilelang_detail: str, tilelang_ok: bool) -> list[list[str]]:
     ]
 
 
+def target_note(device) -> str:
+    if not tourkit.runs_kernels(device):
+        return "older than the sm_75 the tour's kernels need"
+    if device.capability >= (10, 0):  # Blackwell: tcgen05, not wgmma
+        return f"TileLang target {device.arch}; the lessons' Ampere-style kernels, mma.sync fed by TMA"
+    return f"TileLang target {device.arch}"
+
+
 def gpu_rows(device) -> list[list[str]]:
     return [
         ["GPU", device.name],
-        ["compute capability", f"{device.capability[0]}.{device.capability[1]} (TileLang target {device.arch})"],
+        ["compute capability", f"{device.capability[0]}.{device.capability[1]} ({target_note(device)})"],
         ["SMs", str(device.sm_count)],
         ["memory", tourkit.format_bytes(device.memory_bytes)],
         ["shared memory / block (opt-in max)", f"{device.smem_per_block_optin} B ({tourkit.format_bytes(device.smem_per_block_optin)})"],
@@ -142,20 +150,24 @@ def run(ctx) -> None:
                apache_tvm_ffi=package_version("apache-tvm-ffi"), nvcc=tourkit.find_nvcc(), colab=in_colab())
 
     device = ctx.device if ctx.device is not None else tourkit.detect_device()
+    arch = ctx.arch or tourkit.DEFAULT_ARCH
     if device is None:
         ctx.log("")
-        arch = ctx.arch or tourkit.DEFAULT_ARCH
         ctx.log(f"No CUDA GPU visible to torch. The lessons build and inspect their kernels for {arch} instead")
         ctx.log("of running them (--compile-only --arch ARCH names another architecture).")
         ctx.headline(gpu="none", tilelang=tilelang_detail if tilelang_ok else "missing")
     else:
         ctx.log("")
         ctx.table(["device", "value"], gpu_rows(device))
+        if not tourkit.runs_kernels(device):
+            ctx.log(f"The tour's kernels need sm_75 (Turing) or newer: the lessons build and inspect them for {arch}")
+            ctx.log("instead of running them.")
         ctx.metric(gpu=device.name, capability=f"{device.capability[0]}.{device.capability[1]}",
                    sm_count=device.sm_count, memory_bytes=device.memory_bytes,
                    smem_per_block_optin=device.smem_per_block_optin, l2_bytes=device.l2_bytes,
                    driver=nvidia_driver_version(), cuda_driver_api=cuda_driver_api_version())
-        ctx.headline(gpu=device.name, arch=device.arch, tilelang=tilelang_detail if tilelang_ok else "missing")
+        real_arch = device.arch if tourkit.runs_kernels(device) else "sm_%d%d" % device.capability
+        ctx.headline(gpu=device.name, arch=real_arch, tilelang=tilelang_detail if tilelang_ok else "missing")
     if not tilelang_ok:
         raise TileLangUnavailable(f"tilelang unavailable: {tilelang_detail}; {tilelang_fix(tilelang_detail)}")
 

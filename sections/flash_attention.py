@@ -320,7 +320,7 @@ def plan(ctx) -> list:
 
 def kernels(ctx) -> list:
     """The kernels run() launches (compile-only: the same list, nvcc on the timed ones)."""
-    markers = tuple(tourkit.TENSOR_CORE_MARKERS[tourkit.ARCH_SPECS[ctx.arch].family])
+    markers = tuple(tourkit.tensor_core_markers(ctx.arch))
     return [tourkit.KernelDecl(name, (lambda p=problem, c=cfg: build(p, c)), pass_configs=pass_configs(cfg),
                                threads=cfg["threads"], nvcc=timed, markers=markers, smem_limit=ctx.smem_budget)
             for name, _, problem, cfg, _, timed in plan(ctx)]

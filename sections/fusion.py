@@ -147,7 +147,7 @@ def parts(p: GemmPlan) -> tuple[str, ...]:
 
 
 def kernels(ctx) -> list[KernelDecl]:
-    markers = tuple(tourkit.TENSOR_CORE_MARKERS[tourkit.ARCH_SPECS[ctx.arch].family])
+    markers = tuple(tourkit.tensor_core_markers(ctx.arch))
     return [KernelDecl(kernel_name(p, act, part), (lambda p=p, a=act, part=part: p.programs(True, a)[part]),
                        pass_configs=epilogue_pass_configs(act), threads=p.config.threads, nvcc=nvcc,
                        markers=p.markers(markers) if part == "gemm" else (), smem_limit=p.config.smem_bytes())

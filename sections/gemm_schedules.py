@@ -196,7 +196,7 @@ def kernel_name(p: GemmPlan, part: str = "gemm") -> str:
 def kernels(ctx) -> list[KernelDecl]:
     """Every program of the timed plans, the appendix's and the checked ones. Compile-only runs nvcc on the
     first timed plan, the first checked one and the appendix's, and only lowers the rest."""
-    markers = tuple(tourkit.TENSOR_CORE_MARKERS[tourkit.ARCH_SPECS[ctx.arch].family])
+    markers = tuple(tourkit.tensor_core_markers(ctx.arch))
     rows, ws, odd = plan(ctx)
     jobs = [(p, i == 0) for i, p in enumerate(rows)] + [(p, i == 0) for i, p in enumerate(odd)]
     jobs += [(ws, True)] if ws else []
@@ -293,7 +293,7 @@ def run(ctx) -> None:
             ctx.log(f"threads as launched include TileLang's producer warpgroup (TMA copies): {first.threads} "
                     f"for {decls[0].threads} asked")
         show_generated_code(ctx, first.source, family)
-        ctx.headline(arch=ctx.arch, kernels=len(decls), markers=",".join(tourkit.TENSOR_CORE_MARKERS[family]))
+        ctx.headline(arch=ctx.arch, kernels=len(decls), markers=",".join(tourkit.tensor_core_markers(ctx.arch)))
         return
     tourkit.require_device_memory(ctx, 10 * (M * K + K * N + M * N) + 4 * rows[0].config.split_k * M * N,
                                   f"the {M}x{N}x{K} GEMM with its float32 reference")

@@ -2,7 +2,7 @@
 
 Standard library only, so a worker that runs them starts in a fraction of a second. Each fake section
 records the worker's pid in its headline (a test can tell whether the worker was replaced). The fake GPU
-(FAKE_SECTIONS_GPU=1; FAKE_DETECT_CRASH=1 kills the worker while it looks) and its check (FAKE_GPU_CHECK=ok|fail|hang) stand in for the real device and the
+(FAKE_SECTIONS_GPU=1, or =old for one older than sm_75; FAKE_DETECT_CRASH=1 kills the worker while it looks) and its check (FAKE_GPU_CHECK=ok|fail|hang) stand in for the real device and the
 tiny kernel the runner runs after a crash.
 """
 
@@ -13,6 +13,7 @@ from tourkit import DeviceInfo, Section
 
 SECTION_NAMES = ["env_check", "first", "nap", "sticky", "boom", "second", "third", "gpu_one", "gpu_two"]
 FAKE_GPU = DeviceInfo("fake GPU", (9, 0), "sm_90a", 132, 141 * 2**30, 232448, 60 * 2**20)
+OLD_GPU = DeviceInfo("fake P100", (6, 0), "sm_75", 56, 16 * 2**30, 49152, 4 * 2**20)  # older than the kernels
 
 
 def _ok(ctx):
@@ -45,7 +46,8 @@ def load_section(name):
 def detect_device():
     if os.environ.get("FAKE_DETECT_CRASH") == "1":  # a worker that dies before it runs anything
         os._exit(4)
-    return FAKE_GPU if os.environ.get("FAKE_SECTIONS_GPU") == "1" else None
+    kind = os.environ.get("FAKE_SECTIONS_GPU")
+    return FAKE_GPU if kind == "1" else OLD_GPU if kind == "old" else None
 
 
 def probe_tilelang_import():

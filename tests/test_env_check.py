@@ -29,6 +29,20 @@ def test_env_check_without_gpu_says_how_to_compile_only(capsys):
     assert "--compile-only" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("capability,says", [((6, 0), "older than the sm_75"), ((10, 0), "sm_100a; the lessons' Ampere"),
+                                             ((12, 0), "sm_120a; the lessons' Ampere"), ((9, 0), "target sm_90a")])
+def test_env_check_says_what_runs_on_the_gpu(monkeypatch, capsys, capability, says):
+    gpu = tourkit.DeviceInfo("a GPU", capability, tourkit.arch_for_capability(*capability), 80, 2**34, 49152, 2**22)
+    monkeypatch.setattr(env_check, "nvidia_driver_version", lambda: None)
+    monkeypatch.setattr(env_check, "cuda_driver_api_version", lambda: None)
+    ctx = tourkit.TourContext(device=gpu, compile_only=capability < (7, 5), arch="sm_90a")
+    env_check.run(ctx)
+    text = "\n".join(ctx.report)
+    assert says in text
+    assert ("build and inspect them for sm_90a" in text) == (capability < (7, 5))
+    assert ctx.headlines["arch"] == ("sm_60" if capability < (7, 5) else gpu.arch)
+
+
 def test_missing_tilelang_fails_with_the_install_command(monkeypatch, capsys):
     monkeypatch.setattr(tourkit, "probe_tilelang_import", lambda timeout=120.0: (False, "tilelang is not installed (x)"))
     monkeypatch.setattr(env_check, "in_colab", lambda: False)

@@ -111,6 +111,17 @@ def test_without_a_gpu_every_worker_builds_instead_of_running(monkeypatch, capsy
     assert headers == ["TileLang Tour — 3 section(s), compile-only for sm_90a (no CUDA GPU found)"]
 
 
+def test_a_gpu_older_than_the_kernels_gets_them_built_instead(monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_SECTIONS_GPU", "old")
+    run = tilelang_tour.main(["--only", "first,gpu_one"])
+    assert statuses(run) == ["passed", "passed"]
+    assert all(r.headline["compile_only"] is True for r in run.results)
+    assert run.environment["gpu"]["name"] == "fake P100" and run.environment["options"]["arch"] == "sm_90a"
+    headers = [line for line in capsys.readouterr().out.splitlines() if line.startswith("TileLang Tour")]
+    assert headers == ["TileLang Tour — 2 section(s), compile-only for sm_90a (fake P100 is sm_60; the kernels "
+                       "need sm_75 or newer)"]
+
+
 def test_a_gpu_that_answers_runs_the_gpu_sections(monkeypatch):
     monkeypatch.setenv("FAKE_SECTIONS_GPU", "1")
     monkeypatch.setenv(tourrunner.FAULT_ENV, "first:abort")

@@ -76,9 +76,23 @@ def test_arch_checks():
     assert tourkit.arch_for_capability(9, 0) == "sm_90a"
     assert tourkit.arch_for_capability(8, 9) == "sm_89"
     assert tourkit.arch_for_capability(8, 7) == "sm_86"  # Orin: closest known below
-    assert tourkit.arch_for_capability(12, 0) == "sm_90a"
+    assert tourkit.arch_for_capability(10, 0) == "sm_100a" and tourkit.arch_for_capability(10, 3) == "sm_100a"
+    assert tourkit.arch_for_capability(12, 0) == "sm_120a" and tourkit.arch_for_capability(12, 1) == "sm_120a"
+    assert tourkit.ARCH_SPECS["sm_100a"].family == "ampere" and tourkit.ARCH_SPECS["sm_120a"].family == "ada"
     assert tourkit.ARCH_SPECS["sm_90a"].smem_per_block_optin == 232448
     assert tourkit.ARCH_SPECS["sm_86"].family == "ampere"
+
+
+def test_which_gpus_run_the_kernels_and_what_their_kernels_show():
+    def gpu(capability):
+        return tourkit.DeviceInfo("gpu", capability, tourkit.arch_for_capability(*capability), 80, 2**34, 49152, 2**22)
+
+    assert not tourkit.runs_kernels(None)
+    assert not tourkit.runs_kernels(gpu((6, 0))) and not tourkit.runs_kernels(gpu((7, 0)))  # P100, V100
+    assert tourkit.runs_kernels(gpu((7, 5))) and tourkit.runs_kernels(gpu((12, 0)))
+    assert tourkit.tensor_core_markers("sm_90a") == ["wgmma", "tma_load", "mbarrier"]
+    assert tourkit.tensor_core_markers("sm_80") == ["cp_async", "ldmatrix", "mma_sync"]
+    assert tourkit.tensor_core_markers("sm_120a") == ["tma_load", "mbarrier", "mma_sync"]  # TMA-fed mma.sync
 
 
 def test_marker_counting_and_static_shared_memory():
