@@ -354,6 +354,8 @@ def run(ctx) -> None:
         show_generated(ctx, reports[decls[0].name].source)
         ctx.headline(kernels=len(reports), arch=ctx.arch)
         return
+    if ctx.shape:  # inputs, the float32 reference's copies (K/V expanded to every query head), SDPA's own
+        tourkit.require_device_memory(ctx, 48 * math.prod(ctx.shape[:4]), "attention " + "x".join(map(str, ctx.shape)))
     built = tourkit.build_declared(decls, log=ctx.log)
     fns = {name: attention_ws.launcher(built[name]) for name in built}  # split_tail: with its workspace
     problems = list(dict.fromkeys(item[2] for item in items))

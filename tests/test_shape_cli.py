@@ -142,3 +142,16 @@ def test_a_problem_too_big_for_the_gpu_skips_with_its_size():
         tourkit.require_device_memory(ctx, 20 * 2**31, "N=2147483648")
     tourkit.require_device_memory(ctx, 2**30, "N=1")  # fits: no skip
     tourkit.require_device_memory(tourkit.TourContext(compile_only=True, arch="sm_80"), 2**60, "compile-only")
+
+
+def test_an_attention_problem_too_big_for_the_gpu_skips_before_anything_compiles(monkeypatch):
+    from sections import flash_attention
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("compiled a problem that cannot fit")
+
+    monkeypatch.setattr(tourkit, "build_declared", no_build)
+    small_gpu = tourkit.DeviceInfo("small GPU", (9, 0), "sm_90a", 132, 16 * 2**30, 232448, 60 * 2**20)
+    ctx = tourkit.TourContext(device=small_gpu, shape=(8, 32, 16384, 128), echo=False)
+    with pytest.raises(tourkit.SectionSkip, match=r"attention 8x32x16384x128 needs about 24.0 GiB"):
+        flash_attention.run(ctx)
