@@ -729,6 +729,7 @@ def run(ctx) -> None:
     from tilelang.env import env
 
     (M, N, K), (_, N0, K0) = tuned_shape(ctx), ctx.shape or tuned_shape(ctx)
+    tourkit.require_device_memory(ctx, 10 * (M * K + K * N + M * N), f"the {M}x{N0}x{K0} GEMM with its references")
     built = tourkit.build_declared(decls, log=ctx.log)
     ctx.log(f"tilelang.autotune over {len(kept)} configurations at {M}x{N}x{K} {ctx.dtype} (warmup={WARMUP_ITERS}, "
             f"rep={TIMED_ITERS} launches each, one configuration after another)" + (

@@ -184,7 +184,7 @@ def test_run_with_a_fake_gpu_reports_the_pick_the_verdict_and_the_retune(monkeyp
     a configuration that the timing in turns finds 2% slower than a runner-up."""
     torch = pytest.importorskip("torch")
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path))
-    device = types.SimpleNamespace(arch="sm_90a", smem_per_block_optin=HOPPER_BUDGET, sm_count=132)
+    device = types.SimpleNamespace(arch="sm_90a", smem_per_block_optin=HOPPER_BUDGET, sm_count=132, memory_bytes=2**37)
     ctx = tourkit.TourContext(quick=True, device=device, echo=False)
     _, kept, _ = autotune.kept_space(ctx)
     pick, runner = kept[2], kept[5]

@@ -155,3 +155,16 @@ def test_an_attention_problem_too_big_for_the_gpu_skips_before_anything_compiles
     ctx = tourkit.TourContext(device=small_gpu, shape=(8, 32, 16384, 128), echo=False)
     with pytest.raises(tourkit.SectionSkip, match=r"attention 8x32x16384x128 needs about 24.0 GiB"):
         flash_attention.run(ctx)
+
+
+def test_an_autotune_problem_too_big_for_the_gpu_skips_before_anything_compiles(monkeypatch):
+    from sections import autotune
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("compiled a problem that cannot fit")
+
+    monkeypatch.setattr(tourkit, "build_declared", no_build)
+    small_gpu = tourkit.DeviceInfo("small GPU", (9, 0), "sm_90a", 132, 16 * 2**30, 232448, 60 * 2**20)
+    ctx = tourkit.TourContext(device=small_gpu, shape=(65536, 32768, 1000), echo=False)
+    with pytest.raises(tourkit.SectionSkip, match=r"the 65536x32768x1000 GEMM with its references needs about"):
+        autotune.run(ctx)
