@@ -5250,7 +5250,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--full", action="store_true", help="the long sweeps (GEMM shape set, full tuning space)")
     parser.add_argument("-x", "--exitfirst", action="store_true", help="stop after the first failed section")
     parser.add_argument("--compile-only", action="store_true",
-                        help="build every kernel for --arch and show what TileLang generated; run nothing")
+                        help="build every kernel for --arch and show what TileLang generated; run nothing "
+                             "(what the tour does anyway without a GPU it can run on)")
     parser.add_argument("--arch", help=f"target for --compile-only ({', '.join(tourkit.ARCH_SPECS)}); "
                                        f"default: the GPU's, else {tourkit.DEFAULT_ARCH}")
     parser.add_argument("--timeout", type=float, default=DEFAULT_SECTION_TIMEOUT_S, metavar="S",
