@@ -77,7 +77,8 @@ def candidates(problem):
                 "pipe 128x64 x2": P(128, 64, blocks_per_sm=2, **hf)}
     elif problem.seq_len <= 1024:
         alts = {"pipe 128x128": P(128, 128, **hf), "pipe 64x128": P(64, 128, **hf), "pipe 128x64": P(128, 64, **hf),
-                "pipe 64x64 x2": P(64, 64, blocks_per_sm=2, **hf), "async 64x64 x2": A(64, 64, blocks_per_sm=2, **hf)}
+                "pipe 64x64 x2": P(64, 64, blocks_per_sm=2, **hf), "async 64x64 x2": A(64, 64, blocks_per_sm=2, **hf),
+                "async 128x128": A(128, 128, **hf), "async 128x64": A(128, 64, **hf)}  # FA3 below its threshold
     else:
         alts = {"async 128x128": A(128, 128, **hf), "async 128x176": A(128, 176, **hf),
                 "pipe 64x64 x2": P(64, 64, blocks_per_sm=2, **hf)}
