@@ -2,8 +2,7 @@
 # this file into a cell and run it: it runs every section. Then pick sections in the next cell:
 #     main(["--only", "flash_attention"])
 #     main(["--only", "gemm_schedules", "--shape", "4096x4096x4096", "--dtype", "bfloat16"])
-#     main(["--compile-only", "--arch", "sm_80"])     # build and inspect every kernel for an A100
-# Without a GPU, main() builds and inspects every kernel for sm_90a instead of running it.
+#     main(["--compile-only", "--arch", "sm_90a"])    # no GPU: build and inspect every kernel
 # main() takes tilelang_tour.py's command line as a list (main(["--help"]) shows it), ignores the notebook's
 # own argv, never raises SystemExit, and returns the records (this cell's are in tour_run).
 # As a script: python tilelang_tour_colab.py [ARGS], as tilelang_tour.py.
@@ -1345,18 +1344,17 @@ def run(ctx) -> None:
                apache_tvm_ffi=package_version("apache-tvm-ffi"), nvcc=tourkit.find_nvcc(), colab=in_colab())
 
     device = ctx.device if ctx.device is not None else tourkit.detect_device()
-    arch = ctx.arch or tourkit.DEFAULT_ARCH
     if device is None:
         ctx.log("")
-        ctx.log(f"No CUDA GPU visible to torch. The lessons build and inspect their kernels for {arch} instead")
-        ctx.log("of running them (--compile-only --arch ARCH names another architecture).")
+        ctx.log("No CUDA GPU visible to torch. The GPU sections will skip; with --compile-only they still")
+        ctx.log(f"build every kernel for an architecture you name (--arch, default {tourkit.DEFAULT_ARCH}).")
         ctx.headline(gpu="none", tilelang=tilelang_detail if tilelang_ok else "missing")
     else:
         ctx.log("")
         ctx.table(["device", "value"], gpu_rows(device))
         if not tourkit.runs_kernels(device):
-            ctx.log(f"The tour's kernels need sm_75 (Turing) or newer: the lessons build and inspect them for {arch}")
-            ctx.log("instead of running them.")
+            ctx.log("The tour's kernels need sm_75 (Turing) or newer: the GPU sections will skip; with")
+            ctx.log(f"--compile-only they still build every kernel (--arch, default {tourkit.DEFAULT_ARCH}).")
         ctx.metric(gpu=device.name, capability=f"{device.capability[0]}.{device.capability[1]}",
                    sm_count=device.sm_count, memory_bytes=device.memory_bytes,
                    smem_per_block_optin=device.smem_per_block_optin, l2_bytes=device.l2_bytes,
@@ -5165,9 +5163,9 @@ _tour_file('tilelang_tour.py', r'''
 #!/usr/bin/env python3
 """TileLang Tour: build real GPU kernels in TileLang, check them against PyTorch, time them, look inside.
 
-    python tilelang_tour.py                          # the whole tour (no GPU: builds the kernels for sm_90a)
+    python tilelang_tour.py                          # the whole tour
     python tilelang_tour.py --only flash_attention   # one section
-    python tilelang_tour.py --compile-only --arch sm_80   # build and inspect the kernels for another GPU
+    python tilelang_tour.py --compile-only --arch sm_80   # no GPU: build and inspect the kernels
     python tilelang_tour.py --list
 
 The runner knows nothing about kernels: it runs the registered sections in order, isolates their
@@ -5250,8 +5248,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--full", action="store_true", help="the long sweeps (GEMM shape set, full tuning space)")
     parser.add_argument("-x", "--exitfirst", action="store_true", help="stop after the first failed section")
     parser.add_argument("--compile-only", action="store_true",
-                        help="build every kernel for --arch and show what TileLang generated; run nothing "
-                             "(what the tour does anyway without a GPU it can run on)")
+                        help="build every kernel for --arch and show what TileLang generated; run nothing")
     parser.add_argument("--arch", help=f"target for --compile-only ({', '.join(tourkit.ARCH_SPECS)}); "
                                        f"default: the GPU's, else {tourkit.DEFAULT_ARCH}")
     parser.add_argument("--timeout", type=float, default=DEFAULT_SECTION_TIMEOUT_S, metavar="S",
@@ -5383,7 +5380,6 @@ class RunOptions:
     install: bool = False
     exitfirst: bool = False
     shape: list[int] | None = None  # --shape, parsed and checked (sections/shapes.py)
-    without_gpu: bool = False  # compile-only because no GPU was found, not because it was asked for
     dtype: str = "float16"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -5435,7 +5431,7 @@ def _build_declared(section, ctx: TourContext) -> None:
 def start_preparing(names: Sequence[str], options: RunOptions, device, loader=load_section) -> _Preparer:
     """A _Preparer for the GPU sections among `names` that declare kernels (none in compile-only mode)."""
     jobs = []
-    if device is not None and not options.compile_only:
+    if tourkit.runs_kernels(device) and not options.compile_only:
         for name in names:
             try:
                 section = loader(name)
@@ -5516,6 +5512,9 @@ def _check_needs(section, ctx: TourContext, gpu_broken: str | None = None) -> No
     if section.needs_gpu and not ctx.has_gpu:
         raise SectionSkip("no CUDA GPU found; run with --compile-only (e.g. --arch sm_90a) to build and "
                           "inspect the kernels without one")
+    if section.needs_gpu and not tourkit.runs_kernels(ctx.device):
+        raise SectionSkip(f"{ctx.device.name} has compute capability %d.%d; the tour's kernels need 7.5 (Turing) "
+                          "or newer: --compile-only builds and inspects them" % ctx.device.capability)
     if section.min_capability and ctx.has_gpu and ctx.device.capability < section.min_capability:
         need = "%d.%d" % section.min_capability
         raise SectionSkip(f"needs compute capability {need}+, this GPU is {ctx.device.capability[0]}.{ctx.device.capability[1]}")
@@ -5573,14 +5572,16 @@ def print_summary(results: Sequence[SectionResult]) -> None:
     print("  " + ", ".join(f"{n} {s}" for s, n in counts.items() if n), flush=True)
 
 
+def gpu_arch(device) -> str:
+    """The architecture the kernels are built for on `device`, or what it is when it is too old for them."""
+    return device.arch if tourkit.runs_kernels(device) else "sm_%d%d, older than the kernels need" % device.capability
+
+
 def header_line(count: int, options: RunOptions, device) -> str:
     mode = f"compile-only for {options.arch}" if options.compile_only else (
-        f"on {device.name} ({device.arch})" if device else "without a GPU")
+        f"on {device.name} ({gpu_arch(device)})" if device else "without a GPU")
     problem = f", shape {'x'.join(map(str, options.shape))}" if options.shape else ""
     dtype = f", {options.dtype}" if options.dtype != "float16" else ""
-    if options.without_gpu:
-        mode += (" (no CUDA GPU found)" if device is None else
-                 f" ({device.name} is sm_{device.capability[0]}{device.capability[1]}; the kernels need sm_75 or newer)")
     return f"TileLang Tour — {count} section(s), {mode}{', quick sizes' if options.quick else ''}{problem}{dtype}"
 
 
@@ -5667,10 +5668,9 @@ def _worker(spec_text: str) -> None:
     source = section_source()
     options = RunOptions(**{**spec["options"], "timeout": 0})  # the parent enforces the time limits
     device = device_from(spec["device"]) or (source.detect_device() if spec["detect"] else None)
-    runs_on = settle_mode(options, device)
-    channel.send("hello", pid=os.getpid(), device=asdict(device) if device else None, arch=options.arch,
-                 compile_only=options.compile_only)
-    if spec["gpu_check"] and runs_on is not None and not options.compile_only:
+    default_arch(options, device)
+    channel.send("hello", pid=os.getpid(), device=asdict(device) if device else None, arch=options.arch)
+    if spec["gpu_check"] and tourkit.runs_kernels(device) and not options.compile_only:
         channel.send("gpu_check")
         try:
             source.gpu_check()
@@ -5680,7 +5680,7 @@ def _worker(spec_text: str) -> None:
         channel.send("gpu_result", ok=True)
     tourkit.quiet_tilelang()
     probe = tuple(spec["probe"]) if spec["probe"] else None
-    results, _, _ = run_sections(spec["names"], options, runs_on, source, faults=spec["faults"],
+    results, _, _ = run_sections(spec["names"], options, device, source, faults=spec["faults"],
                                  gpu_broken=spec["gpu_broken"], probe=probe, first_index=spec["first_index"],
                                  total=spec["total"], send=channel.send)
     if not (results and tourrunner.broken_cuda_context(results[-1])):
@@ -5720,23 +5720,16 @@ def _worker_command() -> list[str] | None:
     return [sys.executable, "-u", os.path.abspath(path), "--worker"] if path and os.path.exists(path) else None
 
 
-def settle_mode(options: RunOptions, device):
-    """Without a GPU the kernels can run on (none, or one older than sm_75), the tour still does what it can:
-    it builds and inspects every kernel (compile-only) for the default architecture, rather than skipping the
-    lessons. Returns the device the sections get (None for one they cannot use)."""
-    usable = device if tourkit.runs_kernels(device) else None
-    if usable is None and not options.compile_only:
-        options.compile_only = options.without_gpu = True
+def default_arch(options: RunOptions, device) -> None:
+    """--compile-only without --arch builds for the GPU's own architecture, else (none, or one older than the
+    kernels need) for the default."""
     if options.compile_only and not options.arch:
-        options.arch = usable.arch if usable else tourkit.DEFAULT_ARCH
-    return usable
+        options.arch = device.arch if tourkit.runs_kernels(device) else tourkit.DEFAULT_ARCH
 
 
 def _run_isolated(names, options: RunOptions, faults, sigint) -> tuple[list[SectionResult], Any, Any, bool]:
-    def on_header(device, arch, known, compile_only):
+    def on_header(device, arch, known):
         options.arch = arch
-        if compile_only and not options.compile_only:
-            options.compile_only = options.without_gpu = True
         line = header_line(len(names), options, device_from(device))
         print(line if known or options.compile_only else line.split(", without")[0], flush=True)
 
@@ -5754,10 +5747,10 @@ def _run_isolated(names, options: RunOptions, faults, sigint) -> tuple[list[Sect
 
 def _run_here(names, options: RunOptions, source, faults) -> tuple[list[SectionResult], Any, Any, bool]:
     device = None if options.compile_only and options.arch else source.detect_device()
-    runs_on = settle_mode(options, device)
+    default_arch(options, device)
     print(header_line(len(names), options, device), flush=True)
     tourkit.quiet_tilelang()
-    results, probe, interrupted = run_sections(names, options, runs_on, source, faults=faults)
+    results, probe, interrupted = run_sections(names, options, device, source, faults=faults)
     return results, device, probe, interrupted
 
 
@@ -5819,8 +5812,7 @@ def _finish(args, names, options, results, environment, interrupted, sigint) -> 
     print_summary(results)
     print("\n" + QUICK_REFERENCE, flush=True)
     environment["options"] = {k: v for k, v in asdict(options).items() if k in ("quick", "full", "compile_only",
-                                                                             "without_gpu", "arch", "shape",
-                                                                             "dtype")}
+                                                                             "arch", "shape", "dtype")}
     run = TourRun(results, environment, 130 if interrupted or sigint.fired else _exit_code(results))
     if args.json:
         try:
@@ -7735,8 +7727,7 @@ class Worker:
 class Supervisor:
     """Runs `names` in workers, one after another, and returns the records (see the module docstring).
 
-    on_header(device, arch, known, compile_only): once, when the first worker knows the device (known=False: it
-    died first); compile_only is True where the worker found no GPU and builds the kernels instead.
+    on_header(device, arch, known): once, when the first worker knows the device (known=False: it died first).
     on_lost(record, index): a section the worker could not report itself (crashed, timed out, interrupted).
     """
 
@@ -7769,7 +7760,7 @@ class Supervisor:
     def _header(self, device, arch, known: bool = True) -> None:
         if not self.header_done:
             self.header_done = True
-            self.on_header(device, arch, known, bool(self.options.get("compile_only")))
+            self.on_header(device, arch, known)
 
     def _spec(self, pending: list[str]) -> dict[str, Any]:
         return {"names": pending, "first_index": len(self.results) + 1, "total": len(self.names),
@@ -7805,8 +7796,7 @@ class Supervisor:
                     kind = message["type"]
                     if kind == "hello":
                         self.device = message["device"]
-                        self.options = {**self.options, "arch": message["arch"],
-                                        "compile_only": message["compile_only"]}
+                        self.options = {**self.options, "arch": message["arch"]}
                         self._header(message["device"], message["arch"])
                     elif kind == "probe":
                         self.probe = message["probe"]

@@ -382,8 +382,7 @@ class Worker:
 class Supervisor:
     """Runs `names` in workers, one after another, and returns the records (see the module docstring).
 
-    on_header(device, arch, known, compile_only): once, when the first worker knows the device (known=False: it
-    died first); compile_only is True where the worker found no GPU and builds the kernels instead.
+    on_header(device, arch, known): once, when the first worker knows the device (known=False: it died first).
     on_lost(record, index): a section the worker could not report itself (crashed, timed out, interrupted).
     """
 
@@ -416,7 +415,7 @@ class Supervisor:
     def _header(self, device, arch, known: bool = True) -> None:
         if not self.header_done:
             self.header_done = True
-            self.on_header(device, arch, known, bool(self.options.get("compile_only")))
+            self.on_header(device, arch, known)
 
     def _spec(self, pending: list[str]) -> dict[str, Any]:
         return {"names": pending, "first_index": len(self.results) + 1, "total": len(self.names),
@@ -452,8 +451,7 @@ class Supervisor:
                     kind = message["type"]
                     if kind == "hello":
                         self.device = message["device"]
-                        self.options = {**self.options, "arch": message["arch"],
-                                        "compile_only": message["compile_only"]}
+                        self.options = {**self.options, "arch": message["arch"]}
                         self._header(message["device"], message["arch"])
                     elif kind == "probe":
                         self.probe = message["probe"]

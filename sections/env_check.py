@@ -150,18 +150,17 @@ def run(ctx) -> None:
                apache_tvm_ffi=package_version("apache-tvm-ffi"), nvcc=tourkit.find_nvcc(), colab=in_colab())
 
     device = ctx.device if ctx.device is not None else tourkit.detect_device()
-    arch = ctx.arch or tourkit.DEFAULT_ARCH
     if device is None:
         ctx.log("")
-        ctx.log(f"No CUDA GPU visible to torch. The lessons build and inspect their kernels for {arch} instead")
-        ctx.log("of running them (--compile-only --arch ARCH names another architecture).")
+        ctx.log("No CUDA GPU visible to torch. The GPU sections will skip; with --compile-only they still")
+        ctx.log(f"build every kernel for an architecture you name (--arch, default {tourkit.DEFAULT_ARCH}).")
         ctx.headline(gpu="none", tilelang=tilelang_detail if tilelang_ok else "missing")
     else:
         ctx.log("")
         ctx.table(["device", "value"], gpu_rows(device))
         if not tourkit.runs_kernels(device):
-            ctx.log(f"The tour's kernels need sm_75 (Turing) or newer: the lessons build and inspect them for {arch}")
-            ctx.log("instead of running them.")
+            ctx.log("The tour's kernels need sm_75 (Turing) or newer: the GPU sections will skip; with")
+            ctx.log(f"--compile-only they still build every kernel (--arch, default {tourkit.DEFAULT_ARCH}).")
         ctx.metric(gpu=device.name, capability=f"{device.capability[0]}.{device.capability[1]}",
                    sm_count=device.sm_count, memory_bytes=device.memory_bytes,
                    smem_per_block_optin=device.smem_per_block_optin, l2_bytes=device.l2_bytes,

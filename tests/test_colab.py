@@ -2,9 +2,8 @@
 Jupyter kernel, the next cells calling main(), a crashing section that costs one section and not the kernel,
 the notebook run top to bottom, and the committed files up to date with the sources.
 
-No GPU is used: the kernels run with CUDA_VISIBLE_DEVICES empty, so the tour builds and inspects its kernels
-for sm_90a instead of running them (a GPU machine would otherwise run the whole tour here), and the runs that
-name an architecture build for sm_80."""
+No GPU is used: the kernels run with CUDA_VISIBLE_DEVICES empty, so the GPU sections skip (a GPU machine
+would otherwise run the whole tour here), and compile-only runs build for sm_80."""
 
 import importlib.util
 import json
@@ -22,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 COLAB = ROOT / "tilelang_tour_colab.py"
 NOTEBOOK = ROOT / "tilelang_tour.ipynb"
 MAKE = ROOT / "tools" / "make_colab.py"
-NO_GPU = "compile-only for sm_90a (no CUDA GPU found)"
+NO_GPU = "no CUDA GPU found"
 COMPILE_VECTOR_ADD = '["--only", "vector_add", "--compile-only", "--arch", "sm_80"]'
 
 
@@ -53,7 +52,7 @@ def kernel_env(tmp_path_factory):
     return env
 
 
-def execute(nb, env, cwd, timeout=900):
+def execute(nb, env, cwd, timeout=240):
     """Run every cell in a fresh kernel started in `cwd`; a cell that raises fails the test (nbclient)."""
     _, nbclient = jupyter()
     nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
@@ -121,10 +120,11 @@ def test_pasted_file_runs_the_tour(pasted):
     first = result(nb.cells[1])
     assert first["file"].startswith(env["XDG_CACHE_HOME"] + os.sep), first["file"]  # not the repository's
     records = {name: (status, reason) for name, status, reason in first["records"]}
-    assert all(status == "passed" for status, _ in records.values()), records
+    assert records["env_check"][0] in ("passed", "skipped"), records
+    for name, (status, reason) in records.items():
+        if name != "env_check":
+            assert status == "skipped" and NO_GPU in reason, (name, status, reason)
     assert first["exit"] == 0
-    headers = [line for line in stream_text(nb.cells[0]).splitlines() if line.startswith("TileLang Tour —")]
-    assert len(headers) == 1 and headers[0].endswith(NO_GPU), headers
     assert "Summary" in stream_text(nb.cells[0]) and "TileLang quick reference" in stream_text(nb.cells[0])
 
 
@@ -186,7 +186,7 @@ def test_notebook_runs_top_to_bottom(tmp_path, kernel_env):
         if name == "env_check":
             assert "■ [1/1] env_check passed" in text or "■ [1/1] env_check skipped" in text, text[-2000:]
         else:
-            assert f"■ [1/1] {name} passed" in text and NO_GPU in text, text[-2000:]
+            assert f"■ [1/1] {name} skipped" in text and NO_GPU in text, text[-2000:]
 
 
 # ---------------------------------------------------------------------------------------------------------

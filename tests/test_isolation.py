@@ -101,25 +101,17 @@ def test_a_gpu_check_that_hangs_is_stopped(monkeypatch):
     assert time.monotonic() - started < 10
 
 
-def test_without_a_gpu_every_worker_builds_instead_of_running(monkeypatch, capsys):
-    monkeypatch.setenv(tourrunner.FAULT_ENV, "first:segfault")
-    run = tilelang_tour.main(["--only", "first,second,gpu_one"])
-    assert statuses(run) == ["crashed", "passed", "passed"]
-    assert [r.headline["compile_only"] for r in run.results[1:]] == [True, True]  # the second worker too
-    assert run.results[1].headline["pid"] == run.results[2].headline["pid"]
-    headers = [line for line in capsys.readouterr().out.splitlines() if line.startswith("TileLang Tour")]
-    assert headers == ["TileLang Tour — 3 section(s), compile-only for sm_90a (no CUDA GPU found)"]
-
-
-def test_a_gpu_older_than_the_kernels_gets_them_built_instead(monkeypatch, capsys):
+def test_a_gpu_older_than_the_kernels_skips_the_gpu_sections_with_the_reason(monkeypatch, capsys):
     monkeypatch.setenv("FAKE_SECTIONS_GPU", "old")
     run = tilelang_tour.main(["--only", "first,gpu_one"])
-    assert statuses(run) == ["passed", "passed"]
-    assert all(r.headline["compile_only"] is True for r in run.results)
-    assert run.environment["gpu"]["name"] == "fake P100" and run.environment["options"]["arch"] == "sm_90a"
+    assert statuses(run) == ["passed", "skipped"]
+    assert "fake P100 has compute capability 6.0" in run.results[1].skip_reason
+    assert "--compile-only" in run.results[1].skip_reason
+    assert run.environment["gpu"]["name"] == "fake P100"
     headers = [line for line in capsys.readouterr().out.splitlines() if line.startswith("TileLang Tour")]
-    assert headers == ["TileLang Tour — 2 section(s), compile-only for sm_90a (fake P100 is sm_60; the kernels "
-                       "need sm_75 or newer)"]
+    assert headers == ["TileLang Tour — 2 section(s), on fake P100 (sm_60, older than the kernels need)"]
+    compiled = tilelang_tour.main(["--only", "gpu_one", "--compile-only"])  # builds for the default, not sm_75
+    assert statuses(compiled) == ["passed"] and compiled.environment["options"]["arch"] == "sm_90a"
 
 
 def test_a_gpu_that_answers_runs_the_gpu_sections(monkeypatch):
@@ -238,7 +230,6 @@ def test_main_inside_a_notebook_survives_a_crash_and_returns(monkeypatch, capsys
     monkeypatch.setenv(tourrunner.FAULT_ENV, "second:segfault")
     run = tilelang_tour.main()  # no SystemExit, and this process lives on
     assert {r.name: r.status for r in run.results}["second"] == "crashed"
-    assert run.results[-1].status == "passed"  # the last fake section needs a GPU: it builds instead
-    assert run.results[-1].headline["compile_only"] is True
+    assert run.results[-1].status == "skipped"  # the last fake section needs a GPU
     assert run.exit_code == 1
     assert "fake section ran" in capsys.readouterr().out

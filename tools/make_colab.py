@@ -32,8 +32,7 @@ COLAB_HEAD = '''\
 # this file into a cell and run it: it runs every section. Then pick sections in the next cell:
 #     main(["--only", "flash_attention"])
 #     main(["--only", "gemm_schedules", "--shape", "4096x4096x4096", "--dtype", "bfloat16"])
-#     main(["--compile-only", "--arch", "sm_80"])     # build and inspect every kernel for an A100
-# Without a GPU, main() builds and inspects every kernel for sm_90a instead of running it.
+#     main(["--compile-only", "--arch", "sm_90a"])    # no GPU: build and inspect every kernel
 # main() takes tilelang_tour.py's command line as a list (main(["--help"]) shows it), ignores the notebook's
 # own argv, never raises SystemExit, and returns the records (this cell's are in tour_run).
 # As a script: python tilelang_tour_colab.py [ARGS], as tilelang_tour.py.
@@ -87,8 +86,7 @@ next run uses your version (running the setup cell again restores the original).
 
 `main()` takes the script's command line as a list: `main()` runs the whole tour,
 `main(["--only", "softmax", "--shape", "8192x32000"])` your own problem,
-`main(["--compile-only", "--arch", "sm_80"])` builds and inspects every kernel for another GPU (what
-`main()` does for sm_90a on a runtime without one), and
+`main(["--compile-only", "--arch", "sm_90a"])` builds and inspects every kernel without a GPU, and
 `main(["--help"])` shows the rest.
 """
 
