@@ -2273,6 +2273,7 @@ CANDIDATES = {
 }
 CANDIDATES["ada"] = CANDIDATES["ampere"]
 SPLITS = (1, 2, 3, 4, 6, 8)  # K splits tried where a problem's tiles leave SMs idle
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's y (and z) axis; x takes 2^31 - 1
 
 
 @dataclass(frozen=True)
@@ -2769,9 +2770,9 @@ import tilelang.language as T
 
 import tourkit
 from sections.gemm_epilogue import epilogue_pass_configs
-from sections.gemm_plans import (PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher, check_problem,  # noqa: F401
-                                 GemmPlan, consumer_registers, epilogue_macro, fits, gemm_bytes, gemm_flops, gemm_prim_func,
-                                 lesson_schedules, neighbours, plan_problem, wave_traffic)
+from sections.gemm_plans import (MAX_GRID_Y, PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher,  # noqa: F401
+                                 GemmPlan, check_problem, consumer_registers, epilogue_macro, fits, gemm_bytes,
+                                 gemm_flops, gemm_prim_func, lesson_schedules, neighbours, plan_problem, wave_traffic)
 from tourkit import KernelDecl, Section, SectionSkip
 
 # ---- The schedule: a GemmConfig (sections/gemm_plans.py), chosen per problem by choose_schedule ----------
@@ -2825,9 +2826,15 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
             T.annotate_producer_reg_dealloc(PRODUCER_REGISTERS)
             T.annotate_consumer_reg_alloc(consumer_registers(config.threads))
 
+    # A grid's y axis takes at most 65535 blocks: a problem with more rows of tiles lays them along x.
+    m_tiles, n_tiles = -(-M // bM), -(-N // bN)
+    rows_along_x = m_tiles > MAX_GRID_Y
+
     @T.macro
     def body(A, B, Bias, C):
-        with T.Kernel(T.ceildiv(N, bN), T.ceildiv(M, bM), splits, threads=config.threads) as (bx, by, bz):
+        grid = (m_tiles, n_tiles) if rows_along_x else (n_tiles, m_tiles)
+        with T.Kernel(*grid, splits, threads=config.threads) as (gx, gy, bz):
+            bx, by = (gy, gx) if rows_along_x else (gx, gy)
             A_shared, B_shared, C_local, Bias_shared, C_shared = buffers()
             registers()
             T.use_swizzle(panel_size=config.panel, enable=config.swizzle)
@@ -4105,6 +4112,7 @@ DTYPES = ("float16", "bfloat16")
 DTYPE_SECTIONS = ("gemm_schedules", "fusion", "autotune", "softmax", "flash_attention")
 ATTENTION_HEAD_DIMS = (64, 128)  # the head dims flash_attention has kernels for
 SOFTMAX_MAX_WIDTH = 262144  # the widest row softmax plans for (a vocabulary is 32K to 256K)
+MAX_GRID_YZ = 65535  # blocks a CUDA grid takes along y and z
 MAX_ELEMENTS = 1 << 34  # a sanity bound per tensor (16 Gi elements): beyond any GPU the tour runs on
 
 
@@ -4128,6 +4136,9 @@ def check_attention(dims: tuple[int, ...]) -> None:
     if dim not in ATTENTION_HEAD_DIMS:
         raise ShapeError(f"flash_attention has kernels for head dims {', '.join(map(str, ATTENTION_HEAD_DIMS))}, "
                          f"not D={dim}")
+    if max(batch, heads) > MAX_GRID_YZ:
+        raise ShapeError(f"flash_attention launches its grid as (query tiles, heads, batch): H and B may be at most "
+                         f"{MAX_GRID_YZ:,} (CUDA's limit), not B={batch:,}, H={heads:,}")
     if len(dims) == 5:
         kv_heads = dims[4]
         if heads % kv_heads:

@@ -142,6 +142,7 @@ CANDIDATES = {
 }
 CANDIDATES["ada"] = CANDIDATES["ampere"]
 SPLITS = (1, 2, 3, 4, 6, 8)  # K splits tried where a problem's tiles leave SMs idle
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's y (and z) axis; x takes 2^31 - 1
 
 
 @dataclass(frozen=True)

@@ -44,9 +44,9 @@ import tilelang.language as T
 
 import tourkit
 from sections.gemm_epilogue import epilogue_pass_configs
-from sections.gemm_plans import (PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher, check_problem,  # noqa: F401
-                                 GemmPlan, consumer_registers, epilogue_macro, fits, gemm_bytes, gemm_flops, gemm_prim_func,
-                                 lesson_schedules, neighbours, plan_problem, wave_traffic)
+from sections.gemm_plans import (MAX_GRID_Y, PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher,  # noqa: F401
+                                 GemmPlan, check_problem, consumer_registers, epilogue_macro, fits, gemm_bytes,
+                                 gemm_flops, gemm_prim_func, lesson_schedules, neighbours, plan_problem, wave_traffic)
 from tourkit import KernelDecl, Section, SectionSkip
 
 # ---- The schedule: a GemmConfig (sections/gemm_plans.py), chosen per problem by choose_schedule ----------
@@ -100,9 +100,15 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
             T.annotate_producer_reg_dealloc(PRODUCER_REGISTERS)
             T.annotate_consumer_reg_alloc(consumer_registers(config.threads))
 
+    # A grid's y axis takes at most 65535 blocks: a problem with more rows of tiles lays them along x.
+    m_tiles, n_tiles = -(-M // bM), -(-N // bN)
+    rows_along_x = m_tiles > MAX_GRID_Y
+
     @T.macro
     def body(A, B, Bias, C):
-        with T.Kernel(T.ceildiv(N, bN), T.ceildiv(M, bM), splits, threads=config.threads) as (bx, by, bz):
+        grid = (m_tiles, n_tiles) if rows_along_x else (n_tiles, m_tiles)
+        with T.Kernel(*grid, splits, threads=config.threads) as (gx, gy, bz):
+            bx, by = (gy, gx) if rows_along_x else (gx, gy)
             A_shared, B_shared, C_local, Bias_shared, C_shared = buffers()
             registers()
             T.use_swizzle(panel_size=config.panel, enable=config.swizzle)

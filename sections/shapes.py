@@ -24,6 +24,7 @@ DTYPES = ("float16", "bfloat16")
 DTYPE_SECTIONS = ("gemm_schedules", "fusion", "autotune", "softmax", "flash_attention")
 ATTENTION_HEAD_DIMS = (64, 128)  # the head dims flash_attention has kernels for
 SOFTMAX_MAX_WIDTH = 262144  # the widest row softmax plans for (a vocabulary is 32K to 256K)
+MAX_GRID_YZ = 65535  # blocks a CUDA grid takes along y and z
 MAX_ELEMENTS = 1 << 34  # a sanity bound per tensor (16 Gi elements): beyond any GPU the tour runs on
 
 
@@ -47,6 +48,9 @@ def check_attention(dims: tuple[int, ...]) -> None:
     if dim not in ATTENTION_HEAD_DIMS:
         raise ShapeError(f"flash_attention has kernels for head dims {', '.join(map(str, ATTENTION_HEAD_DIMS))}, "
                          f"not D={dim}")
+    if max(batch, heads) > MAX_GRID_YZ:
+        raise ShapeError(f"flash_attention launches its grid as (query tiles, heads, batch): H and B may be at most "
+                         f"{MAX_GRID_YZ:,} (CUDA's limit), not B={batch:,}, H={heads:,}")
     if len(dims) == 5:
         kv_heads = dims[4]
         if heads % kv_heads:

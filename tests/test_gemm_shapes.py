@@ -194,6 +194,18 @@ def test_the_rules_kernels_lower_for_users_problems(arch, shape, dtype, epilogue
         assert "exp2f(" not in report.source
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_more_tile_rows_than_a_grid_column_holds_go_along_x(arch):
+    """CUDA caps a grid's y at 65535 blocks: 20M rows in 256-row tiles are 78125 tile rows."""
+    plan = plan_problem(20_000_000, 16, 16, FAMILY[arch], 132 if arch == "sm_90a" else 108, BUDGETS[FAMILY[arch]])
+    report = tourkit.inspect_kernel("gemm", plan.programs()["gemm"], arch, nvcc=False)
+    m_tiles, n_tiles = -(-20_000_000 // plan.config.block_M), -(-16 // plan.config.block_N)
+    assert m_tiles > 65535 and tuple(report.grid) == (m_tiles, n_tiles, 1)
+    short = plan_problem(4096, 4096, 16, FAMILY[arch], 132, BUDGETS[FAMILY[arch]])
+    report = tourkit.inspect_kernel("gemm", short.programs()["gemm"], arch, nvcc=False)
+    assert tuple(report.grid) == (-(-4096 // short.config.block_N), -(-4096 // short.config.block_M), 1)
+
+
 def test_split_k_kernel_and_its_reduction_compile_with_nvcc():
     """One skinny bf16 problem through nvcc on sm_90a: the GEMM writes fp32 partials, the reduction adds them."""
     plan = plan_problem(128, 4096, 11008, dtype="bfloat16", **H200)
@@ -270,7 +282,8 @@ def test_autotune_tunes_the_users_problem_rounded_up():
 @pytest.mark.parametrize("M,N,K,dtype", [(1, 1, 1, "float16"), (7, 13, 5, "float16"), (33, 4097, 65, "float16"),
                                          (64, 8192, 1000, "float16"), (128, 4096, 11008, "bfloat16"),
                                          (2000, 3000, 4000, "bfloat16"), (1, 4096, 4096, "float16"),
-                                         (2, 4097, 4095, "float16"), (100, 100, 100, "bfloat16")])
+                                         (2, 4097, 4095, "float16"), (100, 100, 100, "bfloat16"),
+                                         (20_000_000, 16, 16, "float16")])
 @pytest.mark.parametrize("epilogue", [False, True])
 def test_the_rules_pick_is_correct_on_odd_sizes(M, N, K, dtype, epilogue):
     import tilelang

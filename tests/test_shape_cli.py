@@ -28,6 +28,7 @@ REFUSED = [
     (["--only", "flash_attention", "--shape", "1x8x128x96"], "head dims 64, 128"),
     (["--only", "flash_attention", "--shape", "1x8x128x64x3"], "multiple of KVH=3"),
     (["--only", "flash_attention", "--shape", "1x8x128"], "BxHxSxD or BxHxSxDxKVH"),
+    (["--only", "flash_attention", "--shape", "70000x1x64x64"], "at most 65,535"),
     (["--only", "debugging", "--shape", "64"], "does not apply to debugging"),
     (["--only", "gemm_schedules", "--shape", "200000x200000x8"], "beyond any GPU"),
     (["--only", "softmax", "--dtype", "float8"], "give one of float16, bfloat16"),
