@@ -7,6 +7,7 @@ also unpadded (loaded masked). Prints one table per shape and a summary.
 
     python bench/gemm_shapes_probe.py [--shapes 64x8192x8192,8192x8192x8192:bfloat16] [--budget-s 220]
     python bench/gemm_shapes_probe.py --list       # the plans and estimates per shape, no GPU
+    python bench/gemm_shapes_probe.py --every-tile --shapes 20000000x16x16,65536x64x4096   # tall, skinny N
     (on the device: bash .device/run python bench/gemm_shapes_probe.py)
 
 Kernels compile in threads, shape by shape in the list's order; by default every compile finishes before
@@ -42,9 +43,9 @@ def parse(text: str):
     return M, N, K, dtype or "float16", fused
 
 
-def plans_for(M, N, K, dtype, fused, family, sms, smem):
-    """The pick; per candidate tile its best split by the model (within 2x of the pick's estimate); the pick's
-    tile with twice or half its split; the lesson's default."""
+def plans_for(M, N, K, dtype, fused, family, sms, smem, reach=2.0):
+    """The pick; per candidate tile its best split by the model (within `reach` times the pick's estimate);
+    the pick's tile with twice or half its split; the lesson's default."""
     pick = P.plan_problem(M, N, K, family, sms, smem, dtype)
     if fused:
         return [pick] + [replace(pick, config=c) for c in (
@@ -54,10 +55,10 @@ def plans_for(M, N, K, dtype, fused, family, sms, smem):
     est = {c: P.estimate_seconds(M, Na, Ka, c, family, sms, smem) for c in options}
     configs = [pick.config]
     for base in P.CANDIDATES[family]:
-        same = [c for c in options if replace(c, split_k=1) == base]
+        same = [c for c in options if (c.block_M, c.block_N, c.threads) == (base.block_M, base.block_N, base.threads)]
         if same:
             best = min(same, key=est.get)
-            if best not in configs and est[best] < 2 * est[pick.config]:
+            if best not in configs and est[best] < reach * est[pick.config]:
                 configs.append(best)
     for split in (pick.config.split_k * 2, pick.config.split_k // 2):
         other = replace(pick.config, split_k=split)
@@ -79,6 +80,12 @@ def variants(pick, M, N, K, family, sms, smem):
         small = P.GemmConfig(64, 64, 32, 2, 128, False)
         out.append(replace(pick, config=small, pad=False))
         return out
+    if family == "hopper" and N <= 128 and M >= 16 * N:  # tall and narrow: tiles as narrow as the problem
+        for bm, bn, threads in ((128, 64, 128), (256, 64, 256), (256, 128, 256), (128, 32, 128)):
+            if bn >= N or bn == 64:
+                config = P.fitted_to_k(P.GemmConfig(bm, bn, 64, 4, threads, True, policy="FullRow"), K)
+                if P.fits(config, smem):
+                    out.append(replace(pick, config=config))
     if family != "hopper" or M * N < 1024 * 1024:
         return out
     from sections.hopper import gemm_ws
@@ -119,14 +126,17 @@ def main():
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--budget-s", type=float, default=195)
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--every-tile", action="store_true",
+                    help="time every candidate tile, however far the model puts it behind the pick")
     ap.add_argument("--overlap", action="store_true", help="time shapes while later ones still compile")
     args = ap.parse_args()
     started = time.perf_counter()
     shapes = [parse(s) for s in args.shapes.split(",")]
+    reach = float("inf") if args.every_tile else 2.0
 
     if args.list:
         for M, N, K, dtype, fused in shapes:
-            for plan in plans_for(M, N, K, dtype, fused, "hopper", 132, 232448):
+            for plan in plans_for(M, N, K, dtype, fused, "hopper", 132, 232448, reach):
                 log(f"{M}x{N}x{K} {dtype}{' fused' if fused else ''}: {short(plan)} "
                     f"est {estimate_us(plan, 'hopper', 132, 232448):.0f} us")
             log("   ", P.plan_problem(M, N, K, "hopper", 132, 232448, dtype).describe())
@@ -154,7 +164,7 @@ def main():
     pool = ThreadPoolExecutor(max_workers=16)
     jobs = []
     for M, N, K, dtype, fused in shapes:
-        plans = plans_for(M, N, K, dtype, fused, family, sms, smem)
+        plans = plans_for(M, N, K, dtype, fused, family, sms, smem, reach)
         jobs.append(((M, N, K, dtype, fused), [(plan, pool.submit(build, plan, fused)) for plan in plans]))
 
     if not args.overlap:
