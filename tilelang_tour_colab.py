@@ -365,7 +365,8 @@ def choose_config(problem: Problem, family: str, smem_budget: int, sms: int | No
                                     f"({held} fp32 accumulators a thread)")
                 continue
         why = (f"{'no wgmma here' if family != 'hopper' else 'little shared memory'}: the compiler's pipeline "
-               f"with the largest tiles whose {stages} stage(s) fit {smem_budget // 1024} KiB of shared memory"
+               f"with the largest tiles that fit {smem_budget // 1024} KiB of shared memory in "
+               f"{'one stage' if stages == 1 else f'{stages} stages'}"
                + spills)
         return dict(kind="pipelined", block_M=block_M, block_N=block_N, num_stages=stages, threads=threads), why
     raise ValueError(f"flash_attention: no tile configuration fits {smem_budget} bytes of shared memory "
