@@ -2641,7 +2641,10 @@ class GemmPlan:
     def describe(self) -> str:
         pad = (f"; run at {self.M}x{aligned(self.N)}x{aligned(self.K)} on zero-padded copies (rows of N={self.N} "
                f"or K={self.K} elements are not 16-byte aligned)" if self.padded else "")
-        return self.reason + pad
+        rows = -(-self.M // self.config.block_M)
+        tall = (f"; its {rows} rows of tiles run along the grid's x axis (y takes at most {MAX_GRID_Y})"
+                if rows > MAX_GRID_Y and isinstance(self.config, GemmConfig) else "")
+        return self.reason + pad + tall
 
 
 def padding_seconds(M: int, N: int, K: int, family: str) -> float:

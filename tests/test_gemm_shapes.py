@@ -201,6 +201,7 @@ def test_more_tile_rows_than_a_grid_column_holds_go_along_x(arch):
     report = tourkit.inspect_kernel("gemm", plan.programs()["gemm"], arch, nvcc=False)
     m_tiles, n_tiles = -(-20_000_000 // plan.config.block_M), -(-16 // plan.config.block_N)
     assert m_tiles > 65535 and tuple(report.grid) == (m_tiles, n_tiles, 1)
+    assert "along the grid's x axis" in plan.describe()
     short = plan_problem(4096, 4096, 16, FAMILY[arch], 132, BUDGETS[FAMILY[arch]])
     report = tourkit.inspect_kernel("gemm", short.programs()["gemm"], arch, nvcc=False)
     assert tuple(report.grid) == (-(-4096 // short.config.block_N), -(-4096 // short.config.block_M), 1)
