@@ -114,6 +114,7 @@ def short(plan):
     more = (" P" if getattr(config, "persistent", 0) else "") + (f" pn{config.panel}" if config.panel != 10 else "")
     more += " " + config.policy[:4] if config.policy != "Square" else ""
     more += " nopad" if not plan.pad else ""
+    more += " direct" if not getattr(config, "staged_store", True) else ""
     return f"{config.block_M}x{config.block_N}x{config.block_K} s{config.num_stages} t{config.threads}{split}{more}"
 
 
