@@ -2311,8 +2311,20 @@ def k_steps(K: int, config: GemmConfig) -> int:
     return -(-(-(-K // config.block_K)) // config.split_k)
 
 
-def blocks_per_sm(config: GemmConfig, smem_budget: int) -> int:
-    return max(1, min(2, smem_budget // config.smem_bytes(), 1024 // config.threads))
+def registers_per_thread(config: GemmConfig, family: str) -> int:
+    """What ptxas gives a thread of the lesson's kernel (its compile reports). Hopper: TileLang adds a producer
+    warpgroup and the kernel asks for no resident-block minimum, so ptxas takes all that one block's
+    launch bounds allow. Elsewhere: the fp32 accumulators plus about 72 (addresses, A and B fragments)."""
+    if family == "hopper":
+        return 65536 // (config.threads + 128) // 8 * 8
+    return min(255, config.block_M * config.block_N // config.threads + 72)
+
+
+def blocks_per_sm(config: GemmConfig, smem_budget: int, family: str) -> int:
+    """Blocks that share an SM (two at most in the model): shared memory, threads and registers allowing."""
+    launched = config.threads + (128 if family == "hopper" else 0)
+    by_registers = 65536 // (launched * registers_per_thread(config, family))
+    return max(1, min(2, smem_budget // config.smem_bytes(), 1024 // config.threads, by_registers))
 
 
 def estimate_seconds(M: int, N: int, K: int, config: GemmConfig, family: str, sm_count: int,
@@ -2323,7 +2335,7 @@ def estimate_seconds(M: int, N: int, K: int, config: GemmConfig, family: str, sm
     by what it takes per second and by the bytes its pipelines keep in flight (stages - 1 tiles each)."""
     machine = MACHINES[family]
     blocks = -(-M // config.block_M) * -(-N // config.block_N) * config.split_k
-    together = min(blocks_per_sm(config, smem_budget), -(-blocks // sm_count))  # blocks sharing an SM in a wave
+    together = min(blocks_per_sm(config, smem_budget, family), -(-blocks // sm_count))  # blocks sharing an SM in a wave
     waves = -(-blocks // (sm_count * together))
     depth = k_steps(K, config) * config.block_K
     in_flight = (config.num_stages - 1) * (config.block_M + config.block_N) * config.block_K * 2
@@ -2379,7 +2391,7 @@ def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_bud
     # Equal estimates (a problem too small for the tile to matter): the smaller tile wastes less work.
     order = sorted(range(len(options)), key=lambda i: (round(times[i], 9), options[i].block_M * options[i].block_N, i))
     pick = options[order[0]]
-    return pick, explain(M, N, K, pick, times[order[0]], options, times, sm_count, smem_budget)
+    return pick, explain(M, N, K, pick, times[order[0]], options, times, sm_count, smem_budget, family)
 
 
 def neighbours(plan, family: str, sm_count: int, smem_budget: int) -> list[GemmConfig]:
@@ -2392,13 +2404,13 @@ def neighbours(plan, family: str, sm_count: int, smem_budget: int) -> list[GemmC
     return [c for i, c in enumerate(configs) if c != plan.config and c not in configs[:i]]
 
 
-def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget) -> str:
+def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget, family) -> str:
     """One or two lines: the blocks the pick makes against the SMs; what the lesson's tile (or, when the pick
     is the lesson's tile, the next best candidate) would make and take."""
     def said(c):
         blocks = -(-M // c.block_M) * -(-N // c.block_N) * c.split_k
         split = f" with K split {c.split_k} ways ({k_steps(K, c)} steps each)" if c.split_k > 1 else ""
-        waves = blocks / (sm_count * blocks_per_sm(c, smem_budget))
+        waves = blocks / (sm_count * blocks_per_sm(c, smem_budget, family))
         return f"{c.block_M}x{c.block_N} tiles{split}: {blocks} blocks on {sm_count} SMs ({waves:.2f} waves)"
 
     lesson = options[0]

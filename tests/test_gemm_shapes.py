@@ -8,8 +8,9 @@ import pytest
 
 import tourkit
 from sections import autotune, fusion, gemm_schedules
-from sections.gemm_plans import (CANDIDATES, GemmConfig, GemmLauncher, GemmPlan, aligned, candidate_schedules,
-                                 check_problem, choose_schedule, estimate_seconds, fits, plan_problem)
+from sections.gemm_plans import (CANDIDATES, GemmConfig, GemmLauncher, GemmPlan, aligned, blocks_per_sm,
+                                 candidate_schedules, check_problem, choose_schedule, estimate_seconds, fits,
+                                 fitted_to_k, plan_problem)
 
 H200 = dict(family="hopper", sm_count=132, smem_budget=232448)
 BUDGETS = {"hopper": 232448, "ampere": 166912, "ada": 101376, "turing": 65536}
@@ -205,6 +206,22 @@ def test_more_tile_rows_than_a_grid_column_holds_go_along_x(arch):
     short = plan_problem(4096, 4096, 16, FAMILY[arch], 132, BUDGETS[FAMILY[arch]])
     report = tourkit.inspect_kernel("gemm", short.programs()["gemm"], arch, nvcc=False)
     assert tuple(report.grid) == (-(-4096 // short.config.block_N), -(-4096 // short.config.block_M), 1)
+
+
+@pytest.mark.parametrize("arch,config", [("sm_90a", GemmConfig(64, 64, 64, 8, 128, True)),
+                                         ("sm_80", GemmConfig(128, 256, 32, 3, 256, True)),
+                                         ("sm_80", GemmConfig(128, 128, 32, 2, 256, True)),
+                                         ("sm_80", GemmConfig(128, 128, 32, 4, 256, True)),
+                                         ("sm_80", GemmConfig(64, 64, 32, 6, 128, True))])
+def test_the_models_blocks_per_sm_agree_with_the_registers_ptxas_gives(arch, config):
+    """Hopper: one block takes the SM's registers (a producer warpgroup, no resident-block minimum); on Ampere
+    a 256-thread block of 128x256 or 128x128 tiles needs more than 128 a thread (so one block an SM), a
+    128-thread 64x64 block far fewer."""
+    family = FAMILY[arch]
+    config = fitted_to_k(config, 1024)
+    report = tourkit.inspect_kernel("gemm", gemm_schedules.gemm_program(4096, 4096, 1024, config), arch)
+    by_registers = 65536 // (report.threads * report.registers)
+    assert blocks_per_sm(config, 10**6, family) == max(1, min(2, by_registers))
 
 
 def test_split_k_kernel_and_its_reduction_compile_with_nvcc():
