@@ -4253,8 +4253,9 @@ import tilelang
 import tilelang.language as T
 
 import tourkit
-from sections.softmax_plans import (SoftmaxPlan, aligned_body, choose_plan, row_split_layout,  # noqa: F401
-                                    staged_vector_width, step_column, uses_bulk_copy, vector_width)  # the rules
+from sections.softmax_plans import (SoftmaxPlan, aligned_body, body_index, body_start, choose_plan,  # noqa: F401
+                                    edge_in_row, edge_index, row_split_layout, staged_vector_width, step_column,
+                                    uses_bulk_copy, vector_width)  # the rules, and an odd row's indices
 
 LOG2E = 1.4426950408889634
 BENCH_SHAPES = [(32768, 4096), (16384, 8192), (8192, 32768), (4096, 1823)]
@@ -4400,15 +4401,9 @@ def long_rows_online(M: int, N: int, per_thread: int, threads: int, dtype: str =
 
     column = step_column(threads, per_thread)  # thread i's e-th element of step c
 
-    def edge(i, first):  # flat index of edge element i: i < 8 before the body, 8 <= i < 24 after it
-        return T.if_then_else(i < 8, first - 8 + i, first + body + i - 8)
-
-    def edge_in_row(i, row, first):  # ... if it is the row's (the rest of those vectors belongs to other rows)
-        before, after = T.And(i < 8, first - 8 + i >= row * N), T.And(i >= 8, i < 24)
-        return T.Or(before, T.And(after, first + body + i - 8 < row * N + N))
-
-    def at(first, col):  # flat index of body column col; TileLang reads before it masks: a clamp to the last
-        return first + col if aligned else T.min(first // 8 + col // 8, M * N // 8 - 1) * 8 + col % 8  # whole vector
+    edge = functools.partial(edge_index, N=N)  # flat index of edge element i (softmax_plans: the row's indices)
+    in_row = functools.partial(edge_in_row, N=N)  # ... and whether it is this row's
+    at = functools.partial(body_index, M=M, N=N)  # flat index of body column col
 
     @T.prim_func
     def softmax_long_rows_online(X: T.Tensor((M * N,), dtype), Y: T.Tensor((M * N,), dtype)):
@@ -4423,7 +4418,7 @@ def long_rows_online(M: int, N: int, per_thread: int, threads: int, dtype: str =
             row_sum = T.alloc_fragment((1,), "float32")
             T.annotate_layout({x: row_split_layout(threads, per_thread, 1, per_thread)})
             row = T.cast(bx, "int64") if M * N >= 2**31 else bx  # 64-bit offsets where M·N overflows 32 bits
-            first = row * N if aligned else (row * N + 7) // 8 * 8  # the body: [first, first + body)
+            first = body_start(row, N)  # the body: [first, first + body)
             if staged:  # Hopper: one TMA bulk copy, completion tracked by an mbarrier
                 T.copy(X[first:first + staged], head[0:staged], prefer_instruction="tma" if bulk_copy else None)
             if aligned:
@@ -4431,7 +4426,7 @@ def long_rows_online(M: int, N: int, per_thread: int, threads: int, dtype: str =
                 T.fill(part_sum, 0.0)
             else:  # the edges start the running pairs: thread i < 8 the element first - 8 + i, 8 <= i < 24 ...
                 for i in T.Parallel(threads):  # ... the element i - 8 after the body: each alone, sum 1
-                    part_max[i] = T.if_then_else(edge_in_row(i, row, first),
+                    part_max[i] = T.if_then_else(in_row(i, row, first),
                                                  T.cast(X[edge(i, first)], "float32") * LOG2E, low)
                     part_sum[i] = T.if_then_else(part_max[i] > low, 1.0, 0.0)
             for c in T.serial(head_steps):  # pass 1 over the staged head (none when staged == 0) ...
@@ -4461,7 +4456,7 @@ def long_rows_online(M: int, N: int, per_thread: int, threads: int, dtype: str =
                             T.exp2(T.cast(X[at(first, col)], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
             if not aligned:
                 for i in T.Parallel(threads):
-                    if edge_in_row(i, row, first):
+                    if in_row(i, row, first):
                         Y[edge(i, first)] = T.cast(
                             T.exp2(T.cast(X[edge(i, first)], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
 
@@ -4760,8 +4755,8 @@ and never holds more of a row than the registers or shared memory can take:
   run of the row's whole 16-byte vectors (the few edge columns of an odd width singly), and the blocks exchange
   their (max, sum) through distributed shared memory: one read of global memory, no second pass.
 
-Pure Python (no torch; tilelang only inside row_split_layout): the tests check these rules for every width on
-every architecture.
+Pure Python (no torch; tilelang only inside row_split_layout and an odd row's indices): the tests check these
+rules for every width on every architecture.
 """
 
 import math
@@ -4917,6 +4912,36 @@ def aligned_body(N: int) -> int:
     """The whole 16-byte vectors inside every row of N: all of it when rows start 16-byte aligned (N % 8 == 0),
     else N less up to 7 elements before the first vector and up to 7 after the last (rounded down to 8)."""
     return N if N % 8 == 0 else N // 8 * 8 - 8
+
+
+# An unaligned row (N % 8) in the online kernel: a body of whole 16-byte vectors, [first, first + body), and up
+# to 7 single elements before it and 15 after. TileLang expressions: the kernel applies these to its loop
+# variables, the tests to plain integers.
+def body_start(row, N: int):
+    """Flat index where the row's body starts: its first 16-byte aligned element."""
+    return row * N if N % 8 == 0 else (row * N + 7) // 8 * 8
+
+
+def edge_index(i, first, N: int):
+    """Flat index of edge element i: i < 8 the 8 before the body, 8 <= i < 24 the 16 after it."""
+    import tilelang.language as T
+
+    return T.if_then_else(i < 8, first - 8 + i, first + aligned_body(N) + i - 8)
+
+
+def edge_in_row(i, row, first, N: int):
+    """Whether edge element i belongs to the row (the rest of those vectors belongs to the rows around it)."""
+    import tilelang.language as T
+
+    before, after = T.And(i < 8, first - 8 + i >= row * N), T.And(i >= 8, i < 24)
+    return T.Or(before, T.And(after, first + aligned_body(N) + i - 8 < row * N + N))
+
+
+def body_index(first, col, M: int, N: int):
+    """Flat index of body column col. TileLang reads a vector before it masks it: clamped to the last whole one."""
+    import tilelang.language as T
+
+    return first + col if N % 8 == 0 else T.min(first // 8 + col // 8, M * N // 8 - 1) * 8 + col % 8
 
 
 def staged_head(N: int, smem_budget: int, step: int) -> int:

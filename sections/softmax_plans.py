@@ -17,8 +17,8 @@ and never holds more of a row than the registers or shared memory can take:
   run of the row's whole 16-byte vectors (the few edge columns of an odd width singly), and the blocks exchange
   their (max, sum) through distributed shared memory: one read of global memory, no second pass.
 
-Pure Python (no torch; tilelang only inside row_split_layout): the tests check these rules for every width on
-every architecture.
+Pure Python (no torch; tilelang only inside row_split_layout and an odd row's indices): the tests check these
+rules for every width on every architecture.
 """
 
 import math
@@ -174,6 +174,36 @@ def aligned_body(N: int) -> int:
     """The whole 16-byte vectors inside every row of N: all of it when rows start 16-byte aligned (N % 8 == 0),
     else N less up to 7 elements before the first vector and up to 7 after the last (rounded down to 8)."""
     return N if N % 8 == 0 else N // 8 * 8 - 8
+
+
+# An unaligned row (N % 8) in the online kernel: a body of whole 16-byte vectors, [first, first + body), and up
+# to 7 single elements before it and 15 after. TileLang expressions: the kernel applies these to its loop
+# variables, the tests to plain integers.
+def body_start(row, N: int):
+    """Flat index where the row's body starts: its first 16-byte aligned element."""
+    return row * N if N % 8 == 0 else (row * N + 7) // 8 * 8
+
+
+def edge_index(i, first, N: int):
+    """Flat index of edge element i: i < 8 the 8 before the body, 8 <= i < 24 the 16 after it."""
+    import tilelang.language as T
+
+    return T.if_then_else(i < 8, first - 8 + i, first + aligned_body(N) + i - 8)
+
+
+def edge_in_row(i, row, first, N: int):
+    """Whether edge element i belongs to the row (the rest of those vectors belongs to the rows around it)."""
+    import tilelang.language as T
+
+    before, after = T.And(i < 8, first - 8 + i >= row * N), T.And(i >= 8, i < 24)
+    return T.Or(before, T.And(after, first + aligned_body(N) + i - 8 < row * N + N))
+
+
+def body_index(first, col, M: int, N: int):
+    """Flat index of body column col. TileLang reads a vector before it masks it: clamped to the last whole one."""
+    import tilelang.language as T
+
+    return first + col if N % 8 == 0 else T.min(first // 8 + col // 8, M * N // 8 - 1) * 8 + col % 8
 
 
 def staged_head(N: int, smem_budget: int, step: int) -> int:

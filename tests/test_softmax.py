@@ -299,16 +299,22 @@ def test_unaligned_rows_move_whole_16_byte_vectors_and_stay_in_their_buffers(rep
 @pytest.mark.parametrize("M, N", [(3, 50257), (2048, 50257), (7, 8193), (5, 100003), (1000, 50265), (4, 8194),
                                   (9, 8196), (13, 8199)])
 def test_a_rows_body_and_edges_cover_it_exactly(M, N):
-    """The index arithmetic of long_rows_online for unaligned rows, in Python: each row's body (aligned_body(N)
-    columns from its first 16-byte aligned element) and its edges (8 before, 16 after, those inside the row)
-    cover the row exactly once, and no 16-byte vector reaches past the tensor once clamped."""
+    """The online kernel's indices of an unaligned row (softmax_plans.body_start, edge_index, edge_in_row,
+    body_index: the expressions long_rows_online applies to its loop variables), evaluated on integers: each
+    row's body and the edges that are its own cover the row exactly once, and no clamped 16-byte vector of the
+    body reaches past the tensor."""
+    import tvm
+
+    value = tvm.arith.Analyzer().simplify
     body = P.aligned_body(N)
-    for bx in sorted({0, 1, 2, M // 2, M - 2, M - 1} & set(range(M))):
-        first = (bx * N + 7) // 8 * 8
-        edges = [first - 8 + i for i in range(8)] + [first + body + i for i in range(16)]
-        covered = list(range(first, first + body)) + [e for e in edges if bx * N <= e < bx * N + N]
-        assert sorted(covered) == list(range(bx * N, bx * N + N)), (M, N, bx)
-        assert first % 8 == 0 and min(first // 8 + (body - 1) // 8, M * N // 8 - 1) * 8 + 8 <= M * N
+    for row in sorted({0, 1, 2, M // 2, M - 2, M - 1} & set(range(M))):
+        first = P.body_start(row, N)
+        edges = [int(value(P.edge_index(i, first, N))) for i in range(24) if bool(value(P.edge_in_row(i, row, first, N)))]
+        columns = [int(value(P.body_index(first, col, M, N))) for col in range(body)]
+        assert sorted(columns + edges) == list(range(row * N, row * N + N)), (M, N, row)
+        # the masked reads past the body (the walk's last step) stay inside the tensor too
+        past = [int(value(P.body_index(first, col, M, N))) for col in range(body, body + 64)]
+        assert first % 8 == 0 and max(c // 8 * 8 + 8 for c in columns + past) <= M * N
 
 
 def test_turing_plans_fit_its_64_kib_and_hopper_plans_stay():
