@@ -51,9 +51,6 @@ def lesson_config(family: str, smem_budget: int):
     raise SectionSkip(f"no GEMM schedule fits the {smem_budget} B of shared memory a block may use here")
 
 
-fused_config = lesson_config  # the older name
-
-
 # ---------------------------------------------------------------------------------------------------------
 # PyTorch: the reference and the two competitors
 # ---------------------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import tilelang_tour
 import tourkit
 from sections import fusion
 from sections.gemm_epilogue import epilogue_pass_configs, gelu_exact
-from sections.gemm_schedules import compile_gemm, fits, gemm_program, lesson_schedules
+from sections.gemm_schedules import GemmConfig, compile_gemm, gemm_program
 
 CONFIG_FOR = {arch: fusion.lesson_config(tourkit.ARCH_SPECS[arch].family, tourkit.ARCH_SPECS[arch].smem_per_block_optin)
               for arch in ("sm_80", "sm_90a")}
@@ -59,10 +59,16 @@ def test_saved_traffic_is_two_intermediates_written_and_read():
 
 
 def test_lesson_config_is_the_gemm_lessons_fitting_default():
-    for family, arch in (("hopper", "sm_90a"), ("ampere", "sm_86"), ("turing", "sm_75")):
-        budget = tourkit.ARCH_SPECS[arch].smem_per_block_optin
-        config = fusion.lesson_config(family, budget)
-        assert config == next(c for c in lesson_schedules(family) if fits(c, budget))
+    """The GEMM lesson's default schedule per architecture; with less shared memory, the first that fits."""
+    expected = {"sm_90a": GemmConfig(128, 256, 64, 4, 256, True), "sm_86": GemmConfig(128, 256, 32, 3, 256, True),
+                "sm_75": GemmConfig(128, 128, 32, 2, 128, True)}
+    for arch, config in expected.items():
+        spec = tourkit.ARCH_SPECS[arch]
+        assert fusion.lesson_config(spec.family, spec.smem_per_block_optin) == config, arch
+    # 64 KiB: the 128x256 (74 KiB) and 128x128 (65 KiB) schedules do not fit, the 64x128 one does
+    assert fusion.lesson_config("ampere", 64 * 1024) == GemmConfig(64, 128, 32, 4, 128, True)
+    with pytest.raises(tourkit.SectionSkip, match="no GEMM schedule fits"):
+        fusion.lesson_config("turing", 16 * 1024)
 
 
 def test_declared_kernels_add_the_appendix_on_hopper_only():
