@@ -14,5 +14,9 @@ def test_every_section_builds_for_blackwell(arch, capsys):
     assert [(r.name, r.status) for r in run.results] == [(name, "passed") for name in SECTION_NAMES[1:]], \
         [(r.name, r.error_message or r.skip_reason) for r in run.results]
     out = capsys.readouterr().out
-    assert "wgmma" not in " ".join(r.headline.get("markers", "") for r in run.results)
+    reports = [k for r in run.results for k in r.metrics.get("kernel_reports", [])]
+    assert len(reports) >= 20 and all(k["arch"] == arch for k in reports)
+    assert not any(k["markers"].get("wgmma") for k in reports), [k["name"] for k in reports if k["markers"].get("wgmma")]
+    gemms = [k for k in reports if "T.Pipelined" in k["name"] and not k["name"].endswith("(reduce)")]
+    assert gemms and all(k["markers"].get("mma_sync") and k["markers"].get("tma_load") for k in gemms)
     assert "markers tma_load,mbarrier,mma_sync" in out  # the GEMM lesson's headline

@@ -161,7 +161,8 @@ def test_the_cluster_kernel_exchanges_through_distributed_shared_memory(M, N):
     assert report.grid[0] == M * plan.cluster and "cluster_sync" in source and "tma_load" in source
     assert source.count("map_shared_rank") == 1  # the pair's store into another block's shared memory
     assert re.search(r"__shared__ __align__\(\d+\) float pairs\[%d\]" % (2 * plan.cluster), source)  # never aliased
-    assert report.spills in ("-", "0")
+    if tourkit.find_nvcc() is not None:  # CI has nvcc: the kernel must build, without spills
+        assert report.nvcc == "compiled" and report.spills == "0", (report.nvcc, report.spills)
 
 
 @pytest.mark.parametrize("N", [32000, 40000, 65536, 128256, 262144])
