@@ -75,5 +75,6 @@ def test_variants_shapes_and_flags():
 def test_ptxas_neither_spills_nor_serializes_wgmma():
     for report in probe.inspect_variants(["ws_persistent_256x128", "ws_persistent_192x192"]):
         assert "error" not in report, report.get("error")
+        assert report.get("registers") and report.get("spill_stores") is not None, report  # ptxas -v was read
         assert probe.spilled_bytes(report) == 0, report["variant"]
         assert not any("C7514" in w or "serialized" in w for w in report["warnings"]), report["warnings"]

@@ -25,7 +25,9 @@ def test_every_language_name_exists():
 
 
 def test_every_tilelang_attribute_exists():
-    for name in set(re.findall(r"\btilelang\.([A-Za-z_]\w*)", QUICK_REFERENCE)):
+    names = set(re.findall(r"\btilelang\.([A-Za-z_]\w*)", QUICK_REFERENCE))
+    assert {"compile", "autotune", "jit"} <= names
+    for name in names:
         assert hasattr(tilelang, name), name
 
 
@@ -41,5 +43,7 @@ def test_pass_configs_exist_and_are_not_deprecated():
 def test_environment_variables_exist():
     from tilelang.env import Environment
 
-    for var in set(re.findall(r"\b(TILELANG_[A-Z_]+|TL_[A-Z_]+)=", QUICK_REFERENCE)):
+    variables = set(re.findall(r"\b(TILELANG_[A-Z_]+|TL_[A-Z_]+)=", QUICK_REFERENCE))
+    assert {"TILELANG_CACHE_DIR", "TILELANG_DISABLE_CACHE"} <= variables
+    for var in variables:
         assert hasattr(Environment, var), var

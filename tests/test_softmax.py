@@ -172,9 +172,13 @@ def test_a_staged_head_and_its_padding_fit_shared_memory(N, arch):
     kernel's head buffer is padded to whole steps: the padded buffer must fit too."""
     spec = tourkit.ARCH_SPECS[arch]
     plan = S.choose_plan(8, N, spec.smem_per_block_optin, spec.family)
+    step = plan.threads * plan.rows_per_block
     if plan.kind == "online":
-        step = plan.threads * plan.rows_per_block
         assert 2 * (-(-plan.staged // step) * step) + P.SMEM_SLACK <= spec.smem_per_block_optin
+    else:  # Hopper splits a row this long over a cluster: each block stages its part, padded to whole steps
+        assert plan.kind == "cluster" and arch == "sm_90a" and N > 32000, (arch, N, plan)
+        padded = -(-P.cluster_part(N, plan.cluster) // step) * step
+        assert 2 * padded + P.SMEM_SLACK <= spec.smem_per_block_optin // P.CLUSTER_MIN_BLOCKS
 
 
 def test_staged_head_buffer_is_padded_to_whole_steps():
@@ -248,10 +252,13 @@ def test_reductions_are_in_registers_and_exponentials_use_exp2(reports):
 
 
 def test_bfloat16_flows_into_the_kernels(reports):
+    """bfloat16 where the fixture asks for it (sm_80 and newer); sm_75, which has no bfloat16, builds float16."""
     arch, reps = reports
     if arch != "sm_75":
         assert "bfloat16_t* __restrict__ X" in reps["streamed"].source
         assert "half_t" not in reps["narrow"].source
+    else:
+        assert "half_t* __restrict__ X" in reps["streamed"].source and "bfloat16_t" not in reps["narrow"].source
 
 
 def test_hopper_stages_rows_with_bulk_copies(reports):
