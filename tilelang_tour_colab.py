@@ -250,7 +250,8 @@ def key_tile_width(seq_len: int, widths, extra_iterations: float) -> int:
 #   average it was ahead at head dim 128 (causal blocks walk half the tiles on average);
 # * below that, and at head dim 64 (a tile's two GEMMs too short to hide the softmax behind), the compiler's
 #   pipeline. Its two consumer warp groups of one 128-row block lost to two 64-row blocks per SM, one warp group
-#   each (registers capped at 128 a thread, see flash_attention.share_sm): a block's Q load, O store and
+#   each (register_split: the launch bounds cap a thread at 128, then the producer drops to 24 and the
+#   consumers take 232; flash_attention_forward(blocks_per_sm=2)): a block's Q load, O store and
 #   softmax then overlap the other block's MMAs. At head dim 64 (64x128 tiles) that won on every problem from
 #   1K to 8K keys; at 16K keys 128-row blocks with 3 stages were ahead (a 64-row block re-reads each K/V tile for
 #   half as many queries, and a long walk makes that traffic count). At head dim 128 two blocks fit shared
@@ -325,7 +326,8 @@ def hopper_config(problem: Problem, sms: int, smem_budget: int):
     elif (cfg := paired_blocks(problem, rows, walk, smem_budget)) is not None:
         short = ("head dim 64: a tile's GEMMs are too short to hide the softmax behind" if problem.dim == 64 else
                  f"a query block walks {tiles}, too few for the FA3 schedule")
-        why = (f"{short}; two 64-row blocks share each SM (128 registers a thread), one's loads, stores and "
+        why = (f"{short}; two 64-row blocks share each SM ({register_split(2, 128)} registers a consumer thread), "
+               f"one's loads, stores and "
                f"softmax beside the other's MMAs; {cfg['block_N']}-wide key tiles"
                + (", so that two blocks fit shared memory" if problem.dim == 128 else ""))
     else:
@@ -1804,7 +1806,7 @@ The algorithm (the GEMM lesson's, with two lines more):
         C[tile] = fp16(acc)                           # the only store
 
 We compare with eager PyTorch and with torch.compile, which fuses the bias and GELU into one Triton kernel
-after cuBLAS's GEMM (its default mode; --full also tries "max-autotune-no-cudagraphs", which searches GEMM
+after cuBLAS's GEMM (its default mode; --full uses "max-autotune-no-cudagraphs" instead, which searches GEMM
 configurations for tens of seconds).
 """
 
@@ -2216,8 +2218,8 @@ def gemm_bytes(M: int, N: int, K: int, bias: bool = False) -> int:
 
 
 def lesson_schedules(family: str) -> list[GemmConfig]:
-    """The lesson's schedules for an architecture family: the default first, then neighbours that each
-    change one knob. The section's headline kernel is whichever of them is fastest in the same run."""
+    """The lesson's schedules for an architecture family: the default first, then neighbours, most of them
+    changing one knob. The section's headline kernel is whichever of them is fastest in the same run."""
     if family == "hopper":
         return [
             GemmConfig(128, 256, 64, 4, 256, True),  # two consumer warpgroups share a 128x256 tile
@@ -3002,7 +3004,8 @@ def record_timings(ctx, timed: list, ms: dict, cublas_ms: float, ws) -> None:
 
 def check_odd_shapes(ctx, built: dict, plans) -> None:
     """Sizes that are not multiples of the tile (TMA / predicated copies handle the ragged edges), and a
-    skinny one whose rows are not 16-byte aligned (zero-padded copies), each on the rule's schedule."""
+    skinny one whose rows are not 16-byte aligned (zero-padded copies, or masked loads where the copies would
+    cost more: plan_problem), each on the rule's schedule."""
     checks = []
     for p in plans:
         a, b, c = gemm_inputs(p.M, p.N, p.K, seed=7, dtype=p.dtype)
@@ -3149,7 +3152,7 @@ SM_COUNT_H100_H200 = 132  # the persistent grid's default when no GPU says other
 # two Q buffers. Head dim 64 (half the bytes per key): 176-wide tiles for full attention, 128-wide ones for causal
 # (a finer diagonal), as measured on an H200 against the other widths. Fast math turns exp2f into a bare
 # ex2.approx. Full attention splits the last wave along the keys; causal attention pairs its tiles (heaviest
-# first when the count is odd).
+# first where the query blocks cannot pair up: an odd count, or just two).
 HOPPER_CONFIGS = {
     (False, 128): dict(kind="ws", block_M=128, block_N=160, num_stages=2, threads=384, fast_math=True,
                        persistent=True, q_stages=2, stage_output=True, split_tail=True),
@@ -3616,7 +3619,7 @@ class PingPongConfig:
 
 def appendix_schedule(M: int, N: int, K: int, sm_count: int) -> PingPongConfig:
     """The fused kernel the fusion lesson times beside its own: 128x192 tiles (fewer operand bytes a FLOP
-    than 128x128, and 96 accumulator registers a thread), a 4-stage ring, one block per SM. Of the kernels
+    than 128x128; 192 fp32 accumulators a thread of the one warpgroup that owns a tile), a 4-stage ring, one block per SM. Of the kernels
     tried it led fused bias + GELU at 8192^3; the rule does not depend on the shape."""
     return PingPongConfig(128, 192, 64, 4, persistent=sm_count)
 
@@ -3757,7 +3760,7 @@ the tensor cores idle between K steps. Here the same roles are written out, as C
   themselves to 240 / 232 (`T.set_max_nreg`), so a 128x256 fp32 accumulator fits in two warpgroups;
 * a persistent grid (`T.PersistentTileScheduler`): one block per SM walks the tiles in the lesson's swizzled
   panel order, the ring's phases carrying on across tiles, so the producer loads the next tile while the
-  consumers run the epilogue; with even rounds every block walks as many tiles (`persistent_grid`);
+  consumers run the epilogue; with even rounds, on the fewest blocks that need no more rounds (`persistent_grid`);
 * the store staged through shared memory in block_M x 64 strips by TMA, or the whole tile at once, which
   TileLang writes with stmatrix (`store_buffers`).
 
@@ -3939,8 +3942,8 @@ def tile_count(M: int, N: int, config) -> int:
 
 def persistent_grid(config, tiles: int) -> int:
     """How many blocks a persistent kernel runs for `tiles` tiles: config.persistent (one per SM), or with
-    even_rounds the fewest that need no more rounds of tiles than that: every block then walks the same
-    number of tiles (2048 tiles: 128 blocks of 16 rounds, not 132 of which 68 idle through the 16th). Hopper
+    even_rounds the fewest that need no more rounds of tiles than that, whose tile counts differ by one at most
+    (2048 tiles: 128 blocks of 16 rounds, not 132 of which 64 idle through the 16th). Hopper
     GEMMs run at the power cap, so the SMs left idle lend their power to the others' clocks; at 16384^3 (8192
     tiles) 128 blocks would need 64 rounds instead of 63, and this rule keeps 131."""
     if not getattr(config, "even_rounds", False):
@@ -4239,8 +4242,8 @@ A row too long to hold in registers is walked twice, in chunks (the online softm
     for each chunk c:  y[c] = 2^(c − m) / s
 
 Three kernels, checked against torch.softmax, then timed (choose_plan, softmax_plans.py, picks one by rules it
-prints): 1. rows_in_registers, 2. rows_staged_in_shared, 3. long_rows_online (a vocabulary of 50257), and on
-Hopper 4. a row split over a thread-block cluster (a vocabulary of 128256: sections/softmax_cluster.py).
+prints): 1. rows_in_registers, 2. rows_staged_in_shared, 3. long_rows_online (a vocabulary of 50257, off Hopper),
+and on Hopper 4. a row split over a thread-block cluster (vocabularies: sections/softmax_cluster.py).
 """
 
 import functools
@@ -4259,7 +4262,7 @@ BENCH_SHAPES = [(32768, 4096), (16384, 8192), (8192, 32768), (4096, 1823)]
 QUICK_SHAPES = [(4096, 4096), (2048, 1823), (1024, 32768)]
 ODD_SHAPES = [(1001, 1823), (1000, 1823), (999, 4096), (37, 32768)]  # correctness only: odd rows and widths
 TOLERANCE = {"float16": 5e-3, "bfloat16": 1e-2}  # bfloat16 rounds y to 8 bits of mantissa, float16 to 11
-ROUNDS = 2  # one forward and backward pair: the kernels sit well above the verdict's line (85% of a copy)
+ROUNDS = 2  # one forward and backward pair: the ratios to a copy move a few percent between runs anyway
 
 
 # --- The kernels --------------------------------------------------------------------------------------
@@ -4614,10 +4617,10 @@ SECTION = tourkit.Section(
 ''')
 
 _tour_file('sections/softmax_cluster.py', r'''
-"""softmax, version 4 (Hopper): a row too long for one block's shared memory, split over a thread-block cluster.
+"""softmax, version 4 (Hopper): a long row split over a thread-block cluster.
 
-Version 3 (softmax.py, long_rows_online) stages what fits of such a row and streams the rest from global memory
-twice. A cluster (sm_90) is a group of blocks the GPU runs at the same time on neighbouring SMs, each able to
+Version 3 (softmax.py, long_rows_online) stages what fits of a long row and streams the rest from global memory
+twice; where the whole row fits, so few such blocks share an SM that one's copy is not always in flight. A cluster (sm_90) is a group of blocks the GPU runs at the same time on neighbouring SMs, each able to
 write the others' shared memory. So the row can be split: each of the cluster's C blocks stages its N / C
 columns with one TMA copy, folds them into a (max, sum) pair as version 3 does, and sends the pair to every
 block of the cluster; after one cluster barrier each block combines the C pairs into the row's and writes its
@@ -4780,7 +4783,7 @@ class SoftmaxPlan:
     rows_per_block: int  # registers/staged: rows a block; online: elements a thread holds per step
     threads: int
     min_blocks_per_sm: int = 0  # registers / staged: __launch_bounds__' resident blocks per SM (0: not set)
-    staged: int = 0  # online: the columns at the start of a row staged in shared memory; cluster: each block's
+    staged: int = 0  # online: the columns at the start of a row staged in shared memory; cluster: each block's part
     cluster: int = 1  # cluster: the blocks a row is split over
     why: str = field(default="", compare=False)  # one line a learner can follow
 
@@ -4876,8 +4879,12 @@ def cluster_plan(N: int, smem_budget: int) -> "SoftmaxPlan | None":
         if splits_over(N, size) and staged_blocks_per_sm(part, smem_budget, CLUSTER_THREADS) >= CLUSTER_MIN_BLOCKS:
             edges = "" if N % 8 == 0 else (" (rows of an odd width start unaligned: the first and last blocks also "
                                            "take the few columns outside whole 16-byte vectors, one at a time)")
+            whole = staged_blocks_per_sm(aligned_body(N), smem_budget)
+            fit = ("is too long for one block's shared memory" if whole == 0 else
+                   f"fits one block's shared memory, but only {whole} such block{'s' if whole > 1 else ''} would "
+                   f"share an SM (fewer than {CLUSTER_MIN_BLOCKS}: no copy always in flight)")
             return SoftmaxPlan("cluster", ONLINE_PER_THREAD, CLUSTER_THREADS, staged=part, cluster=size, why=(
-                f"a row of {N} is too long for one block's shared memory: split over a cluster of {size} blocks, "
+                f"a row of {N} {fit}: split over a cluster of {size} blocks, "
                 f"{part} columns each, staged by one bulk copy (one read of global memory){edges}; the blocks "
                 f"exchange their max and sum through distributed shared memory, and {CLUSTER_MIN_BLOCKS} blocks "
                 "share an SM"))

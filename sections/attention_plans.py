@@ -115,7 +115,8 @@ def key_tile_width(seq_len: int, widths, extra_iterations: float) -> int:
 #   average it was ahead at head dim 128 (causal blocks walk half the tiles on average);
 # * below that, and at head dim 64 (a tile's two GEMMs too short to hide the softmax behind), the compiler's
 #   pipeline. Its two consumer warp groups of one 128-row block lost to two 64-row blocks per SM, one warp group
-#   each (registers capped at 128 a thread, see flash_attention.share_sm): a block's Q load, O store and
+#   each (register_split: the launch bounds cap a thread at 128, then the producer drops to 24 and the
+#   consumers take 232; flash_attention_forward(blocks_per_sm=2)): a block's Q load, O store and
 #   softmax then overlap the other block's MMAs. At head dim 64 (64x128 tiles) that won on every problem from
 #   1K to 8K keys; at 16K keys 128-row blocks with 3 stages were ahead (a 64-row block re-reads each K/V tile for
 #   half as many queries, and a long walk makes that traffic count). At head dim 128 two blocks fit shared
@@ -190,7 +191,8 @@ def hopper_config(problem: Problem, sms: int, smem_budget: int):
     elif (cfg := paired_blocks(problem, rows, walk, smem_budget)) is not None:
         short = ("head dim 64: a tile's GEMMs are too short to hide the softmax behind" if problem.dim == 64 else
                  f"a query block walks {tiles}, too few for the FA3 schedule")
-        why = (f"{short}; two 64-row blocks share each SM (128 registers a thread), one's loads, stores and "
+        why = (f"{short}; two 64-row blocks share each SM ({register_split(2, 128)} registers a consumer thread), "
+               f"one's loads, stores and "
                f"softmax beside the other's MMAs; {cfg['block_N']}-wide key tiles"
                + (", so that two blocks fit shared memory" if problem.dim == 128 else ""))
     else:

@@ -23,7 +23,7 @@ The algorithm (the GEMM lesson's, with two lines more):
         C[tile] = fp16(acc)                           # the only store
 
 We compare with eager PyTorch and with torch.compile, which fuses the bias and GELU into one Triton kernel
-after cuBLAS's GEMM (its default mode; --full also tries "max-autotune-no-cudagraphs", which searches GEMM
+after cuBLAS's GEMM (its default mode; --full uses "max-autotune-no-cudagraphs" instead, which searches GEMM
 configurations for tens of seconds).
 """
 

@@ -87,8 +87,8 @@ def gemm_bytes(M: int, N: int, K: int, bias: bool = False) -> int:
 
 
 def lesson_schedules(family: str) -> list[GemmConfig]:
-    """The lesson's schedules for an architecture family: the default first, then neighbours that each
-    change one knob. The section's headline kernel is whichever of them is fastest in the same run."""
+    """The lesson's schedules for an architecture family: the default first, then neighbours, most of them
+    changing one knob. The section's headline kernel is whichever of them is fastest in the same run."""
     if family == "hopper":
         return [
             GemmConfig(128, 256, 64, 4, 256, True),  # two consumer warpgroups share a 128x256 tile

@@ -263,7 +263,8 @@ def record_timings(ctx, timed: list, ms: dict, cublas_ms: float, ws) -> None:
 
 def check_odd_shapes(ctx, built: dict, plans) -> None:
     """Sizes that are not multiples of the tile (TMA / predicated copies handle the ragged edges), and a
-    skinny one whose rows are not 16-byte aligned (zero-padded copies), each on the rule's schedule."""
+    skinny one whose rows are not 16-byte aligned (zero-padded copies, or masked loads where the copies would
+    cost more: plan_problem), each on the rule's schedule."""
     checks = []
     for p in plans:
         a, b, c = gemm_inputs(p.M, p.N, p.K, seed=7, dtype=p.dtype)

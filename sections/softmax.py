@@ -21,8 +21,8 @@ A row too long to hold in registers is walked twice, in chunks (the online softm
     for each chunk c:  y[c] = 2^(c − m) / s
 
 Three kernels, checked against torch.softmax, then timed (choose_plan, softmax_plans.py, picks one by rules it
-prints): 1. rows_in_registers, 2. rows_staged_in_shared, 3. long_rows_online (a vocabulary of 50257), and on
-Hopper 4. a row split over a thread-block cluster (a vocabulary of 128256: sections/softmax_cluster.py).
+prints): 1. rows_in_registers, 2. rows_staged_in_shared, 3. long_rows_online (a vocabulary of 50257, off Hopper),
+and on Hopper 4. a row split over a thread-block cluster (vocabularies: sections/softmax_cluster.py).
 """
 
 import functools
@@ -41,7 +41,7 @@ BENCH_SHAPES = [(32768, 4096), (16384, 8192), (8192, 32768), (4096, 1823)]
 QUICK_SHAPES = [(4096, 4096), (2048, 1823), (1024, 32768)]
 ODD_SHAPES = [(1001, 1823), (1000, 1823), (999, 4096), (37, 32768)]  # correctness only: odd rows and widths
 TOLERANCE = {"float16": 5e-3, "bfloat16": 1e-2}  # bfloat16 rounds y to 8 bits of mantissa, float16 to 11
-ROUNDS = 2  # one forward and backward pair: the kernels sit well above the verdict's line (85% of a copy)
+ROUNDS = 2  # one forward and backward pair: the ratios to a copy move a few percent between runs anyway
 
 
 # --- The kernels --------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
-"""softmax, version 4 (Hopper): a row too long for one block's shared memory, split over a thread-block cluster.
+"""softmax, version 4 (Hopper): a long row split over a thread-block cluster.
 
-Version 3 (softmax.py, long_rows_online) stages what fits of such a row and streams the rest from global memory
-twice. A cluster (sm_90) is a group of blocks the GPU runs at the same time on neighbouring SMs, each able to
+Version 3 (softmax.py, long_rows_online) stages what fits of a long row and streams the rest from global memory
+twice; where the whole row fits, so few such blocks share an SM that one's copy is not always in flight. A cluster (sm_90) is a group of blocks the GPU runs at the same time on neighbouring SMs, each able to
 write the others' shared memory. So the row can be split: each of the cluster's C blocks stages its N / C
 columns with one TMA copy, folds them into a (max, sum) pair as version 3 does, and sends the pair to every
 block of the cluster; after one cluster barrier each block combines the C pairs into the row's and writes its

@@ -45,7 +45,7 @@ class SoftmaxPlan:
     rows_per_block: int  # registers/staged: rows a block; online: elements a thread holds per step
     threads: int
     min_blocks_per_sm: int = 0  # registers / staged: __launch_bounds__' resident blocks per SM (0: not set)
-    staged: int = 0  # online: the columns at the start of a row staged in shared memory; cluster: each block's
+    staged: int = 0  # online: the columns at the start of a row staged in shared memory; cluster: each block's part
     cluster: int = 1  # cluster: the blocks a row is split over
     why: str = field(default="", compare=False)  # one line a learner can follow
 
@@ -141,8 +141,12 @@ def cluster_plan(N: int, smem_budget: int) -> "SoftmaxPlan | None":
         if splits_over(N, size) and staged_blocks_per_sm(part, smem_budget, CLUSTER_THREADS) >= CLUSTER_MIN_BLOCKS:
             edges = "" if N % 8 == 0 else (" (rows of an odd width start unaligned: the first and last blocks also "
                                            "take the few columns outside whole 16-byte vectors, one at a time)")
+            whole = staged_blocks_per_sm(aligned_body(N), smem_budget)
+            fit = ("is too long for one block's shared memory" if whole == 0 else
+                   f"fits one block's shared memory, but only {whole} such block{'s' if whole > 1 else ''} would "
+                   f"share an SM (fewer than {CLUSTER_MIN_BLOCKS}: no copy always in flight)")
             return SoftmaxPlan("cluster", ONLINE_PER_THREAD, CLUSTER_THREADS, staged=part, cluster=size, why=(
-                f"a row of {N} is too long for one block's shared memory: split over a cluster of {size} blocks, "
+                f"a row of {N} {fit}: split over a cluster of {size} blocks, "
                 f"{part} columns each, staged by one bulk copy (one read of global memory){edges}; the blocks "
                 f"exchange their max and sum through distributed shared memory, and {CLUSTER_MIN_BLOCKS} blocks "
                 "share an SM"))

@@ -49,7 +49,7 @@ SM_COUNT_H100_H200 = 132  # the persistent grid's default when no GPU says other
 # two Q buffers. Head dim 64 (half the bytes per key): 176-wide tiles for full attention, 128-wide ones for causal
 # (a finer diagonal), as measured on an H200 against the other widths. Fast math turns exp2f into a bare
 # ex2.approx. Full attention splits the last wave along the keys; causal attention pairs its tiles (heaviest
-# first when the count is odd).
+# first where the query blocks cannot pair up: an odd count, or just two).
 HOPPER_CONFIGS = {
     (False, 128): dict(kind="ws", block_M=128, block_N=160, num_stages=2, threads=384, fast_math=True,
                        persistent=True, q_stages=2, stage_output=True, split_tail=True),

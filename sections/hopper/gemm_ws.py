@@ -14,7 +14,7 @@ the tensor cores idle between K steps. Here the same roles are written out, as C
   themselves to 240 / 232 (`T.set_max_nreg`), so a 128x256 fp32 accumulator fits in two warpgroups;
 * a persistent grid (`T.PersistentTileScheduler`): one block per SM walks the tiles in the lesson's swizzled
   panel order, the ring's phases carrying on across tiles, so the producer loads the next tile while the
-  consumers run the epilogue; with even rounds every block walks as many tiles (`persistent_grid`);
+  consumers run the epilogue; with even rounds, on the fewest blocks that need no more rounds (`persistent_grid`);
 * the store staged through shared memory in block_M x 64 strips by TMA, or the whole tile at once, which
   TileLang writes with stmatrix (`store_buffers`).
 
@@ -196,8 +196,8 @@ def tile_count(M: int, N: int, config) -> int:
 
 def persistent_grid(config, tiles: int) -> int:
     """How many blocks a persistent kernel runs for `tiles` tiles: config.persistent (one per SM), or with
-    even_rounds the fewest that need no more rounds of tiles than that: every block then walks the same
-    number of tiles (2048 tiles: 128 blocks of 16 rounds, not 132 of which 68 idle through the 16th). Hopper
+    even_rounds the fewest that need no more rounds of tiles than that, whose tile counts differ by one at most
+    (2048 tiles: 128 blocks of 16 rounds, not 132 of which 64 idle through the 16th). Hopper
     GEMMs run at the power cap, so the SMs left idle lend their power to the others' clocks; at 16384^3 (8192
     tiles) 128 blocks would need 64 rounds instead of 63, and this rule keeps 131."""
     if not getattr(config, "even_rounds", False):
