@@ -2418,12 +2418,14 @@ def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget, family
         why = "the lesson's tile: its waves and rate come out best here"
     else:
         other, blocks = 0, -(-M // lesson.block_M) * -(-N // lesson.block_N)
-        waves = blocks / sm_count
+        waves, picked = blocks / sm_count, -(-M // pick.block_M) * -(-N // pick.block_N) * pick.split_k
         why = ("as few blocks: at this size the launch and latency count, and a smaller tile wastes less"
-               if blocks * lesson.split_k == -(-M // pick.block_M) * -(-N // pick.block_N) * pick.split_k else
+               if blocks * lesson.split_k == picked else
                "too few blocks for the SMs" if blocks < sm_count else
-               f"its last wave would run {100 * (1 - waves % 1):.0f}% empty" if 0 < waves % 1 < 0.75 else
-               "it streams fewer bytes per SM" if M <= 64 else "it costs more per FLOP here")
+               f"its last wave would run {100 * (1 - waves % 1):.0f}% empty" if 0 < waves % 1 < 0.75 and waves < 4 else
+               "it streams fewer bytes per SM" if M <= 64 else
+               f"{blocks / picked:.1f}x the blocks, each paying its start and store"
+               if waves >= 4 and blocks >= 1.5 * picked else "it costs more per FLOP here")
     line = f"{said(pick)}, estimated {pick_s * 1e6:.0f} us"
     if other is None:
         return line

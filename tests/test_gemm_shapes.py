@@ -75,6 +75,8 @@ def test_the_rule_says_why_in_a_line_a_learner_can_follow():
     _, reason = choose_schedule(2000, 3000, 4000, **H200)  # against the lesson's tile, with the waves it wastes
     assert reason.startswith("256x192 tiles: 128 blocks on 132 SMs (0.97 waves)")
     assert "128x256 tiles: 192 blocks on 132 SMs (1.45 waves)" in reason and "last wave would run 55% empty" in reason
+    _, reason = choose_schedule(1_000_000, 128, 128, **H200)  # many waves: the count of blocks, not the last one
+    assert "(2.0x the blocks, each paying its start and store)" in reason and "empty" not in reason
     plan = plan_problem(4095, 4095, 4095, **H200)
     assert plan.padded and plan.kernel_shape == (4095, 4096, 4096) and "zero-padded" in plan.describe()
 
