@@ -437,50 +437,26 @@ class Supervisor:
         """Start a worker for `pending` and follow it until it ends; returns why it ended."""
         worker = Worker(self.command, self._spec(pending))
         self.check_gpu = False
-        phase, started, title, outcome = "startup", time.monotonic(), None, None
+        state = {"phase": "startup", "started": time.monotonic(), "title": None, "outcome": None}
         try:
             while True:
                 if self.sigint.fired:
-                    worker.kill()
-                    if phase == "section":
-                        self._lose(pending, "interrupted", time.monotonic() - started, None, None, worker.tail, title)
+                    self._handle(worker.kill(), worker, pending, state)
+                    if state["phase"] == "section":
+                        self._lose(pending, "interrupted", time.monotonic() - state["started"], None, None,
+                                   worker.tail, state["title"])
                         print(f"\n■ interrupted during {self.results[-1]['name']}", flush=True)
                     self.interrupted = True
                     return "interrupted"
-                for message in worker.pump(0.1, records_first=not self.header_done):
-                    kind = message["type"]
-                    if kind == "hello":
-                        self.device = message["device"]
-                        self.options = {**self.options, "arch": message["arch"]}
-                        self._header(message["device"], message["arch"])
-                    elif kind == "probe":
-                        self.probe = message["probe"]
-                    elif kind == "gpu_check":
-                        phase, started = "gpu_check", time.monotonic()
-                    elif kind == "gpu_result":
-                        phase, started = "between", time.monotonic()
-                        if not message["ok"]:
-                            self.gpu_broken = message["reason"]
-                            outcome = "gpu"
-                    elif kind == "start":
-                        phase, started, title = "section", time.monotonic(), None
-                    elif kind == "loaded":
-                        title = message["title"]
-                    elif kind == "result":
-                        phase, started = "between", time.monotonic()
-                        self.results.append(message["record"])
-                        pending.pop(0)
-                        worker.tail.clear()  # what follows belongs to the next section
-                        if message.get("retire"):
-                            outcome, self.check_gpu = "retire", True
-                    elif kind == "done":
-                        outcome = "done"
+                self._handle(worker.pump(0.1, records_first=not self.header_done), worker, pending, state)
                 if worker.proc.poll() is not None:
                     break
+                phase, started = state["phase"], state["started"]
                 limit = {"section": self.timeout, "gpu_check": GPU_CHECK_LIMIT_S}.get(phase, STARTUP_LIMIT_S)
                 if limit and time.monotonic() - started > limit:
-                    return self._stopped(worker, pending, phase, time.monotonic() - started, limit, title)
-            worker.drain(1.0)
+                    return self._stopped(worker, pending, state, time.monotonic() - started, limit)
+            self._handle(worker.drain(1.0), worker, pending, state)  # what it sent just before it exited
+            phase, started, outcome = state["phase"], state["started"], state["outcome"]
             if outcome is not None:
                 return outcome
             error_type, message = death_text(worker.proc.returncode)
@@ -490,18 +466,51 @@ class Supervisor:
                 self.gpu_broken = f"the GPU did not answer a tiny kernel after {self._last()}: {message}"
                 return "gpu"
             self._lose(pending, "crashed", time.monotonic() - started if phase == "section" else 0.0, error_type,
-                       message + ("" if phase == "section" else " before the section started"), worker.tail, title)
+                       message + ("" if phase == "section" else " before the section started"), worker.tail,
+                       state["title"])
             self.check_gpu = True
             return "crashed"
         finally:
             worker.close()
 
+    def _handle(self, messages: list[dict], worker: Worker, pending: list[str], state: dict) -> None:
+        """Act on the worker's records: the phase it is in (state), the sections' results."""
+        for message in messages:
+            kind = message["type"]
+            if kind == "hello":
+                self.device = message["device"]
+                self.options = {**self.options, "arch": message["arch"]}
+                self._header(message["device"], message["arch"])
+            elif kind == "probe":
+                self.probe = message["probe"]
+            elif kind == "gpu_check":
+                state.update(phase="gpu_check", started=time.monotonic())
+            elif kind == "gpu_result":
+                state.update(phase="between", started=time.monotonic())
+                if not message["ok"]:
+                    self.gpu_broken = message["reason"]
+                    state["outcome"] = "gpu"
+            elif kind == "start":
+                state.update(phase="section", started=time.monotonic(), title=None)
+            elif kind == "loaded":
+                state["title"] = message["title"]
+            elif kind == "result":
+                state.update(phase="between", started=time.monotonic())
+                self.results.append(message["record"])
+                pending.pop(0)
+                worker.tail.clear()  # what follows belongs to the next section
+                if message.get("retire"):
+                    state["outcome"], self.check_gpu = "retire", True
+            elif kind == "done":
+                state["outcome"] = "done"
+
     def _last(self) -> str:
         last = self.results[-1] if self.results else None
         return f"{last['name']} {last['status']}" if last else "a crash"
 
-    def _stopped(self, worker: Worker, pending, phase: str, seconds: float, limit: float, title) -> str:
+    def _stopped(self, worker: Worker, pending, state: dict, seconds: float, limit: float) -> str:
         """The phase ran past its limit: dump the worker's stacks (SIGUSR1), kill it, record why."""
+        phase = state["phase"]
         if hasattr(signal, "SIGUSR1"):
             try:
                 os.kill(worker.proc.pid, signal.SIGUSR1)
@@ -509,11 +518,13 @@ class Supervisor:
                 pass
             deadline = time.monotonic() + 0.5
             while time.monotonic() < deadline:
-                worker.pump(0.05)
-        worker.kill()
+                self._handle(worker.pump(0.05), worker, pending, state)
+        self._handle(worker.kill(), worker, pending, state)
         self.check_gpu = True
         if not pending:
             return "done"
+        if state["phase"] != phase:  # its result came in at the limit: the next worker takes what is left
+            return "retire"
         if phase == "gpu_check":
             self.gpu_broken = f"the GPU did not answer a tiny kernel within {limit:.0f} s after {self._last()}"
             return "gpu"
@@ -521,5 +532,5 @@ class Supervisor:
             message = f"took more than {limit:g} s; the worker process was stopped"
         else:
             message = f"the worker process did not start the section within {limit:.0f} s"
-        self._lose(pending, "timed out", seconds, "SectionTimeout", message, worker.tail, title)
+        self._lose(pending, "timed out", seconds, "SectionTimeout", message, worker.tail, state["title"])
         return "timed out"

@@ -11,7 +11,7 @@ import time
 
 from tourkit import DeviceInfo, Section
 
-SECTION_NAMES = ["env_check", "first", "nap", "sticky", "boom", "second", "third", "gpu_one", "gpu_two"]
+SECTION_NAMES = ["env_check", "first", "nap", "sticky", "boom", "second", "third", "gpu_one", "gpu_two", "big"]
 FAKE_GPU = DeviceInfo("fake GPU", (9, 0), "sm_90a", 132, 141 * 2**30, 232448, 60 * 2**20)
 OLD_GPU = DeviceInfo("fake P100", (6, 0), "sm_75", 56, 16 * 2**30, 49152, 4 * 2**20)  # older than the kernels
 
@@ -35,7 +35,13 @@ def _boom(ctx):
     raise RuntimeError("kernel exploded")
 
 
-RUNS = {"nap": _nap, "sticky": _sticky, "boom": _boom}
+def _big(ctx):  # a record of megabytes: still in the pipe when the worker, its sections done, exits
+    for i in range(int(os.environ.get("FAKE_BIG_LINES", "30000"))):
+        ctx.report.append(f"line {i:6d} " + "x" * 88)
+    _ok(ctx)
+
+
+RUNS = {"nap": _nap, "sticky": _sticky, "boom": _boom, "big": _big}
 
 
 def load_section(name):
