@@ -665,6 +665,7 @@ def _finish(args, names, options, results, environment, interrupted, sigint) -> 
 
 
 def cli() -> int:
+    sys.stdout, sys.stderr = tourrunner.ForgivingStream(sys.stdout), tourrunner.ForgivingStream(sys.stderr)
     sigint = tourrunner.SigintFlag().__enter__()  # to the process's exit, Ctrl-C is the runner's to handle
     run = main(_sigint=sigint)
     return run.exit_code if run is not None else 2

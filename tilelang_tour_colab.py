@@ -5885,6 +5885,7 @@ def _finish(args, names, options, results, environment, interrupted, sigint) -> 
 
 
 def cli() -> int:
+    sys.stdout, sys.stderr = tourrunner.ForgivingStream(sys.stdout), tourrunner.ForgivingStream(sys.stderr)
     sigint = tourrunner.SigintFlag().__enter__()  # to the process's exit, Ctrl-C is the runner's to handle
     run = main(_sigint=sigint)
     return run.exit_code if run is not None else 2
@@ -7663,6 +7664,44 @@ def death_text(returncode: int) -> tuple[str, str]:
     return f"exit code {returncode}", f"the worker process exited with code {returncode}"
 
 
+class ForgivingStream:
+    """The command line's stdout/stderr: text the terminal cannot encode is replaced, and once the reader is
+    gone (`| head`, a closed stdout) output is dropped, so the tour still runs its sections, prints nothing
+    more and writes its --json record instead of ending in a traceback."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        if self.stream is None:
+            return len(text)
+        try:
+            self.stream.write(text)
+        except UnicodeEncodeError:
+            encoding = getattr(self.stream, "encoding", None) or "ascii"
+            self.write(text.encode(encoding, "replace").decode(encoding))
+        except (OSError, ValueError):  # a broken pipe, a closed file
+            self._drop()
+        return len(text)
+
+    def flush(self) -> None:
+        try:
+            if self.stream is not None:
+                self.stream.flush()
+        except (OSError, ValueError):
+            self._drop()
+
+    def _drop(self) -> None:
+        try:  # the interpreter's own flush at exit must not meet the broken pipe either
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        self.stream = None
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
 class _Relay:
     """Copies one of the worker's output pipes to our stdout or stderr as it arrives (a notebook cell
     shows it) and keeps the last lines in `tail`."""
@@ -7839,50 +7878,26 @@ class Supervisor:
         """Start a worker for `pending` and follow it until it ends; returns why it ended."""
         worker = Worker(self.command, self._spec(pending))
         self.check_gpu = False
-        phase, started, title, outcome = "startup", time.monotonic(), None, None
+        state = {"phase": "startup", "started": time.monotonic(), "title": None, "outcome": None}
         try:
             while True:
                 if self.sigint.fired:
-                    worker.kill()
-                    if phase == "section":
-                        self._lose(pending, "interrupted", time.monotonic() - started, None, None, worker.tail, title)
+                    self._handle(worker.kill(), worker, pending, state)
+                    if state["phase"] == "section":
+                        self._lose(pending, "interrupted", time.monotonic() - state["started"], None, None,
+                                   worker.tail, state["title"])
                         print(f"\n■ interrupted during {self.results[-1]['name']}", flush=True)
                     self.interrupted = True
                     return "interrupted"
-                for message in worker.pump(0.1, records_first=not self.header_done):
-                    kind = message["type"]
-                    if kind == "hello":
-                        self.device = message["device"]
-                        self.options = {**self.options, "arch": message["arch"]}
-                        self._header(message["device"], message["arch"])
-                    elif kind == "probe":
-                        self.probe = message["probe"]
-                    elif kind == "gpu_check":
-                        phase, started = "gpu_check", time.monotonic()
-                    elif kind == "gpu_result":
-                        phase, started = "between", time.monotonic()
-                        if not message["ok"]:
-                            self.gpu_broken = message["reason"]
-                            outcome = "gpu"
-                    elif kind == "start":
-                        phase, started, title = "section", time.monotonic(), None
-                    elif kind == "loaded":
-                        title = message["title"]
-                    elif kind == "result":
-                        phase, started = "between", time.monotonic()
-                        self.results.append(message["record"])
-                        pending.pop(0)
-                        worker.tail.clear()  # what follows belongs to the next section
-                        if message.get("retire"):
-                            outcome, self.check_gpu = "retire", True
-                    elif kind == "done":
-                        outcome = "done"
+                self._handle(worker.pump(0.1, records_first=not self.header_done), worker, pending, state)
                 if worker.proc.poll() is not None:
                     break
+                phase, started = state["phase"], state["started"]
                 limit = {"section": self.timeout, "gpu_check": GPU_CHECK_LIMIT_S}.get(phase, STARTUP_LIMIT_S)
                 if limit and time.monotonic() - started > limit:
-                    return self._stopped(worker, pending, phase, time.monotonic() - started, limit, title)
-            worker.drain(1.0)
+                    return self._stopped(worker, pending, state, time.monotonic() - started, limit)
+            self._handle(worker.drain(1.0), worker, pending, state)  # what it sent just before it exited
+            phase, started, outcome = state["phase"], state["started"], state["outcome"]
             if outcome is not None:
                 return outcome
             error_type, message = death_text(worker.proc.returncode)
@@ -7892,18 +7907,51 @@ class Supervisor:
                 self.gpu_broken = f"the GPU did not answer a tiny kernel after {self._last()}: {message}"
                 return "gpu"
             self._lose(pending, "crashed", time.monotonic() - started if phase == "section" else 0.0, error_type,
-                       message + ("" if phase == "section" else " before the section started"), worker.tail, title)
+                       message + ("" if phase == "section" else " before the section started"), worker.tail,
+                       state["title"])
             self.check_gpu = True
             return "crashed"
         finally:
             worker.close()
 
+    def _handle(self, messages: list[dict], worker: Worker, pending: list[str], state: dict) -> None:
+        """Act on the worker's records: the phase it is in (state), the sections' results."""
+        for message in messages:
+            kind = message["type"]
+            if kind == "hello":
+                self.device = message["device"]
+                self.options = {**self.options, "arch": message["arch"]}
+                self._header(message["device"], message["arch"])
+            elif kind == "probe":
+                self.probe = message["probe"]
+            elif kind == "gpu_check":
+                state.update(phase="gpu_check", started=time.monotonic())
+            elif kind == "gpu_result":
+                state.update(phase="between", started=time.monotonic())
+                if not message["ok"]:
+                    self.gpu_broken = message["reason"]
+                    state["outcome"] = "gpu"
+            elif kind == "start":
+                state.update(phase="section", started=time.monotonic(), title=None)
+            elif kind == "loaded":
+                state["title"] = message["title"]
+            elif kind == "result":
+                state.update(phase="between", started=time.monotonic())
+                self.results.append(message["record"])
+                pending.pop(0)
+                worker.tail.clear()  # what follows belongs to the next section
+                if message.get("retire"):
+                    state["outcome"], self.check_gpu = "retire", True
+            elif kind == "done":
+                state["outcome"] = "done"
+
     def _last(self) -> str:
         last = self.results[-1] if self.results else None
         return f"{last['name']} {last['status']}" if last else "a crash"
 
-    def _stopped(self, worker: Worker, pending, phase: str, seconds: float, limit: float, title) -> str:
+    def _stopped(self, worker: Worker, pending, state: dict, seconds: float, limit: float) -> str:
         """The phase ran past its limit: dump the worker's stacks (SIGUSR1), kill it, record why."""
+        phase = state["phase"]
         if hasattr(signal, "SIGUSR1"):
             try:
                 os.kill(worker.proc.pid, signal.SIGUSR1)
@@ -7911,11 +7959,13 @@ class Supervisor:
                 pass
             deadline = time.monotonic() + 0.5
             while time.monotonic() < deadline:
-                worker.pump(0.05)
-        worker.kill()
+                self._handle(worker.pump(0.05), worker, pending, state)
+        self._handle(worker.kill(), worker, pending, state)
         self.check_gpu = True
         if not pending:
             return "done"
+        if state["phase"] != phase:  # its result came in at the limit: the next worker takes what is left
+            return "retire"
         if phase == "gpu_check":
             self.gpu_broken = f"the GPU did not answer a tiny kernel within {limit:.0f} s after {self._last()}"
             return "gpu"
@@ -7923,7 +7973,7 @@ class Supervisor:
             message = f"took more than {limit:g} s; the worker process was stopped"
         else:
             message = f"the worker process did not start the section within {limit:.0f} s"
-        self._lose(pending, "timed out", seconds, "SectionTimeout", message, worker.tail, title)
+        self._lose(pending, "timed out", seconds, "SectionTimeout", message, worker.tail, state["title"])
         return "timed out"
 ''')
 

@@ -261,6 +261,44 @@ def death_text(returncode: int) -> tuple[str, str]:
     return f"exit code {returncode}", f"the worker process exited with code {returncode}"
 
 
+class ForgivingStream:
+    """The command line's stdout/stderr: text the terminal cannot encode is replaced, and once the reader is
+    gone (`| head`, a closed stdout) output is dropped, so the tour still runs its sections, prints nothing
+    more and writes its --json record instead of ending in a traceback."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        if self.stream is None:
+            return len(text)
+        try:
+            self.stream.write(text)
+        except UnicodeEncodeError:
+            encoding = getattr(self.stream, "encoding", None) or "ascii"
+            self.write(text.encode(encoding, "replace").decode(encoding))
+        except (OSError, ValueError):  # a broken pipe, a closed file
+            self._drop()
+        return len(text)
+
+    def flush(self) -> None:
+        try:
+            if self.stream is not None:
+                self.stream.flush()
+        except (OSError, ValueError):
+            self._drop()
+
+    def _drop(self) -> None:
+        try:  # the interpreter's own flush at exit must not meet the broken pipe either
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        self.stream = None
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
 class _Relay:
     """Copies one of the worker's output pipes to our stdout or stderr as it arrives (a notebook cell
     shows it) and keeps the last lines in `tail`."""

@@ -219,6 +219,24 @@ def test_ctrl_c_at_any_point_prints_the_summary_writes_json_and_exits_130(marker
     assert "KeyboardInterrupt" not in err
 
 
+def test_a_reader_that_goes_away_leaves_the_run_and_its_json_whole(tmp_path):
+    """`python tilelang_tour.py ... | head -1`: output stops, the sections still run and --json is written."""
+    path = tmp_path / "run.json"
+    proc = _tour(["--only", "first,big,second", "--json", str(path)], {"FAKE_BIG_LINES": "20000"})
+    assert proc.stdout.readline().startswith("TileLang Tour")
+    proc.stdout.close()  # the reader is gone: the tour's next writes meet a broken pipe
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    assert [s["status"] for s in json.loads(path.read_text())["sections"]] == ["passed"] * 3
+
+
+def test_a_terminal_that_cannot_encode_the_tours_symbols_gets_replacements():
+    proc = _tour(["--only", "first"], {"PYTHONIOENCODING": "ascii"})
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    assert "TileLang Tour ? 1 section(s)" in out and "1 passed" in out
+
+
 def test_the_parent_never_imports_torch_or_tilelang():
     code = ("import sys, tilelang_tour; run = tilelang_tour.main(['--only', 'env_check']); "
             "assert 'torch' not in sys.modules and 'tilelang' not in sys.modules, 'imported'; "
