@@ -471,6 +471,7 @@ def _run_sections(names, options, device, source, faults, gpu_broken, probe, fir
         _progress["index"] = first_index + offset
         try:
             if name != "env_check" and probe is None:
+                send("probing")  # should importing tilelang kill or hang the worker, the runner says so
                 probe = tuple(source.probe_tilelang_import())
                 send("probe", probe=probe)
             if name != "env_check" and preparer is None and probe[0]:

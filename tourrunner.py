@@ -503,6 +503,9 @@ class Supervisor:
             if phase == "gpu_check":
                 self.gpu_broken = f"the GPU did not answer a tiny kernel after {self._last()}: {message}"
                 return "gpu"
+            if phase == "probing":  # no section's fault: the next worker skips them with this reason
+                self.probe = (False, f"importing tilelang ended the worker process ({error_type})")
+                return "probe"
             self._lose(pending, "crashed", time.monotonic() - started if phase == "section" else 0.0, error_type,
                        message + ("" if phase == "section" else " before the section started"), worker.tail,
                        state["title"])
@@ -519,8 +522,11 @@ class Supervisor:
                 self.device = message["device"]
                 self.options = {**self.options, "arch": message["arch"]}
                 self._header(message["device"], message["arch"])
+            elif kind == "probing":
+                state.update(phase="probing", started=time.monotonic())
             elif kind == "probe":
                 self.probe = message["probe"]
+                state.update(phase="startup", started=time.monotonic())
             elif kind == "gpu_check":
                 state.update(phase="gpu_check", started=time.monotonic())
             elif kind == "gpu_result":
@@ -566,6 +572,9 @@ class Supervisor:
         if phase == "gpu_check":
             self.gpu_broken = f"the GPU did not answer a tiny kernel within {limit:.0f} s after {self._last()}"
             return "gpu"
+        if phase == "probing":
+            self.probe = (False, f"importing tilelang took more than {limit:.0f} s; the worker process was stopped")
+            return "probe"
         if phase == "section":
             message = f"took more than {limit:g} s; the worker process was stopped"
         else:

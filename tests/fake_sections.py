@@ -57,6 +57,11 @@ def detect_device():
 
 
 def probe_tilelang_import():
+    how = os.environ.get("FAKE_PROBE", "ok")  # abort | hang: what a broken tilelang install can do to an import
+    if how == "abort":
+        os.abort()
+    if how == "hang":
+        time.sleep(3600)
     return True, "0.0-fake"
 
 

@@ -138,6 +138,18 @@ def test_a_large_last_record_still_in_the_pipe_when_the_worker_exits_is_read():
         assert len(run.results[1].report) > 30000
 
 
+@pytest.mark.parametrize("how,words", [("abort", "importing tilelang ended the worker process (SIGABRT)"),
+                                       ("hang", "importing tilelang took more than 2 s")])
+def test_an_import_of_tilelang_that_kills_or_hangs_the_worker_skips_the_sections_once(how, words, monkeypatch):
+    """No section is blamed for it, and no further worker tries again: the sections skip with the reason."""
+    monkeypatch.setenv("FAKE_PROBE", how)
+    monkeypatch.setattr(tourrunner, "STARTUP_LIMIT_S", 2.0)
+    run = tilelang_tour.main(["--only", "env_check,first,second,third"])
+    assert statuses(run) == ["passed", "skipped", "skipped", "skipped"], [r.error_message for r in run.results]
+    assert all(words in r.skip_reason for r in run.results[1:]), run.results[1].skip_reason
+    assert run.exit_code == 0
+
+
 def test_exitfirst_stops_after_a_crash(monkeypatch):
     monkeypatch.setenv(tourrunner.FAULT_ENV, "first:segfault")
     run = tilelang_tour.main(["--only", "first,second", "-x"])
