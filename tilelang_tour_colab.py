@@ -7958,7 +7958,7 @@ class Supervisor:
 
     def _stopped(self, worker: Worker, pending, state: dict, seconds: float, limit: float) -> str:
         """The phase ran past its limit: dump the worker's stacks (SIGUSR1), kill it, record why."""
-        phase = state["phase"]
+        phase, finished = state["phase"], len(self.results)
         if hasattr(signal, "SIGUSR1"):
             try:
                 os.kill(worker.proc.pid, signal.SIGUSR1)
@@ -7971,7 +7971,7 @@ class Supervisor:
         self.check_gpu = True
         if not pending:
             return "done"
-        if state["phase"] != phase:  # its result came in at the limit: the next worker takes what is left
+        if len(self.results) > finished:  # its result came in at the limit: the next worker takes what is left
             return "retire"
         if phase == "gpu_check":
             self.gpu_broken = f"the GPU did not answer a tiny kernel within {limit:.0f} s after {self._last()}"
