@@ -2263,8 +2263,10 @@ CANDIDATES = {
     "hopper": [GemmConfig(128, 256, 64, 4, 256, True),
                GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol"),  # three consumer warpgroups
                GemmConfig(192, 192, 64, 4, 384, True, policy="FullRow"),
+               GemmConfig(256, 128, 64, 4, 256, True, policy="FullRow"),  # tall and narrow: see candidate_schedules
                GemmConfig(128, 192, 64, 4, 256, True, policy="FullRow"),
                GemmConfig(128, 128, 64, 4, 256, True), GemmConfig(64, 256, 64, 4, 128, True),
+               GemmConfig(256, 64, 64, 4, 256, True, policy="FullRow"),  # tall and narrow
                GemmConfig(64, 128, 64, 6, 128, True), GemmConfig(64, 64, 64, 8, 128, True)],
     "ampere": [GemmConfig(128, 256, 32, 3, 256, True), GemmConfig(128, 128, 32, 4, 256, True),
                GemmConfig(64, 128, 32, 4, 128, True), GemmConfig(64, 64, 32, 6, 128, True)],
@@ -2298,7 +2300,7 @@ MEMORY_LATENCY = 1.6e-6  # a load's round trip under load: bytes in flight / lat
 # shared memory. Three consumer warpgroups (256x192: each a 256x64 strip; 192x192: each a 64x192 row) keep
 # the SM as busy as two, with more of C per block: fewer blocks, so the waves can come out whole.
 TILE_EFFICIENCY = {(128, 256): 1.0, (256, 192): 1.02, (192, 192): 0.92, (128, 192): 0.8, (128, 128): 0.85,
-                   (64, 256): 0.82, (64, 128): 0.62, (64, 64): 0.45}
+                   (64, 256): 0.82, (64, 128): 0.62, (64, 64): 0.45, (256, 128): 0.85, (256, 64): 0.6}
 
 
 def tile_efficiency(config: GemmConfig) -> float:
@@ -2369,6 +2371,8 @@ def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem
             base = replace(base, num_stages=base.num_stages - 1)
         if not fits(base, smem_budget) or (M <= 64 < base.block_M and any(c.block_M <= 64 for c in CANDIDATES[family])):
             continue  # a tile twice as tall as the whole problem would only multiply zeros
+        if base.block_M >= 2 * base.block_N and N > base.block_N:
+            continue  # tall narrow tiles: for a problem no wider than one, where wider tiles multiply zero columns
         tiles = -(-M // base.block_M) * -(-N // base.block_N)
         steps = -(-K // base.block_K)
         # Three-warpgroup tiles are there to make whole waves of whole K loops: no split (one split of them
@@ -2652,12 +2656,18 @@ class GemmPlan:
         return out
 
     def describe(self) -> str:
-        pad = (f"; run at {self.M}x{aligned(self.N)}x{aligned(self.K)} on zero-padded copies (rows of N={self.N} "
-               f"or K={self.K} elements are not 16-byte aligned)" if self.padded else "")
+        pad = (f"; run at {self.M}x{aligned(self.N)}x{aligned(self.K)} on zero-padded copies ("
+               f"{unaligned_rows(self.N, self.K)})" if self.padded else "")
         rows = -(-self.M // self.config.block_M)
         tall = (f"; its {rows} rows of tiles run along the grid's x axis (y takes at most {MAX_GRID_Y})"
                 if rows > MAX_GRID_Y and isinstance(self.config, GemmConfig) else "")
         return self.reason + pad + tall
+
+
+def unaligned_rows(N: int, K: int) -> str:
+    """Which rows a TMA or 16-byte copy cannot address: "rows of N=100 elements are not 16-byte aligned"."""
+    sizes = " and ".join(f"{name}={n}" for name, n in (("N", N), ("K", K)) if n % ALIGN)
+    return f"rows of {sizes} elements are not 16-byte aligned"
 
 
 def padding_seconds(M: int, N: int, K: int, family: str) -> float:
@@ -2683,8 +2693,7 @@ def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget
     copies_s = padding_seconds(M, N, K, family)
     if copies_s <= gemm_s or (M == 1 and K % 2):  # one row of odd length: TileLang picks a 2-byte cp.async
         return plan
-    return replace(plan, pad=False, reason=f"{reason}; rows of N={N} or K={K} elements are not 16-byte aligned: "
-                   f"loaded as they are, masked (zero-padded copies would take {copies_s * 1e6:.0f} us)")
+    return replace(plan, pad=False, reason=f"{reason}; {unaligned_rows(N, K)}: loaded as they are, masked (zero-padded copies would take {copies_s * 1e6:.0f} us)")
 
 
 class GemmLauncher:
@@ -2756,7 +2765,9 @@ You will learn:
   second wave runs half empty; 256x192 tiles (three consumer warpgroups) make 128 blocks, 0.97 waves, and
   3000^3 in 192x192 tiles 1.94 waves instead of 2.18. A skinny problem (64x8192x8192)
   has too few tall tiles to fill the SMs: 64-row tiles, and where even those are few, a split K (block z
-  sums its run of K into fp32 partials, `splitk_reduce_program` adds them). `choose_schedule` estimates
+  sums its run of K into fp32 partials, `splitk_reduce_program` adds them). A tall, narrow one
+  (1000000x64x64) takes 256x64 tiles: half the blocks of 128-row ones, each paying its start and store
+  once, and no columns of zeros as a wider tile would. `choose_schedule` estimates
   each candidate (waves x a block's math or loads, against streaming the operands once) and says why;
 - that T.copy takes rows of any length: unaligned ones (N or K not a multiple of 8) load with narrower,
   masked copies instead of TMA, which small problems prefer to three padding copies (`plan_problem`).

@@ -13,7 +13,9 @@ You will learn:
   second wave runs half empty; 256x192 tiles (three consumer warpgroups) make 128 blocks, 0.97 waves, and
   3000^3 in 192x192 tiles 1.94 waves instead of 2.18. A skinny problem (64x8192x8192)
   has too few tall tiles to fill the SMs: 64-row tiles, and where even those are few, a split K (block z
-  sums its run of K into fp32 partials, `splitk_reduce_program` adds them). `choose_schedule` estimates
+  sums its run of K into fp32 partials, `splitk_reduce_program` adds them). A tall, narrow one
+  (1000000x64x64) takes 256x64 tiles: half the blocks of 128-row ones, each paying its start and store
+  once, and no columns of zeros as a wider tile would. `choose_schedule` estimates
   each candidate (waves x a block's math or loads, against streaming the operands once) and says why;
 - that T.copy takes rows of any length: unaligned ones (N or K not a multiple of 8) load with narrower,
   masked copies instead of TMA, which small problems prefer to three padding copies (`plan_problem`).

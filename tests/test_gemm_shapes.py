@@ -67,6 +67,18 @@ def test_three_warpgroup_tiles_run_whole_k_loops():
     assert (config.block_M, config.block_N, config.split_k) == (128, 192, 1)
 
 
+def test_tall_narrow_problems_take_tall_narrow_tiles_and_only_they():
+    """N no wider than 64 or 128 (a projection to a few features over millions of rows): 256x64 and 256x128
+    tiles make half the blocks of 128-row ones with no zero columns; wider problems never take them."""
+    for (M, N, K), tile in [((1_000_000, 64, 64), (256, 64)), ((1_000_000, 128, 128), (256, 128)),
+                            ((20_000_000, 16, 16), (256, 64)), ((32768, 64, 64), (256, 64))]:
+        config = pick(M, N, K)
+        assert (config.block_M, config.block_N) == tile, (M, N, K, config)
+    for shape in [(8192, 8192, 8192), (1_000_000, 192, 64), (100000, 96, 300), (2000, 3000, 4000)]:
+        tall = [c for c in candidate_schedules(*shape, **H200) if c.block_M >= 2 * c.block_N]
+        assert all(c.block_N >= shape[1] for c in tall), shape
+
+
 def test_the_rule_says_why_in_a_line_a_learner_can_follow():
     _, reason = choose_schedule(64, 8192, 8192, **H200)
     assert "64x64 tiles" in reason and "blocks on 132 SMs" in reason and "waves" in reason and "us" in reason
@@ -117,6 +129,10 @@ def test_unaligned_rows_are_refused_by_tma_kernels_and_padded_or_loaded_masked_b
     for shape in [(4095, 4095, 4095), (2000, 3001, 4000), (1, 4097, 4095), (1, 1, 1)]:
         plan = plan_problem(*shape, **H200)
         assert plan.padded and plan.kernel_shape == (shape[0], aligned(shape[1]), aligned(shape[2])), shape
+    # the message names the sizes that are unaligned, and only those
+    assert "rows of N=3001 elements are not 16-byte aligned" in plan_problem(2000, 3001, 4000, **H200).describe()
+    assert "N=4097 and K=4095" in plan_problem(1, 4097, 4095, **H200).describe()
+    assert "K=" not in plan_problem(100, 100, 96, **H200).describe().split("aligned")[0].split(";")[-1]
     with pytest.raises(ValueError, match="dtype"):
         check_problem(64, 64, 64, None, "float32")
     assert aligned(1) == 8 and aligned(8) == 8 and aligned(4097) == 4104
