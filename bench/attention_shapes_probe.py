@@ -78,7 +78,9 @@ def candidates(problem):
     elif problem.seq_len <= 1024:
         alts = {"pipe 128x128": P(128, 128, **hf), "pipe 64x128": P(64, 128, **hf), "pipe 128x64": P(128, 64, **hf),
                 "pipe 64x64 x2": P(64, 64, blocks_per_sm=2, **hf), "async 64x64 x2": A(64, 64, blocks_per_sm=2, **hf),
-                "async 128x128": A(128, 128, **hf), "async 128x64": A(128, 64, **hf)}  # FA3 below its threshold
+                "async 128x128": A(128, 128, **hf), "async 128x64": A(128, 64, **hf),  # FA3 below its threshold
+                "pipe 128x128 noWS": P(128, 128, no_ws=True, **hf), "pipe 64x64 noWS": P(64, 64, no_ws=True, **hf),
+                "pipe 64x128 noWS": P(64, 128, no_ws=True, **hf)}
     else:
         alts = {"async 128x128": A(128, 128, **hf), "async 128x176": A(128, 176, **hf),
                 "pipe 64x64 x2": P(64, 64, blocks_per_sm=2, **hf)}
@@ -117,15 +119,18 @@ def jobs():
 def build(problem, cfg):
     from sections import flash_attention as FA
 
-    return FA.build(problem, cfg)
+    return FA.build(problem, {k: v for k, v in cfg.items() if k != "no_ws"})
 
 
 def compile_one(problem, cfg):
+    """cfg["no_ws"] (a probe-only key): compiled without warp specialization (every thread issues cp.async;
+    registers as needed, so more blocks can share an SM)."""
     import tilelang
 
     from sections import flash_attention as FA
 
-    return tilelang.compile(build(problem, cfg), out_idx=None, target="cuda", pass_configs=FA.pass_configs(cfg))
+    configs = {**FA.pass_configs(cfg), **({"tl.disable_warp_specialized": True} if cfg.get("no_ws") else {})}
+    return tilelang.compile(build(problem, cfg), out_idx=None, target="cuda", pass_configs=configs)
 
 
 def _worker(problem, label, cfg):
@@ -154,11 +159,11 @@ def main(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--budget", type=float, default=165.0, help="seconds from start; the rest is skipped")
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
-    ap.add_argument("--filter", default="")
+    ap.add_argument("--filter", default="", help="problems whose name contains one of these, split by |")
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args(argv)
-    timed = [(p, c, w) for p, c, w in jobs() if args.filter in p.name]
-    work = timed + [(p, c, w) for p, c, w in check_jobs() if args.filter in p.name]
+    timed = [(p, c, w) for p, c, w in jobs() if any(f in p.name for f in args.filter.split("|"))]
+    work = timed + [(p, c, w) for p, c, w in check_jobs() if any(f in p.name for f in args.filter.split("|"))]
     if args.list:
         for p, c, w in work:
             log(p.name, "|", w)

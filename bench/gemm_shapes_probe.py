@@ -8,6 +8,7 @@ also unpadded (loaded masked). Prints one table per shape and a summary.
     python bench/gemm_shapes_probe.py [--shapes 64x8192x8192,8192x8192x8192:bfloat16] [--budget-s 220]
     python bench/gemm_shapes_probe.py --list       # the plans and estimates per shape, no GPU
     python bench/gemm_shapes_probe.py --every-tile --shapes 20000000x16x16,65536x64x4096   # tall, skinny N
+    python bench/gemm_shapes_probe.py --no-ws ...   # each lesson schedule also without warp specialization
     (on the device: bash .device/run python bench/gemm_shapes_probe.py)
 
 Kernels compile in threads, shape by shape in the list's order; by default every compile finishes before
@@ -130,6 +131,9 @@ def main():
     ap.add_argument("--every-tile", action="store_true",
                     help="time every candidate tile, however far the model puts it behind the pick")
     ap.add_argument("--overlap", action="store_true", help="time shapes while later ones still compile")
+    ap.add_argument("--no-ws", action="store_true",
+                    help="also build each lesson schedule with tl.disable_warp_specialized (Hopper): no producer "
+                         "warpgroup, cp.async by every thread, registers as needed, so blocks can share an SM")
     args = ap.parse_args()
     started = time.perf_counter()
     shapes = [parse(s) for s in args.shapes.split(",")]
@@ -156,21 +160,30 @@ def main():
     family, sms, smem = device.family, device.sm_count, device.smem_per_block_optin
     log(f"{device.name}: {sms} SMs, {smem} B shared memory a block, family {family}")
 
-    def build(plan, fused):
+    NO_WS = {"tl.disable_warp_specialized": True}
+
+    def build(plan, fused, extra):
         act = "gelu" if fused else None
         progs = plan.programs(bias=fused, activation=act)
-        return {k: tilelang.compile(f, out_idx=None, target="cuda", pass_configs=epilogue_pass_configs(act))
+        return {k: tilelang.compile(f, out_idx=None, target="cuda",
+                                    pass_configs={**epilogue_pass_configs(act), **(extra if k == "gemm" else {})})
                 for k, f in progs.items()}
+
+    def builds(plan, fused):
+        yield plan, {}
+        if args.no_ws and isinstance(plan.config, P.GemmConfig):
+            yield plan, NO_WS
 
     pool = ThreadPoolExecutor(max_workers=16)
     jobs = []
     for M, N, K, dtype, fused in shapes:
         plans = plans_for(M, N, K, dtype, fused, family, sms, smem, reach)
-        jobs.append(((M, N, K, dtype, fused), [(plan, pool.submit(build, plan, fused)) for plan in plans]))
+        jobs.append(((M, N, K, dtype, fused), [(plan, extra, pool.submit(build, plan, fused, extra))
+                                               for p in plans for plan, extra in builds(p, fused)]))
 
     if not args.overlap:
         for _, plans in jobs:
-            for _, fut in plans:
+            for _, _, fut in plans:
                 fut.exception()  # wait; a failed compile is reported where its shape is timed
         log(f"compiled in {time.perf_counter() - started:.0f} s")
     summary = []
@@ -187,8 +200,8 @@ def main():
             c = torch.empty((M, N), dtype=tdt, device="cuda")
             ref = reference(a, b, bias, "gelu" if fused else None)
             fns, rows = {}, {}
-            for plan, fut in plans:
-                label = short(plan)
+            for plan, extra, fut in plans:
+                label = short(plan) + (" noWS" if extra else "")
                 try:
                     launcher = P.GemmLauncher(plan, fut.result())
                     call = (lambda L=launcher: L(a, b, bias, c)) if fused else (lambda L=launcher: L(a, b, c))
@@ -212,7 +225,7 @@ def main():
             for label, (est, err, plan) in rows.items():
                 if label in ms:
                     log(f"  {label:<28} est {est:8.1f} us  got {ms[label] * 1e3:8.1f} us  "
-                        f"{base / ms[label]:.3f}x  err {err:.1e}{'  <- pick' if plan is plans[0][0] else ''}")
+                        f"{base / ms[label]:.3f}x  err {err:.1e}{'  <- pick' if label == short(plans[0][0]) else ''}")
             pick = short(plans[0][0])
             ours = {k: v for k, v in ms.items() if k in rows}
             best = min(ours, key=ours.get) if ours else "-"
