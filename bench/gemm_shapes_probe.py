@@ -8,7 +8,7 @@ also unpadded (loaded masked). Prints one table per shape and a summary.
     python bench/gemm_shapes_probe.py [--shapes 64x8192x8192,8192x8192x8192:bfloat16] [--budget-s 220]
     python bench/gemm_shapes_probe.py --list       # the plans and estimates per shape, no GPU
     python bench/gemm_shapes_probe.py --every-tile --shapes 20000000x16x16,65536x64x4096   # tall, skinny N
-    python bench/gemm_shapes_probe.py --no-ws ...   # each lesson schedule also without warp specialization
+    python bench/gemm_shapes_probe.py --no-ws ...   # each schedule also without warp specialization (Hopper)
     (on the device: bash .device/run python bench/gemm_shapes_probe.py)
 
 Kernels compile in threads, shape by shape in the list's order; by default every compile finishes before
@@ -116,6 +116,7 @@ def short(plan):
     more += " " + config.policy[:4] if config.policy != "Square" else ""
     more += " nopad" if not plan.pad else ""
     more += " direct" if not getattr(config, "staged_store", True) else ""
+    more += " noWS" if not getattr(config, "warp_specialized", True) else ""
     return f"{config.block_M}x{config.block_N}x{config.block_K} s{config.num_stages} t{config.threads}{split}{more}"
 
 
@@ -160,30 +161,29 @@ def main():
     family, sms, smem = device.family, device.sm_count, device.smem_per_block_optin
     log(f"{device.name}: {sms} SMs, {smem} B shared memory a block, family {family}")
 
-    NO_WS = {"tl.disable_warp_specialized": True}
-
-    def build(plan, fused, extra):
+    def build(plan, fused):
         act = "gelu" if fused else None
         progs = plan.programs(bias=fused, activation=act)
-        return {k: tilelang.compile(f, out_idx=None, target="cuda",
-                                    pass_configs={**epilogue_pass_configs(act), **(extra if k == "gemm" else {})})
+        return {k: tilelang.compile(f, out_idx=None, target="cuda", pass_configs=(
+                    P.gemm_pass_configs(plan.config, act) if k == "gemm" else epilogue_pass_configs(act)))
                 for k, f in progs.items()}
 
-    def builds(plan, fused):
-        yield plan, {}
-        if args.no_ws and isinstance(plan.config, P.GemmConfig):
-            yield plan, NO_WS
+    def builds(plan):
+        yield plan
+        config = plan.config
+        if args.no_ws and isinstance(config, P.GemmConfig) and config.warp_specialized and config.threads <= 256:
+            yield replace(plan, config=replace(config, warp_specialized=False))
 
     pool = ThreadPoolExecutor(max_workers=16)
     jobs = []
     for M, N, K, dtype, fused in shapes:
         plans = plans_for(M, N, K, dtype, fused, family, sms, smem, reach)
-        jobs.append(((M, N, K, dtype, fused), [(plan, extra, pool.submit(build, plan, fused, extra))
-                                               for p in plans for plan, extra in builds(p, fused)]))
+        built = list(dict.fromkeys(plan for p in plans for plan in builds(p)))
+        jobs.append(((M, N, K, dtype, fused), [(plan, pool.submit(build, plan, fused)) for plan in built]))
 
     if not args.overlap:
         for _, plans in jobs:
-            for _, _, fut in plans:
+            for _, fut in plans:
                 fut.exception()  # wait; a failed compile is reported where its shape is timed
         log(f"compiled in {time.perf_counter() - started:.0f} s")
     summary = []
@@ -200,8 +200,8 @@ def main():
             c = torch.empty((M, N), dtype=tdt, device="cuda")
             ref = reference(a, b, bias, "gelu" if fused else None)
             fns, rows = {}, {}
-            for plan, extra, fut in plans:
-                label = short(plan) + (" noWS" if extra else "")
+            for plan, fut in plans:
+                label = short(plan)
                 try:
                     launcher = P.GemmLauncher(plan, fut.result())
                     call = (lambda L=launcher: L(a, b, bias, c)) if fused else (lambda L=launcher: L(a, b, c))

@@ -22,9 +22,10 @@ they are instead: T.copy then loads them with narrower, masked copies (`plan_pro
 import itertools
 from dataclasses import dataclass, replace
 
+import tilelang
 import tilelang.language as T
 
-from sections.gemm_epilogue import ACTIVATIONS, activation_macro
+from sections.gemm_epilogue import ACTIVATIONS, activation_macro, epilogue_pass_configs
 
 WARP_POLICIES = ("Square", "FullRow", "FullCol")
 DTYPES = ("float16", "bfloat16")
@@ -35,7 +36,8 @@ PRODUCER_REGISTERS = 24  # a thread of the TMA producer warpgroup (Hopper warp s
 @dataclass(frozen=True)
 class GemmConfig:
     """One schedule: tile, stages, threads, swizzle (panel: tile rows), T.GemmWarpPolicy, C through shared,
-    split_k (blocks sharing one tile's K loop; 1: none)."""
+    split_k (blocks sharing one tile's K loop; 1: none), warp_specialized (Hopper: TileLang's TMA producer
+    warpgroup; False: every thread issues cp.async and the block takes only the registers it needs)."""
 
     block_M: int
     block_N: int
@@ -47,6 +49,7 @@ class GemmConfig:
     policy: str = "Square"
     staged_store: bool = True
     split_k: int = 1
+    warp_specialized: bool = True
 
     def smem_bytes(self, dtype_bytes: int = 2) -> int:
         """An upper bound of the kernel's shared memory: `num_stages` copies of the A and B tiles, or the C tile
@@ -63,13 +66,25 @@ class GemmConfig:
         return {"kernel": "T.Pipelined", "tile": f"{self.block_M}x{self.block_N}x{self.block_K}",
                 "stages": self.num_stages, "threads": self.threads,
                 "swizzle": f"panel {self.panel}" if self.swizzle else "off",
-                "policy": self.policy + ("" if self.staged_store else ", direct store") + split}
+                "policy": self.policy + ("" if self.staged_store else ", direct store") + split + self.no_ws()}
+
+    def no_ws(self) -> str:
+        return "" if self.warp_specialized else ", no producer warpgroup"
 
     def label(self) -> str:
         c = self.columns()
-        policy = self.policy + ("" if self.staged_store else ", direct store")
+        policy = self.policy + ("" if self.staged_store else ", direct store") + self.no_ws()
         return (f"{c['kernel']} {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}"
                 + (f", {policy}" if policy != "Square" else "") + (f", K split {self.split_k}" if self.split_k > 1 else ""))
+
+
+def gemm_pass_configs(config, activation: str | None = None) -> dict:
+    """What a schedule compiles with: the epilogue's fast math; without warp specialization, the pass config
+    that turns off TileLang's producer warpgroup."""
+    configs = epilogue_pass_configs(activation)
+    if not getattr(config, "warp_specialized", True):
+        configs = {**configs, tilelang.PassConfigKey.TL_DISABLE_WARP_SPECIALIZED: True}
+    return configs
 
 
 def fits(config, smem_budget: int) -> bool:
@@ -144,6 +159,12 @@ CANDIDATES = {
 }
 CANDIDATES["ada"] = CANDIDATES["ampere"]
 SPLITS = (1, 2, 3, 4, 6, 8)  # K splits tried where a problem's tiles leave SMs idle
+# A block whose K loop is this short has little to pipeline: its time goes to the first loads and the store.
+# On Hopper TileLang's producer warpgroup and its register split keep one block per SM, so those wait alone.
+# Compiled without warp specialization (every thread issues cp.async), a block of up to 256 threads takes
+# only the registers it needs and two or more share an SM: one's loads and store beside the other's MMAs.
+# Longer loops want the TMA pipeline (without it, 4096x4096x1024 ran 20% slower).
+SHORT_LOOP_STEPS = 2
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's y (and z) axis; x takes 2^31 - 1
 
 
@@ -184,15 +205,18 @@ def k_steps(K: int, config: GemmConfig) -> int:
 def registers_per_thread(config: GemmConfig, family: str) -> int:
     """What ptxas gives a thread of the lesson's kernel (its compile reports). Hopper: TileLang adds a producer
     warpgroup and the kernel asks for no resident-block minimum, so ptxas takes all that one block's
-    launch bounds allow. Elsewhere: the fp32 accumulators plus about 72 (addresses, A and B fragments)."""
+    launch bounds allow; without warp specialization, the accumulators plus 26 (sm_90a compile reports).
+    Elsewhere: the fp32 accumulators plus about 72 (addresses, A and B fragments)."""
     if family == "hopper":
+        if not config.warp_specialized:
+            return config.block_M * config.block_N // config.threads + 26
         return 65536 // (config.threads + 128) // 8 * 8
     return min(255, config.block_M * config.block_N // config.threads + 72)
 
 
 def blocks_per_sm(config: GemmConfig, smem_budget: int, family: str) -> int:
     """Blocks that share an SM (two at most in the model): shared memory, threads and registers allowing."""
-    launched = config.threads + (128 if family == "hopper" else 0)
+    launched = config.threads + (128 if family == "hopper" and config.warp_specialized else 0)
     by_registers = 65536 // (launched * registers_per_thread(config, family))
     return max(1, min(2, smem_budget // config.smem_bytes(), 1024 // config.threads, by_registers))
 
@@ -251,6 +275,8 @@ def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem
                 config = replace(base, split_k=split)
                 if fits(config, smem_budget):
                     out.append(config)
+        if family == "hopper" and steps <= SHORT_LOOP_STEPS and base.threads <= 256:
+            out.append(replace(base, warp_specialized=False))  # after the warp-specialized one: see SHORT_LOOP_STEPS
     return out
 
 
@@ -260,8 +286,13 @@ def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_bud
     if not options:
         raise ValueError(f"no GEMM tile fits the {smem_budget} B of shared memory a block may use")
     times = [estimate_seconds(M, N, K, c, family, sm_count, smem_budget) for c in options]
-    # Equal estimates (a problem too small for the tile to matter): the smaller tile wastes less work.
-    order = sorted(range(len(options)), key=lambda i: (round(times[i], 9), options[i].block_M * options[i].block_N, i))
+    # Equal estimates (a problem too small or too memory-bound for the tile to matter): the fewest multiplied
+    # zeros (tiles x tile area: 32768x64 in 256x64 tiles, not 128x128 ones), then the smaller tile.
+    def padded_area(c):
+        return -(-M // c.block_M) * c.block_M * -(-N // c.block_N) * c.block_N
+
+    order = sorted(range(len(options)), key=lambda i: (round(times[i], 9), padded_area(options[i]),
+                                                       options[i].block_M * options[i].block_N, i))
     pick = options[order[0]]
     return pick, explain(M, N, K, pick, times[order[0]], options, times, sm_count, smem_budget, family)
 
@@ -286,7 +317,13 @@ def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget, family
         return f"{c.block_M}x{c.block_N} tiles{split}: {blocks} blocks on {sm_count} SMs ({waves:.2f} waves)"
 
     lesson = options[0]
-    if pick == lesson:
+    blocks = -(-M // pick.block_M) * -(-N // pick.block_N) * pick.split_k
+    together = min(blocks_per_sm(pick, smem_budget, family), -(-blocks // sm_count))
+    if not pick.warp_specialized and together > 1:
+        other = min((i for i, c in enumerate(options) if c.warp_specialized), key=lambda i: times[i], default=None)
+        why = (f"a {k_steps(K, pick)}-step K loop has little to pipeline; without the producer warpgroup "
+               f"{together} blocks share an SM, one's loads and store beside another's MMAs")
+    elif pick == lesson:
         other = min((i for i, c in enumerate(options) if c != pick), key=lambda i: times[i], default=None)
         why = "the lesson's tile: its waves and rate come out best here"
     else:
@@ -503,6 +540,8 @@ class GemmPlan:
         rows are loaded masked (no TMA, no cp.async of whole 16-byte segments)."""
         _, N, K = self.kernel_shape
         masked = N % ALIGN or K % ALIGN
+        if not getattr(self.config, "warp_specialized", True):  # Hopper without a producer: cp.async, no TMA
+            return ("wgmma",) + (() if masked else ("cp_async",))
         return tuple(m for m in family_markers if not masked or m in ("wgmma", "mma_sync"))
 
     def programs(self, bias: bool = False, activation=None) -> dict:

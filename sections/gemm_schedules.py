@@ -15,7 +15,10 @@ You will learn:
   has too few tall tiles to fill the SMs: 64-row tiles, and where even those are few, a split K (block z
   sums its run of K into fp32 partials, `splitk_reduce_program` adds them). A tall, narrow one
   (1000000x64x64) takes 256x64 tiles: half the blocks of 128-row ones, each paying its start and store
-  once, and no columns of zeros as a wider tile would. `choose_schedule` estimates
+  once, and no columns of zeros as a wider tile would. A K loop of one or two steps has nothing to
+  pipeline: its block waits on its first loads and its store. On Hopper such a schedule is compiled without
+  TileLang's producer warpgroup (`gemm_pass_configs`), so two blocks share an SM and one's loads and
+  store run beside the other's MMAs. `choose_schedule` estimates
   each candidate (waves x a block's math or loads, against streaming the operands once) and says why;
 - that T.copy takes rows of any length: unaligned ones (N or K not a multiple of 8) load with narrower,
   masked copies instead of TMA, which small problems prefer to three padding copies (`plan_problem`).
@@ -45,9 +48,9 @@ import tilelang
 import tilelang.language as T
 
 import tourkit
-from sections.gemm_epilogue import epilogue_pass_configs
 from sections.gemm_plans import (MAX_GRID_Y, PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher,  # noqa: F401
                                  GemmPlan, check_problem, consumer_registers, epilogue_macro, fits, gemm_bytes,
+                                 gemm_pass_configs,
                                  gemm_flops, gemm_prim_func, lesson_schedules, neighbours, plan_problem, wave_traffic)
 from tourkit import KernelDecl, Section, SectionSkip
 
@@ -124,7 +127,7 @@ def compile_gemm(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
                  dtype: str = "float16", pass_configs: dict | None = None):
     """Compile for the local GPU. The kernel writes into the caller's C: kernel(a, b, c) / kernel(a, b, bias, c)."""
     func = gemm_program(M, N, K, config, bias=bias, activation=activation, dtype=dtype)
-    configs = {**epilogue_pass_configs(activation), **(pass_configs or {})}
+    configs = {**gemm_pass_configs(config, activation), **(pass_configs or {})}
     return tilelang.compile(func, out_idx=None, target="cuda", pass_configs=configs)
 
 
@@ -209,6 +212,7 @@ def kernels(ctx) -> list[KernelDecl]:
     jobs = [(p, i == 0) for i, p in enumerate(rows)] + [(p, i == 0) for i, p in enumerate(odd)]
     jobs += [(ws, True)] if ws else []
     return [KernelDecl(kernel_name(p, part), (lambda p=p, part=part: p.programs()[part]), nvcc=nvcc,
+                       pass_configs=gemm_pass_configs(p.config) if part == "gemm" else None,
                        markers=p.markers(markers) if part == "gemm" else (), smem_limit=p.config.smem_bytes(),
                        threads=getattr(p.config, "block_threads", p.config.threads) if part == "gemm" else 128)
             for p, nvcc in dict.fromkeys(jobs) for part in (("gemm", "reduce") if split(p) else ("gemm",))]
@@ -298,7 +302,7 @@ def run(ctx) -> None:
                 f"{rows[0].describe()}")
     if ctx.compile_only:  # lower (and nvcc a few), check markers and shared memory, show the K loop
         first = tourkit.inspect_declared(ctx, decls)[decls[0].name]
-        if family == "hopper":
+        if family == "hopper" and rows[0].config.warp_specialized:
             ctx.log(f"threads as launched include TileLang's producer warpgroup (TMA copies): {first.threads} "
                     f"for {decls[0].threads} asked")
         show_generated_code(ctx, first.source, family)

@@ -4,13 +4,15 @@ problems on sm_80 and sm_90a (a few through nvcc), the sections' --shape paths (
 sizes (GPU)."""
 
 
+from dataclasses import replace
+
 import pytest
 
 import tourkit
 from sections import autotune, fusion, gemm_schedules
 from sections.gemm_plans import (CANDIDATES, GemmConfig, GemmLauncher, GemmPlan, aligned, blocks_per_sm,
                                  candidate_schedules, check_problem, choose_schedule, estimate_seconds, fits,
-                                 fitted_to_k, plan_problem)
+                                 fitted_to_k, gemm_pass_configs, plan_problem)
 
 H200 = dict(family="hopper", sm_count=132, smem_budget=232448)
 BUDGETS = {"hopper": 232448, "ampere": 166912, "ada": 101376, "turing": 65536}
@@ -70,13 +72,36 @@ def test_three_warpgroup_tiles_run_whole_k_loops():
 def test_tall_narrow_problems_take_tall_narrow_tiles_and_only_they():
     """N no wider than 64 or 128 (a projection to a few features over millions of rows): 256x64 and 256x128
     tiles make half the blocks of 128-row ones with no zero columns; wider problems never take them."""
-    for (M, N, K), tile in [((1_000_000, 64, 64), (256, 64)), ((1_000_000, 128, 128), (256, 128)),
-                            ((20_000_000, 16, 16), (256, 64)), ((32768, 64, 64), (256, 64))]:
+    for (M, N, K), tile in [((1_000_000, 64, 64), (256, 64)), ((100_000, 96, 300), (256, 128)),
+                            ((20_000_000, 16, 16), (256, 64)), ((32768, 64, 64), (256, 64)),
+                            ((1_000_000, 64, 200), (256, 64))]:
         config = pick(M, N, K)
         assert (config.block_M, config.block_N) == tile, (M, N, K, config)
     for shape in [(8192, 8192, 8192), (1_000_000, 192, 64), (100000, 96, 300), (2000, 3000, 4000)]:
         tall = [c for c in candidate_schedules(*shape, **H200) if c.block_M >= 2 * c.block_N]
         assert all(c.block_N >= shape[1] for c in tall), shape
+
+
+def test_short_k_loops_drop_the_producer_warpgroup_so_blocks_share_an_sm():
+    """K of one or two steps: nothing to pipeline, so a block's first loads and its store are its time; without
+    warp specialization two blocks share an SM. Longer loops, three-warpgroup tiles and other families keep
+    their pipeline."""
+    for shape in [(1_000_000, 64, 64), (20_000_000, 16, 16), (1_000_000, 128, 128), (16384, 256, 64),
+                  (4096, 4096, 64), (8192, 8192, 128)]:
+        config, reason = choose_schedule(*shape, **H200)
+        assert not config.warp_specialized and config.threads <= 256, shape
+        assert blocks_per_sm(config, H200["smem_budget"], "hopper") == 2
+        assert "without the producer warpgroup 2 blocks share an SM" in reason
+    for shape in [(4096, 4096, 1024), (100_000, 96, 300), (8192, 8192, 8192), (64, 8192, 8192), (1536, 1536, 1536)]:
+        assert all(c.warp_specialized for c in candidate_schedules(*shape, **H200)), shape
+    for family in ("ampere", "ada", "turing"):
+        assert all(c.warp_specialized for c in candidate_schedules(1_000_000, 64, 64, family, 82, BUDGETS[family]))
+    # a block alone on its SM gains nothing from it: the tiniest problems keep TileLang's default
+    assert pick(7, 13, 5).warp_specialized and pick(100, 100, 100).warp_specialized
+    config = pick(1_000_000, 128, 128)
+    assert gemm_pass_configs(config) == {"tl.disable_warp_specialized": True}
+    assert gemm_pass_configs(replace(config, warp_specialized=True)) == {}
+    assert "no producer warpgroup" in config.label()
 
 
 def test_the_rule_says_why_in_a_line_a_learner_can_follow():
@@ -87,7 +112,7 @@ def test_the_rule_says_why_in_a_line_a_learner_can_follow():
     _, reason = choose_schedule(2000, 3000, 4000, **H200)  # against the lesson's tile, with the waves it wastes
     assert reason.startswith("256x192 tiles: 128 blocks on 132 SMs (0.97 waves)")
     assert "128x256 tiles: 192 blocks on 132 SMs (1.45 waves)" in reason and "last wave would run 55% empty" in reason
-    _, reason = choose_schedule(1_000_000, 128, 128, **H200)  # many waves: the count of blocks, not the last one
+    _, reason = choose_schedule(1_000_000, 128, 256, **H200)  # many waves: the count of blocks, not the last one
     assert "(2.0x the blocks, each paying its start and store)" in reason and "empty" not in reason
     plan = plan_problem(4095, 4095, 4095, **H200)
     assert plan.padded and plan.kernel_shape == (4095, 4096, 4096) and "zero-padded" in plan.describe()
@@ -198,13 +223,21 @@ FAMILY = {"sm_80": "ampere", "sm_90a": "hopper"}
                                                   ((2, 4097, 4095), "float16", True),
                                                   ((128, 4096, 11008), "float16", True),
                                                   ((2000, 3000, 4000), "bfloat16", False),
-                                                  ((3000, 3000, 3000), "float16", True)])
+                                                  ((3000, 3000, 3000), "float16", True),
+                                                  ((100_000, 128, 128), "bfloat16", True)])
 def test_the_rules_kernels_lower_for_users_problems(arch, shape, dtype, epilogue):
     plan = plan_problem(*shape, FAMILY[arch], 132 if arch == "sm_90a" else 108, BUDGETS[FAMILY[arch]], dtype)
-    programs = plan.programs(bias=epilogue, activation="gelu" if epilogue else None)
-    report = tourkit.inspect_kernel("gemm", programs["gemm"], arch, nvcc=False)
+    activation = "gelu" if epilogue else None
+    programs = plan.programs(bias=epilogue, activation=activation)
+    report = tourkit.inspect_kernel("gemm", programs["gemm"], arch, nvcc=False,
+                                    pass_configs=gemm_pass_configs(plan.config, activation))
     aligned_rows = shape[1] % 8 == 0 and shape[2] % 8 == 0
-    tourkit.require_markers(report, EXPECTED[arch] if aligned_rows or plan.padded else UNPADDED[arch])
+    expected = EXPECTED[arch] if aligned_rows or plan.padded else UNPADDED[arch]
+    if not plan.config.warp_specialized:  # a short K loop on Hopper: every thread issues cp.async, no TMA
+        expected = ["wgmma", "cp_async"]
+        assert report.markers["tma_load"] == 0 and arch == "sm_90a"
+    tourkit.require_markers(report, expected)
+    assert list(expected) == [m for m in plan.markers(tourkit.tensor_core_markers(arch)) if m in expected]
     assert report.smem_bytes <= plan.config.smem_bytes()
     assert dtype == "float16" or "bfloat16_t" in report.source
     if plan.config.split_k > 1:
@@ -227,17 +260,22 @@ def test_more_tile_rows_than_a_grid_column_holds_go_along_x(arch):
 
 
 @pytest.mark.parametrize("arch,config", [("sm_90a", GemmConfig(64, 64, 64, 8, 128, True)),
+                                         ("sm_90a", GemmConfig(128, 128, 64, 2, 256, True, warp_specialized=False)),
+                                         ("sm_90a", GemmConfig(256, 64, 64, 2, 256, True, policy="FullRow",
+                                                               warp_specialized=False)),
                                          ("sm_80", GemmConfig(128, 256, 32, 3, 256, True)),
                                          ("sm_80", GemmConfig(128, 128, 32, 2, 256, True)),
                                          ("sm_80", GemmConfig(128, 128, 32, 4, 256, True)),
                                          ("sm_80", GemmConfig(64, 64, 32, 6, 128, True))])
 def test_the_models_blocks_per_sm_agree_with_the_registers_ptxas_gives(arch, config):
-    """Hopper: one block takes the SM's registers (a producer warpgroup, no resident-block minimum); on Ampere
+    """Hopper: one block takes the SM's registers (a producer warpgroup, no resident-block minimum), unless built
+    without warp specialization (two 256-thread blocks of 128x128 tiles fit); on Ampere
     a 256-thread block of 128x256 or 128x128 tiles needs more than 128 a thread (so one block an SM), a
     128-thread 64x64 block far fewer."""
     family = FAMILY[arch]
     config = fitted_to_k(config, 1024)
-    report = tourkit.inspect_kernel("gemm", gemm_schedules.gemm_program(4096, 4096, 1024, config), arch)
+    report = tourkit.inspect_kernel("gemm", gemm_schedules.gemm_program(4096, 4096, 1024, config), arch,
+                                    pass_configs=gemm_pass_configs(config))
     by_registers = 65536 // (report.threads * report.registers)
     assert blocks_per_sm(config, 10**6, family) == max(1, min(2, by_registers))
 
@@ -319,7 +357,8 @@ def test_autotune_tunes_the_users_problem_rounded_up():
                                          (64, 8192, 1000, "float16"), (128, 4096, 11008, "bfloat16"),
                                          (2000, 3000, 4000, "bfloat16"), (1, 4096, 4096, "float16"),
                                          (2, 4097, 4095, "float16"), (100, 100, 100, "bfloat16"),
-                                         (20_000_000, 16, 16, "float16")])
+                                         (20_000_000, 16, 16, "float16"), (300_000, 100, 64, "bfloat16"),
+                                         (16384, 256, 64, "float16")])
 @pytest.mark.parametrize("epilogue", [False, True])
 def test_the_rules_pick_is_correct_on_odd_sizes(M, N, K, dtype, epilogue):
     import tilelang
@@ -330,7 +369,8 @@ def test_the_rules_pick_is_correct_on_odd_sizes(M, N, K, dtype, epilogue):
         pytest.skip("bfloat16 needs sm_80")
     plan = plan_problem(M, N, K, device.family, device.sm_count, device.smem_per_block_optin, dtype)
     activation = "gelu" if epilogue else None
-    kernels = {part: tilelang.compile(f, out_idx=None, target="cuda", pass_configs=epilogue_pass_configs(activation))
+    configs = {"gemm": gemm_pass_configs(plan.config, activation), "reduce": epilogue_pass_configs(activation)}
+    kernels = {part: tilelang.compile(f, out_idx=None, target="cuda", pass_configs=configs[part])
                for part, f in plan.programs(bias=epilogue, activation=activation).items()}
     run = GemmLauncher(plan, kernels)
     a, b, bias, c = fusion.fused_inputs(M, N, K, seed=5, dtype=dtype)
