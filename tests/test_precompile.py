@@ -16,7 +16,8 @@ import tourkit
 from sections import flash_attention as FA
 from sections import softmax as S
 from sections import vector_add as V
-from sections.gemm_schedules import GemmConfig, compile_gemm, epilogue_pass_configs, gemm_program
+from sections.gemm_epilogue import epilogue_pass_configs
+from sections.gemm_schedules import GemmConfig, compile_gemm, gemm_program
 
 JIT_MODULE = sys.modules["tilelang.jit"]
 FAKE_H200 = tourkit.DeviceInfo("fake H200", (9, 0), "sm_90a", 132, 141 * 2**30, 232448, 60 * 2**20)
