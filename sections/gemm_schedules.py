@@ -286,9 +286,12 @@ def show_generated_code(ctx, source: str, family: str) -> None:
     if excerpt:
         ctx.log("\nInside the K loop of the generated CUDA (the tensor-core instructions T.gemm became):")
         ctx.log(tourkit.indent(excerpt, "  | "))
-    if family == "hopper" and "warpgroup_wait<0>" in source:
+    if family == "hopper" and "warpgroup_wait<0>" in source and "tma_load" in source:
         ctx.log("Each K step issues a batch of wgmma and waits for all of it (warpgroup_wait<0>) before handing "
                 "the stage back to the producer warpgroup; the appendix kernel keeps one batch in flight instead.")
+    elif family == "hopper" and "cp_async" in source:
+        ctx.log("No producer warpgroup here: every thread issues the cp.async copies of the next K step before "
+                "its wgmma, and the block takes only the registers it needs, so blocks can share an SM.")
 
 
 def run(ctx) -> None:

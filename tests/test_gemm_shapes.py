@@ -339,6 +339,10 @@ def test_compile_only_run_with_a_shape_reports_the_rule():
     gemm_schedules.run(ctx)
     assert any("the rule's schedule" in line for line in ctx.report)
     assert ctx.headlines["kernels"] >= 2
+    short = tourkit.TourContext(compile_only=True, arch="sm_90a", shape=(1_000_000, 64, 64), echo=False)
+    gemm_schedules.run(short)
+    text = "\n".join(short.report)
+    assert "no producer warpgroup:" in text and "No producer warpgroup here" in text and "handing" not in text
 
 
 def test_autotune_tunes_the_users_problem_rounded_up():
