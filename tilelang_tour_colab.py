@@ -1813,8 +1813,8 @@ configurations for tens of seconds).
 import time
 
 import tourkit
-from sections.gemm_epilogue import epilogue_pass_configs, gelu_exact  # noqa: F401  (gelu_exact: the formula taught)
-from sections.gemm_plans import GemmLauncher, GemmPlan, gemm_bytes, gemm_pass_configs
+from sections.gemm_epilogue import gelu_exact  # noqa: F401  (gelu_exact: the formula taught)
+from sections.gemm_plans import GemmLauncher, GemmPlan, gemm_bytes
 from sections.gemm_schedules import fits, gemm_flops, gemm_program, lesson_schedules, reference, rule, sm_count  # noqa: F401
 from tourkit import KernelDecl, Section, SectionSkip
 
@@ -1929,8 +1929,7 @@ def parts(p: GemmPlan) -> tuple[str, ...]:
 def kernels(ctx) -> list[KernelDecl]:
     markers = tuple(tourkit.tensor_core_markers(ctx.arch))
     return [KernelDecl(kernel_name(p, act, part), (lambda p=p, a=act, part=part: p.programs(True, a)[part]),
-                       pass_configs=gemm_pass_configs(p.config, act) if part == "gemm" else epilogue_pass_configs(act),
-                       threads=p.config.threads, nvcc=nvcc,
+                       pass_configs=p.pass_configs(part, act), threads=p.config.threads, nvcc=nvcc,
                        markers=p.markers(markers) if part == "gemm" else (), smem_limit=p.config.smem_bytes())
             for p, act, _, nvcc in planned(ctx) for part in parts(p)]
 
@@ -2198,14 +2197,14 @@ class GemmConfig:
         return {"kernel": "T.Pipelined", "tile": f"{self.block_M}x{self.block_N}x{self.block_K}",
                 "stages": self.num_stages, "threads": self.threads,
                 "swizzle": f"panel {self.panel}" if self.swizzle else "off",
-                "policy": self.policy + ("" if self.staged_store else ", direct store") + split + self.no_ws()}
+                "policy": self.policy + ("" if self.staged_store else ", direct store") + split + self.producer_note()}
 
-    def no_ws(self) -> str:
+    def producer_note(self) -> str:
         return "" if self.warp_specialized else ", no producer warpgroup"
 
     def label(self) -> str:
         c = self.columns()
-        policy = self.policy + ("" if self.staged_store else ", direct store") + self.no_ws()
+        policy = self.policy + ("" if self.staged_store else ", direct store") + self.producer_note()
         return (f"{c['kernel']} {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}"
                 + (f", {policy}" if policy != "Square" else "") + (f", K split {self.split_k}" if self.split_k > 1 else ""))
 
@@ -2295,7 +2294,7 @@ SPLITS = (1, 2, 3, 4, 6, 8)  # K splits tried where a problem's tiles leave SMs 
 # On Hopper TileLang's producer warpgroup and its register split keep one block per SM, so those wait alone.
 # Compiled without warp specialization (every thread issues cp.async), a block of up to 256 threads takes
 # only the registers it needs and two or more share an SM: one's loads and store beside the other's MMAs.
-# Longer loops want the TMA pipeline (without it, 4096x4096x1024 ran 20% slower).
+# Longer loops want the TMA pipeline (BENCHMARKS.md has the readings on both sides of the threshold).
 SHORT_LOOP_STEPS = 2
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's y (and z) axis; x takes 2^31 - 1
 
@@ -2676,6 +2675,11 @@ class GemmPlan:
             return ("wgmma",) + (() if masked else ("cp_async",))
         return tuple(m for m in family_markers if not masked or m in ("wgmma", "mma_sync"))
 
+    def pass_configs(self, part: str, activation=None) -> dict:
+        """What the plan's program `part` compiles with: the GEMM its schedule's (`gemm_pass_configs`), the
+        split-K reduction, which applies the epilogue, the epilogue's."""
+        return gemm_pass_configs(self.config, activation) if part == "gemm" else epilogue_pass_configs(activation)
+
     def programs(self, bias: bool = False, activation=None) -> dict:
         """{"gemm": prim_func} and, with a split K, {"reduce": prim_func}: what the launcher runs."""
         M, N, K = self.kernel_shape
@@ -2733,7 +2737,8 @@ def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget
     copies_s = padding_seconds(M, N, K, family)
     if copies_s <= gemm_s or (M == 1 and K % 2):  # one row of odd length: TileLang picks a 2-byte cp.async
         return plan
-    return replace(plan, pad=False, reason=f"{reason}; {unaligned_rows(N, K)}: loaded as they are, masked (zero-padded copies would take {copies_s * 1e6:.0f} us)")
+    return replace(plan, pad=False, reason=f"{reason}; {unaligned_rows(N, K)}: loaded as they are, masked "
+                   f"(zero-padded copies would take {copies_s * 1e6:.0f} us)")
 
 
 class GemmLauncher:
@@ -3004,7 +3009,7 @@ def kernels(ctx) -> list[KernelDecl]:
     jobs = [(p, i == 0) for i, p in enumerate(rows)] + [(p, i == 0) for i, p in enumerate(odd)]
     jobs += [(ws, True)] if ws else []
     return [KernelDecl(kernel_name(p, part), (lambda p=p, part=part: p.programs()[part]), nvcc=nvcc,
-                       pass_configs=gemm_pass_configs(p.config) if part == "gemm" else None,
+                       pass_configs=p.pass_configs(part),
                        markers=p.markers(markers) if part == "gemm" else (), smem_limit=p.config.smem_bytes(),
                        threads=getattr(p.config, "block_threads", p.config.threads) if part == "gemm" else 128)
             for p, nvcc in dict.fromkeys(jobs) for part in (("gemm", "reduce") if split(p) else ("gemm",))]

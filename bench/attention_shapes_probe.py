@@ -129,7 +129,8 @@ def compile_one(problem, cfg):
 
     from sections import flash_attention as FA
 
-    configs = {**FA.pass_configs(cfg), **({"tl.disable_warp_specialized": True} if cfg.get("no_ws") else {})}
+    no_ws = {tilelang.PassConfigKey.TL_DISABLE_WARP_SPECIALIZED: True} if cfg.get("no_ws") else {}
+    configs = {**FA.pass_configs(cfg), **no_ws}
     return tilelang.compile(build(problem, cfg), out_idx=None, target="cuda", pass_configs=configs)
 
 

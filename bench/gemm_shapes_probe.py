@@ -153,7 +153,6 @@ def main():
 
     import tourkit
     from sections import fusion
-    from sections.gemm_epilogue import epilogue_pass_configs
     from sections.gemm_schedules import TOLERANCE, reference
 
     tourkit.quiet_tilelang()
@@ -164,8 +163,7 @@ def main():
     def build(plan, fused):
         act = "gelu" if fused else None
         progs = plan.programs(bias=fused, activation=act)
-        return {k: tilelang.compile(f, out_idx=None, target="cuda", pass_configs=(
-                    P.gemm_pass_configs(plan.config, act) if k == "gemm" else epilogue_pass_configs(act)))
+        return {k: tilelang.compile(f, out_idx=None, target="cuda", pass_configs=plan.pass_configs(k, act))
                 for k, f in progs.items()}
 
     def builds(plan):

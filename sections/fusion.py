@@ -30,8 +30,8 @@ configurations for tens of seconds).
 import time
 
 import tourkit
-from sections.gemm_epilogue import epilogue_pass_configs, gelu_exact  # noqa: F401  (gelu_exact: the formula taught)
-from sections.gemm_plans import GemmLauncher, GemmPlan, gemm_bytes, gemm_pass_configs
+from sections.gemm_epilogue import gelu_exact  # noqa: F401  (gelu_exact: the formula taught)
+from sections.gemm_plans import GemmLauncher, GemmPlan, gemm_bytes
 from sections.gemm_schedules import fits, gemm_flops, gemm_program, lesson_schedules, reference, rule, sm_count  # noqa: F401
 from tourkit import KernelDecl, Section, SectionSkip
 
@@ -146,8 +146,7 @@ def parts(p: GemmPlan) -> tuple[str, ...]:
 def kernels(ctx) -> list[KernelDecl]:
     markers = tuple(tourkit.tensor_core_markers(ctx.arch))
     return [KernelDecl(kernel_name(p, act, part), (lambda p=p, a=act, part=part: p.programs(True, a)[part]),
-                       pass_configs=gemm_pass_configs(p.config, act) if part == "gemm" else epilogue_pass_configs(act),
-                       threads=p.config.threads, nvcc=nvcc,
+                       pass_configs=p.pass_configs(part, act), threads=p.config.threads, nvcc=nvcc,
                        markers=p.markers(markers) if part == "gemm" else (), smem_limit=p.config.smem_bytes())
             for p, act, _, nvcc in planned(ctx) for part in parts(p)]
 

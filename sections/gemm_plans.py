@@ -66,14 +66,14 @@ class GemmConfig:
         return {"kernel": "T.Pipelined", "tile": f"{self.block_M}x{self.block_N}x{self.block_K}",
                 "stages": self.num_stages, "threads": self.threads,
                 "swizzle": f"panel {self.panel}" if self.swizzle else "off",
-                "policy": self.policy + ("" if self.staged_store else ", direct store") + split + self.no_ws()}
+                "policy": self.policy + ("" if self.staged_store else ", direct store") + split + self.producer_note()}
 
-    def no_ws(self) -> str:
+    def producer_note(self) -> str:
         return "" if self.warp_specialized else ", no producer warpgroup"
 
     def label(self) -> str:
         c = self.columns()
-        policy = self.policy + ("" if self.staged_store else ", direct store") + self.no_ws()
+        policy = self.policy + ("" if self.staged_store else ", direct store") + self.producer_note()
         return (f"{c['kernel']} {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}"
                 + (f", {policy}" if policy != "Square" else "") + (f", K split {self.split_k}" if self.split_k > 1 else ""))
 
@@ -163,7 +163,7 @@ SPLITS = (1, 2, 3, 4, 6, 8)  # K splits tried where a problem's tiles leave SMs 
 # On Hopper TileLang's producer warpgroup and its register split keep one block per SM, so those wait alone.
 # Compiled without warp specialization (every thread issues cp.async), a block of up to 256 threads takes
 # only the registers it needs and two or more share an SM: one's loads and store beside the other's MMAs.
-# Longer loops want the TMA pipeline (without it, 4096x4096x1024 ran 20% slower).
+# Longer loops want the TMA pipeline (BENCHMARKS.md has the readings on both sides of the threshold).
 SHORT_LOOP_STEPS = 2
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's y (and z) axis; x takes 2^31 - 1
 
@@ -544,6 +544,11 @@ class GemmPlan:
             return ("wgmma",) + (() if masked else ("cp_async",))
         return tuple(m for m in family_markers if not masked or m in ("wgmma", "mma_sync"))
 
+    def pass_configs(self, part: str, activation=None) -> dict:
+        """What the plan's program `part` compiles with: the GEMM its schedule's (`gemm_pass_configs`), the
+        split-K reduction, which applies the epilogue, the epilogue's."""
+        return gemm_pass_configs(self.config, activation) if part == "gemm" else epilogue_pass_configs(activation)
+
     def programs(self, bias: bool = False, activation=None) -> dict:
         """{"gemm": prim_func} and, with a split K, {"reduce": prim_func}: what the launcher runs."""
         M, N, K = self.kernel_shape
@@ -601,7 +606,8 @@ def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget
     copies_s = padding_seconds(M, N, K, family)
     if copies_s <= gemm_s or (M == 1 and K % 2):  # one row of odd length: TileLang picks a 2-byte cp.async
         return plan
-    return replace(plan, pad=False, reason=f"{reason}; {unaligned_rows(N, K)}: loaded as they are, masked (zero-padded copies would take {copies_s * 1e6:.0f} us)")
+    return replace(plan, pad=False, reason=f"{reason}; {unaligned_rows(N, K)}: loaded as they are, masked "
+                   f"(zero-padded copies would take {copies_s * 1e6:.0f} us)")
 
 
 class GemmLauncher:

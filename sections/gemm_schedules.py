@@ -212,7 +212,7 @@ def kernels(ctx) -> list[KernelDecl]:
     jobs = [(p, i == 0) for i, p in enumerate(rows)] + [(p, i == 0) for i, p in enumerate(odd)]
     jobs += [(ws, True)] if ws else []
     return [KernelDecl(kernel_name(p, part), (lambda p=p, part=part: p.programs()[part]), nvcc=nvcc,
-                       pass_configs=gemm_pass_configs(p.config) if part == "gemm" else None,
+                       pass_configs=p.pass_configs(part),
                        markers=p.markers(markers) if part == "gemm" else (), smem_limit=p.config.smem_bytes(),
                        threads=getattr(p.config, "block_threads", p.config.threads) if part == "gemm" else 128)
             for p, nvcc in dict.fromkeys(jobs) for part in (("gemm", "reduce") if split(p) else ("gemm",))]

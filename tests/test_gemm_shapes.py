@@ -230,7 +230,7 @@ def test_the_rules_kernels_lower_for_users_problems(arch, shape, dtype, epilogue
     activation = "gelu" if epilogue else None
     programs = plan.programs(bias=epilogue, activation=activation)
     report = tourkit.inspect_kernel("gemm", programs["gemm"], arch, nvcc=False,
-                                    pass_configs=gemm_pass_configs(plan.config, activation))
+                                    pass_configs=plan.pass_configs("gemm", activation))
     aligned_rows = shape[1] % 8 == 0 and shape[2] % 8 == 0
     expected = EXPECTED[arch] if aligned_rows or plan.padded else UNPADDED[arch]
     if not plan.config.warp_specialized:  # a short K loop on Hopper: every thread issues cp.async, no TMA
@@ -366,15 +366,13 @@ def test_autotune_tunes_the_users_problem_rounded_up():
 @pytest.mark.parametrize("epilogue", [False, True])
 def test_the_rules_pick_is_correct_on_odd_sizes(M, N, K, dtype, epilogue):
     import tilelang
-    from sections.gemm_epilogue import epilogue_pass_configs
 
     device = tourkit.detect_device()
     if dtype == "bfloat16" and device.arch == "sm_75":
         pytest.skip("bfloat16 needs sm_80")
     plan = plan_problem(M, N, K, device.family, device.sm_count, device.smem_per_block_optin, dtype)
     activation = "gelu" if epilogue else None
-    configs = {"gemm": gemm_pass_configs(plan.config, activation), "reduce": epilogue_pass_configs(activation)}
-    kernels = {part: tilelang.compile(f, out_idx=None, target="cuda", pass_configs=configs[part])
+    kernels = {part: tilelang.compile(f, out_idx=None, target="cuda", pass_configs=plan.pass_configs(part, activation))
                for part, f in plan.programs(bias=epilogue, activation=activation).items()}
     run = GemmLauncher(plan, kernels)
     a, b, bias, c = fusion.fused_inputs(M, N, K, seed=5, dtype=dtype)
