@@ -3,6 +3,7 @@
     python bench/shape_targets.py                 # every problem below
     python bench/shape_targets.py softmax gemm    # the problems of sections whose name contains a word
     python bench/shape_targets.py --out DIR       # keep each run's JSON record in DIR
+    python bench/shape_targets.py --quick --problems gemm_schedules:1x4096x4096,softmax:3x77
 
 Each problem goes through the same command a user types (the worker process, the check, the benchmark in
 turns with PyTorch), so what this prints is what a user sees. The list mixes the shapes the project is judged
@@ -53,11 +54,13 @@ PROBLEMS = [
 ]
 
 
-def run_one(section: str, shape: str, dtype: str, out_dir: str, timeout: float) -> dict:
+def run_one(section: str, shape: str, dtype: str, out_dir: str, timeout: float, quick: bool = False) -> dict:
     path = os.path.join(out_dir, f"{section}-{shape}-{dtype}.json")
     argv = [sys.executable, os.path.join(ROOT, "tilelang_tour.py"), "--only", section, "--shape", shape, "--json", path]
     if dtype != "float32":
         argv += ["--dtype", dtype]
+    if quick:
+        argv.append("--quick")
     started = time.perf_counter()
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
@@ -81,6 +84,8 @@ def main() -> int:
     parser.add_argument("--out", help="folder for each run's JSON record and log (default: a temporary one)")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds for one run")
     parser.add_argument("--problems", help="SECTION:SHAPE[:DTYPE],... instead of the list above")
+    parser.add_argument("--quick", action="store_true", help="the tour's --quick timing: a look, not a verdict")
+    parser.add_argument("--budget", type=float, default=0, help="stop starting new runs after this many seconds")
     args = parser.parse_args()
     out_dir = args.out or tempfile.mkdtemp(prefix="shape_targets_")
     os.makedirs(out_dir, exist_ok=True)
@@ -88,8 +93,12 @@ def main() -> int:
     if args.problems:
         problems = [(*p.split(":")[:2], (p.split(":") + ["float16"])[2]) for p in args.problems.split(",")]
     chosen = [p for p in problems if not args.words or any(w in p[0] for w in args.words)]
+    started = time.perf_counter()
     for section, shape, dtype in chosen:
-        result = run_one(section, shape, dtype, out_dir, args.timeout)
+        if args.budget and time.perf_counter() - started > args.budget:
+            print(f"{section:16s} {shape:18s} {dtype:9s} not run: the budget of {args.budget:.0f} s is spent")
+            continue
+        result = run_one(section, shape, dtype, out_dir, args.timeout, args.quick)
         cells = ", ".join(f"{k} {v}" for k, v in result["headline"].items()) or " ".join(result.get("error", []))
         print(f"{section:16s} {shape:18s} {dtype:9s} {result['status']:8s} {result['seconds']:6.1f} s  {cells}",
               flush=True)
