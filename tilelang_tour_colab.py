@@ -4705,7 +4705,7 @@ it, and C: softmax_plans.cluster_plan.
 
 import tilelang.language as T
 
-from sections.softmax_plans import cluster_part, row_split_layout, splits_over, step_column
+from sections.softmax_plans import cluster_part, line_lead, row_split_layout, splits_over, step_column
 
 
 def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threads: int, dtype: str = "float16"):
@@ -4722,6 +4722,7 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
                          f"a thread are not whole vectors")
     step = threads * per_thread
     steps = -(-part // step)
+    lead = line_lead(N, part) if M * N // 8 >= part // 8 + 7 else 0  # vectors the copy may start early
     low = -1.0e38  # a finite start for the running max, as in version 3
 
     column = step_column(threads, per_thread)  # thread i's e-th element of step c, as version 3 walks
@@ -4742,7 +4743,11 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
             owned = first + rank * (part // 8)  # this block's first vector; its copy starts at `start`
             start = T.min(owned, end - part // 8)
             lo, hi = (owned - start) * 8, (T.min(owned + part // 8, end) - start) * 8  # owned staged columns
-            columns = T.alloc_shared((steps * step,), dtype)
+            # The copy starts at the 128-byte line holding `start` (kept inside X): whole lines for the TMA unit;
+            # the part then sits `shift` columns into the buffer.
+            origin = T.min(start // 8 * 8, M * N // 8 - part // 8 - lead) if lead else start
+            shift = (start - origin) * 8
+            columns = T.alloc_shared((steps * step + lead * 8,), dtype)
             # Static shared memory, which TileLang never shares with another buffer: the other blocks write it
             # while this one may still be reducing.
             pairs = T.alloc_shared((cluster, 2), "float32", scope="shared")
@@ -4756,7 +4761,7 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
             row_sum = T.alloc_fragment((1,), "float32")
             T.annotate_layout({x: row_split_layout(threads, per_thread, 1, per_thread)})
             T.cluster_arrive()  # "started": no block writes another's shared memory before its owner has started
-            T.copy(X[start * 8:start * 8 + part], columns[0:part], prefer_instruction="tma")
+            T.copy(X[origin * 8:origin * 8 + part + lead * 8], columns[0:part + lead * 8], prefer_instruction="tma")
             T.fill(part_max, low)
             T.fill(part_sum, 0.0)
             if N % 8:  # the edge columns, straight from global memory
@@ -4768,7 +4773,8 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
             for c in T.serial(steps):  # version 3's first pass, over this block's part
                 for i, e in T.Parallel(threads, per_thread):
                     x[i, e] = T.if_then_else(T.And(column(c, i, e) >= lo, column(c, i, e) < hi),
-                                             T.cast(columns[column(c, i, e)], "float32") * LOG2E, -T.infinity("float32"))
+                                             T.cast(columns[column(c, i, e) + shift], "float32") * LOG2E,
+                                             -T.infinity("float32"))
                 running_max_and_sum(x, part_max, part_sum, new_max, step_sum, threads, per_thread)
             merge_thread_pairs(part_max, part_sum, row_max, row_sum, threads)  # the block's pair
             for i in T.Parallel(1):
@@ -4790,7 +4796,8 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
                 for j in T.Parallel(step):
                     if T.And(c * step + j >= lo, c * step + j < hi):
                         Y[start * 8 + c * step + j] = T.cast(
-                            T.exp2(T.cast(columns[c * step + j], "float32") * LOG2E - row_max[0]) * row_sum[0], dtype)
+                            T.exp2(T.cast(columns[c * step + j + shift], "float32") * LOG2E - row_max[0]) * row_sum[0],
+                            dtype)
             if N % 8:
                 for i in T.Parallel(16):
                     flat, ours = edge(row, rank, first, end, i)
@@ -4930,6 +4937,13 @@ def cluster_part(N: int, cluster: int) -> int:
     return 8 * -(-(N // 8) // cluster)
 
 
+def line_lead(N: int, part: int) -> int:
+    """Vectors (16 bytes) a cluster block's copy may start before its part: 0 where every part starts on a
+    128-byte line, else up to 7, so that the copy starts on the line holding the part's first column and the
+    copy engine reads whole lines (a start inside a line splits every line of the copy in two)."""
+    return 0 if N % 64 == 0 and part % 64 == 0 else 7
+
+
 def splits_over(N: int, cluster: int) -> bool:
     """Whether every block of the cluster owns some of the row's whole vectors (N // 8, one fewer where the row
     starts unaligned) when each takes cluster_part columns."""
@@ -4950,7 +4964,8 @@ def cluster_plan(N: int, smem_budget: int) -> "SoftmaxPlan | None":
                    f"share an SM (fewer than {CLUSTER_MIN_BLOCKS}: no copy always in flight)")
             return SoftmaxPlan("cluster", ONLINE_PER_THREAD, CLUSTER_THREADS, staged=part, cluster=size, why=(
                 f"a row of {N} {fit}: split over a cluster of {size} blocks, "
-                f"{part} columns each, staged by one bulk copy (one read of global memory){edges}; the blocks "
+                f"{part} columns each, staged by one bulk copy (one read of global memory"
+                f"{', from the 128-byte line that holds its start' if line_lead(N, part) else ''}){edges}; the blocks "
                 f"exchange their max and sum through distributed shared memory, and {CLUSTER_MIN_BLOCKS} blocks "
                 "share an SM"))
     return None

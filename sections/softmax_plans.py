@@ -127,6 +127,13 @@ def cluster_part(N: int, cluster: int) -> int:
     return 8 * -(-(N // 8) // cluster)
 
 
+def line_lead(N: int, part: int) -> int:
+    """Vectors (16 bytes) a cluster block's copy may start before its part: 0 where every part starts on a
+    128-byte line, else up to 7, so that the copy starts on the line holding the part's first column and the
+    copy engine reads whole lines (a start inside a line splits every line of the copy in two)."""
+    return 0 if N % 64 == 0 and part % 64 == 0 else 7
+
+
 def splits_over(N: int, cluster: int) -> bool:
     """Whether every block of the cluster owns some of the row's whole vectors (N // 8, one fewer where the row
     starts unaligned) when each takes cluster_part columns."""
@@ -147,7 +154,8 @@ def cluster_plan(N: int, smem_budget: int) -> "SoftmaxPlan | None":
                    f"share an SM (fewer than {CLUSTER_MIN_BLOCKS}: no copy always in flight)")
             return SoftmaxPlan("cluster", ONLINE_PER_THREAD, CLUSTER_THREADS, staged=part, cluster=size, why=(
                 f"a row of {N} {fit}: split over a cluster of {size} blocks, "
-                f"{part} columns each, staged by one bulk copy (one read of global memory){edges}; the blocks "
+                f"{part} columns each, staged by one bulk copy (one read of global memory"
+                f"{', from the 128-byte line that holds its start' if line_lead(N, part) else ''}){edges}; the blocks "
                 f"exchange their max and sum through distributed shared memory, and {CLUSTER_MIN_BLOCKS} blocks "
                 "share an SM"))
     return None

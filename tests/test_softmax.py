@@ -161,6 +161,10 @@ def test_the_cluster_kernel_exchanges_through_distributed_shared_memory(M, N):
     assert report.grid[0] == M * plan.cluster and "cluster_sync" in source and "tma_load" in source
     assert source.count("map_shared_rank") == 1  # the pair's store into another block's shared memory
     assert re.search(r"__shared__ __align__\(\d+\) float pairs\[%d\]" % (2 * plan.cluster), source)  # never aliased
+    # One bulk copy of the part; an odd width's starts at the 128-byte line holding the part, 7 vectors early
+    lead = P.line_lead(N, plan.staged)
+    assert lead == (7 if N % 64 else 0)
+    assert re.search(r"tma_load\(.*, %d\);" % (2 * (plan.staged + 8 * lead)), source)
     if tourkit.find_nvcc() is not None:  # CI has nvcc: the kernel must build, without spills
         assert report.nvcc == "compiled" and report.spills == "0", (report.nvcc, report.spills)
 
