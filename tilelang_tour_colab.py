@@ -4711,7 +4711,9 @@ from sections.softmax_plans import cluster_part, line_lead, row_split_layout, sp
 def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threads: int, dtype: str = "float16"):
     """Each row over `cluster` blocks of `threads` threads, walked in steps of threads · per_thread elements.
     Block `rank` owns the rank-th run of cluster_part(N, cluster) columns of the row's whole 16-byte vectors
-    (the last run shorter: its copy starts early and overlaps its neighbour's, which it skips). A row of odd
+    (the last run shorter: its copy starts early and overlaps its neighbour's, which it skips). Where parts do
+    not start on 128-byte lines, each copy starts at the line holding its part, up to 7 vectors early: the copy
+    engine then reads whole lines (a start inside a line splits every line in two). A row of odd
     width (N % 8) starts and ends inside a vector: the first block also takes the up to 7 columns before its
     first whole vector, the last block those after the last, one at a time (`edge`)."""
     from sections.softmax import LOG2E, merge_thread_pairs, running_max_and_sum  # the lesson's (imports us lazily)
