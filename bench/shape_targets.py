@@ -4,6 +4,7 @@
     python bench/shape_targets.py softmax gemm    # the problems of sections whose name contains a word
     python bench/shape_targets.py --out DIR       # keep each run's JSON record in DIR
     python bench/shape_targets.py --quick --problems gemm_schedules:1x4096x4096,softmax:3x77
+    python bench/shape_targets.py --others --quick  # problems of other kinds, never tuned on
 
 Each problem goes through the same command a user types (the worker process, the check, the benchmark in
 turns with PyTorch), so what this prints is what a user sees. The list mixes the shapes the project is judged
@@ -53,6 +54,24 @@ PROBLEMS = [
     ("vector_add", "100000007", "float32"),
 ]
 
+# Users' problems of other kinds, none of them tuned on: one row (decoding), a few columns, a long K over a small
+# C, a short K over a tall C, tiny and ragged sizes; attention from one token to a thousand, grouped-query at 2K;
+# softmax rows from 77 to 262144 wide.
+OTHER_PROBLEMS = [
+    ("gemm_schedules", "1x4096x4096", "float16"), ("gemm_schedules", "4096x8x4096", "float16"),
+    ("gemm_schedules", "1000x1000x1000", "float16"), ("gemm_schedules", "3000x500x7000", "float16"),
+    ("gemm_schedules", "256x256x65536", "float16"), ("gemm_schedules", "100000x512x128", "float16"),
+    ("gemm_schedules", "12345x678x910", "float16"), ("gemm_schedules", "6000x6000x100", "float16"),
+    ("gemm_schedules", "512x512x512", "float16"), ("gemm_schedules", "3072x768x3072", "float16"),
+    ("gemm_schedules", "4096x4096x256", "float16"),
+    ("flash_attention", "16x12x128x64", "float16"), ("flash_attention", "4x16x77x64", "float16"),
+    ("flash_attention", "2x16x1000x128", "float16"), ("flash_attention", "4x32x1024x128", "float16"),
+    ("flash_attention", "64x8x256x64", "float16"), ("flash_attention", "1x8x1x64", "float16"),
+    ("flash_attention", "2x32x2048x128x8", "float16"),
+    ("softmax", "3x77", "float16"), ("softmax", "100x100000", "float16"), ("softmax", "7x262144", "float16"),
+    ("softmax", "50000x1000", "float16"), ("softmax", "2000x10000", "bfloat16"),
+]
+
 
 def run_one(section: str, shape: str, dtype: str, out_dir: str, timeout: float, quick: bool = False) -> dict:
     path = os.path.join(out_dir, f"{section}-{shape}-{dtype}.json")
@@ -84,12 +103,13 @@ def main() -> int:
     parser.add_argument("--out", help="folder for each run's JSON record and log (default: a temporary one)")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds for one run")
     parser.add_argument("--problems", help="SECTION:SHAPE[:DTYPE],... instead of the list above")
+    parser.add_argument("--others", action="store_true", help="the problems of other kinds (OTHER_PROBLEMS)")
     parser.add_argument("--quick", action="store_true", help="the tour's --quick timing: a look, not a verdict")
     parser.add_argument("--budget", type=float, default=0, help="stop starting new runs after this many seconds")
     args = parser.parse_args()
     out_dir = args.out or tempfile.mkdtemp(prefix="shape_targets_")
     os.makedirs(out_dir, exist_ok=True)
-    problems = PROBLEMS
+    problems = OTHER_PROBLEMS if args.others else PROBLEMS
     if args.problems:
         problems = [(*p.split(":")[:2], (p.split(":") + ["float16"])[2]) for p in args.problems.split(",")]
     chosen = [p for p in problems if not args.words or any(w in p[0] for w in args.words)]

@@ -169,3 +169,13 @@ def test_an_autotune_problem_too_big_for_the_gpu_skips_before_anything_compiles(
     ctx = tourkit.TourContext(device=small_gpu, shape=(65536, 32768, 1000), echo=False)
     with pytest.raises(tourkit.SectionSkip, match=r"the 65536x32768x1000 GEMM with its references needs about"):
         autotune.run(ctx)
+
+
+def test_every_problem_the_shapes_script_runs_is_accepted():
+    # bench/shape_targets.py runs its problems through --only/--shape/--dtype: each must pass the CLI's checks
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import shape_targets
+
+    for section, text, dtype in shape_targets.PROBLEMS + shape_targets.OTHER_PROBLEMS:
+        given = "float16" if dtype == "float32" else dtype  # float32: the script passes no --dtype (the default)
+        assert shapes.check_request([section], True, text, given) == tuple(int(d) for d in text.split("x"))
