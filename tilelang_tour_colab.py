@@ -2197,14 +2197,16 @@ class GemmConfig:
         return {"kernel": "T.Pipelined", "tile": f"{self.block_M}x{self.block_N}x{self.block_K}",
                 "stages": self.num_stages, "threads": self.threads,
                 "swizzle": f"panel {self.panel}" if self.swizzle else "off",
-                "policy": self.policy + ("" if self.staged_store else ", direct store") + split + self.producer_note()}
+                "policy": self.policy_words() + split}
 
-    def producer_note(self) -> str:
-        return "" if self.warp_specialized else ", no producer warpgroup"
+    def policy_words(self) -> str:
+        """The warp policy, with the store and the producer warpgroup where they differ from the default."""
+        return (self.policy + ("" if self.staged_store else ", direct store")
+                + ("" if self.warp_specialized else ", no producer warpgroup"))
 
     def label(self) -> str:
         c = self.columns()
-        policy = self.policy + ("" if self.staged_store else ", direct store") + self.producer_note()
+        policy = self.policy_words()
         return (f"{c['kernel']} {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}"
                 + (f", {policy}" if policy != "Square" else "") + (f", K split {self.split_k}" if self.split_k > 1 else ""))
 
@@ -2847,8 +2849,8 @@ import tilelang.language as T
 import tourkit
 from sections.gemm_plans import (MAX_GRID_Y, PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher,  # noqa: F401
                                  GemmPlan, check_problem, consumer_registers, epilogue_macro, fits, gemm_bytes,
-                                 gemm_pass_configs,
-                                 gemm_flops, gemm_prim_func, lesson_schedules, neighbours, plan_problem, wave_traffic)
+                                 gemm_flops, gemm_pass_configs, gemm_prim_func, lesson_schedules, neighbours,
+                                 plan_problem, wave_traffic)
 from tourkit import KernelDecl, Section, SectionSkip
 
 # ---- The schedule: a GemmConfig (sections/gemm_plans.py), chosen per problem by choose_schedule ----------

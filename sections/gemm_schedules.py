@@ -50,8 +50,8 @@ import tilelang.language as T
 import tourkit
 from sections.gemm_plans import (MAX_GRID_Y, PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher,  # noqa: F401
                                  GemmPlan, check_problem, consumer_registers, epilogue_macro, fits, gemm_bytes,
-                                 gemm_pass_configs,
-                                 gemm_flops, gemm_prim_func, lesson_schedules, neighbours, plan_problem, wave_traffic)
+                                 gemm_flops, gemm_pass_configs, gemm_prim_func, lesson_schedules, neighbours,
+                                 plan_problem, wave_traffic)
 from tourkit import KernelDecl, Section, SectionSkip
 
 # ---- The schedule: a GemmConfig (sections/gemm_plans.py), chosen per problem by choose_schedule ----------
