@@ -41,6 +41,9 @@ PROBLEMS = [
     ((4, 8, 1000, 64), "float16"),
     ((3, 12, 1537, 64), "bfloat16"),
     ((1, 16, 16384, 64), "float16"),
+    ((4, 32, 1024, 128), "float16"),
+    ((64, 8, 256, 64), "float16"),
+    ((2, 32, 2048, 128, 8), "float16"),
 ]
 ROUNDS = 4  # turns per contender (two forward/backward pairs)
 

@@ -37,7 +37,8 @@ PRODUCER_REGISTERS = 24  # a thread of the TMA producer warpgroup (Hopper warp s
 class GemmConfig:
     """One schedule: tile, stages, threads, swizzle (panel: tile rows), T.GemmWarpPolicy, C through shared,
     split_k (blocks sharing one tile's K loop; 1: none), warp_specialized (Hopper: TileLang's TMA producer
-    warpgroup; False: every thread issues cp.async and the block takes only the registers it needs)."""
+    warpgroup; False: every thread issues cp.async and the block takes only the registers it needs), persistent
+    (that many blocks, one an SM, walk the tiles in one pipelined loop; 0: one block a tile)."""
 
     block_M: int
     block_N: int
@@ -50,6 +51,7 @@ class GemmConfig:
     staged_store: bool = True
     split_k: int = 1
     warp_specialized: bool = True
+    persistent: int = 0
 
     def smem_bytes(self, dtype_bytes: int = 2) -> int:
         """An upper bound of the kernel's shared memory: `num_stages` copies of the A and B tiles, or the C tile
@@ -58,7 +60,9 @@ class GemmConfig:
         pipeline = max(1, self.num_stages) * (self.block_M * self.block_K + self.block_K * self.block_N) * dtype_bytes
         c_bytes = 4 if self.split_k > 1 else dtype_bytes
         c_tile = self.block_M * self.block_N * c_bytes if self.staged_store else 0
-        return max(pipeline, c_tile) + self.block_N * dtype_bytes + 1024
+        # A persistent block loads its next tile during its store: C cannot reuse the A/B buffers.
+        both = pipeline + c_tile if self.persistent else max(pipeline, c_tile)
+        return both + self.block_N * dtype_bytes + 1024
 
     def columns(self) -> dict:
         """The schedule as the table shows it."""
@@ -71,7 +75,8 @@ class GemmConfig:
     def policy_words(self) -> str:
         """The warp policy, with the store and the producer warpgroup where they differ from the default."""
         return (self.policy + ("" if self.staged_store else ", direct store")
-                + ("" if self.warp_specialized else ", no producer warpgroup"))
+                + ("" if self.warp_specialized else ", no producer warpgroup")
+                + (f", persistent on {self.persistent} SMs" if self.persistent else ""))
 
     def label(self) -> str:
         c = self.columns()
@@ -186,7 +191,7 @@ class Machine:
 # their tensor-core rate and bandwidth. Only the ranking of candidates matters to the rule.
 MACHINES = {"hopper": Machine(5.4e12, 100e9, 3.2e12), "ampere": Machine(2.3e12, 60e9, 1.5e12),
             "ada": Machine(1.2e12, 50e9, 0.8e12), "turing": Machine(0.5e12, 40e9, 0.5e12)}
-MEMORY_LATENCY = 1.6e-6  # a load's round trip under load: bytes in flight / latency bounds a block's stream
+MEMORY_LATENCY = 1.8e-6  # a load's round trip under load: bytes in flight / latency bounds a block's stream
 # A tile's tensor-core rate per FLOP against the 128x256 tile's, compute-bound (8192^3 and full waves of
 # mid-size problems on an H200): smaller tiles issue shorter MMAs and read more operand bytes per FLOP from
 # shared memory. Three consumer warpgroups (256x192: each a 256x64 strip; 192x192: each a 64x192 row) keep
@@ -252,6 +257,8 @@ def fitted_to_k(config: GemmConfig, K: int) -> GemmConfig:
     59 columns of zeros)."""
     if K <= 32 < config.block_K:
         config = replace(config, block_K=32)
+    if config.persistent:  # its pipeline runs on from one tile's K loop into the next's
+        return config
     steps = -(-K // config.block_K)
     return replace(config, num_stages=max(2, min(config.num_stages, steps)))
 

@@ -39,11 +39,12 @@ def test_big_problems_take_a_big_tile_whose_waves_come_out_whole():
 
 
 def test_skinny_problems_take_short_tiles_and_fill_the_sms():
-    """Decode-like problems: 64-row tiles, and enough blocks (a split K where the tiles are few) for the SMs."""
+    """Decode-like problems: tiles no taller than the problem (64 rows at least), and enough blocks (a split K
+    where the tiles are few) for the SMs."""
     for M, N, K in [(64, 8192, 8192), (128, 4096, 11008), (1, 4096, 4096), (16, 5120, 5120), (256, 1024, 8192)]:
         config = pick(M, N, K)
         blocks = -(-M // config.block_M) * -(-N // config.block_N) * config.split_k
-        assert config.block_M == 64 and 64 <= blocks <= 2 * 132, (M, N, K, config)
+        assert config.block_M <= max(64, M) and 64 <= blocks <= 2 * 132, (M, N, K, config)
     assert pick(128, 4096, 11008).split_k > 1 and pick(1, 4096, 4096).split_k > 1
 
 
