@@ -62,7 +62,7 @@ class GemmConfig:
         c_tile = self.block_M * self.block_N * c_bytes if self.staged_store else 0
         # A persistent block loads its next tile during its store: C cannot reuse the A/B buffers.
         both = pipeline + c_tile if self.persistent else max(pipeline, c_tile)
-        return both + self.block_N * dtype_bytes + (2048 if self.persistent else 1024)  # alignment
+        return both + self.block_N * dtype_bytes + 1024
 
     def columns(self) -> dict:
         """The schedule as the table shows it."""
@@ -126,13 +126,6 @@ def lesson_schedules(family: str) -> list[GemmConfig]:
         return [GemmConfig(128, 128, 32, 2, 128, True), GemmConfig(128, 128, 32, 2, 256, True),
                 GemmConfig(128, 128, 32, 2, 128, False), GemmConfig(64, 128, 32, 2, 128, True)]
     raise ValueError(f"no GEMM schedules for architecture family {family!r}")
-
-
-def tile_of(t, m_tiles: int, n_tiles: int, panel: int, lo=min, hi=max):
-    """(tile row, tile column) of a persistent block's t-th tile: down panels of `panel` tile rows, column by
-    column (the L2 swizzle), the last panel shorter. lo/hi: min/max, or T.min/T.max inside a kernel."""
-    rows = hi(1, lo(panel, m_tiles - t // (panel * n_tiles) * panel))
-    return t // (panel * n_tiles) * panel + t % (panel * n_tiles) % rows, t % (panel * n_tiles) // rows
 
 
 def consumer_registers(threads: int) -> int:

@@ -51,7 +51,7 @@ import tourkit
 from sections.gemm_plans import (MAX_GRID_Y, PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher,  # noqa: F401
                                  GemmPlan, check_problem, consumer_registers, epilogue_macro, fits, gemm_bytes,
                                  gemm_flops, gemm_pass_configs, gemm_prim_func, lesson_schedules, neighbours,
-                                 plan_problem, tile_of, wave_traffic)
+                                 plan_problem, wave_traffic)
 from tourkit import KernelDecl, Section, SectionSkip
 
 # ---- The schedule: a GemmConfig (sections/gemm_plans.py), chosen per problem by choose_schedule ----------
@@ -132,7 +132,9 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
             registers()
             for step in T.Pipelined(T.ceildiv(tiles - w, workers) * k_steps, num_stages=config.num_stages):
                 t, k = step // k_steps * workers + w, step % k_steps
-                by, bx = tile_of(t, m_tiles, n_tiles, panel, T.min, T.max)
+                rows = T.max(1, T.min(panel, m_tiles - t // (panel * n_tiles) * panel))  # the last panel: fewer
+                by = t // (panel * n_tiles) * panel + t % (panel * n_tiles) % rows
+                bx = t % (panel * n_tiles) // rows
                 T.copy(A[by * bM, k * bK], A_shared)
                 T.copy(B[k * bK, bx * bN], B_shared)
                 T.gemm(A_shared, B_shared, C_local, policy=policy, clear_accum=k == 0)

@@ -12,7 +12,7 @@ import tourkit
 from sections import autotune, fusion, gemm_schedules
 from sections.gemm_plans import (CANDIDATES, GemmConfig, GemmLauncher, GemmPlan, aligned, blocks_per_sm,
                                  candidate_schedules, check_problem, choose_schedule, estimate_seconds, fits,
-                                 fitted_to_k, gemm_pass_configs, plan_problem, tile_of)
+                                 fitted_to_k, gemm_pass_configs, plan_problem)
 
 H200 = dict(family="hopper", sm_count=132, smem_budget=232448)
 BUDGETS = {"hopper": 232448, "ampere": 166912, "ada": 101376, "turing": 65536}
@@ -289,27 +289,6 @@ def test_split_k_kernel_and_its_reduction_compile_with_nvcc():
         assert tourkit.inspect_kernel(part, func, "sm_90a").nvcc == "compiled"
 
 
-@pytest.mark.parametrize("m_tiles,n_tiles,panel", [(16, 12, 10), (7, 5, 10), (33, 4, 8), (1, 9, 10), (10, 10, 10)])
-def test_a_persistent_walk_covers_every_tile_once(m_tiles, n_tiles, panel):
-    """tile_of: the t-th tile of the swizzled order, the last panel shorter than the rest."""
-    walk = [tile_of(t, m_tiles, n_tiles, min(panel, m_tiles)) for t in range(m_tiles * n_tiles)]
-    assert sorted(walk) == [(r, c) for r in range(m_tiles) for c in range(n_tiles)]
-    assert walk[1] == ((1, 0) if m_tiles > 1 else (0, 1))  # down the panel's rows first
-
-
-@pytest.mark.parametrize("bias", [False, True])
-def test_the_persistent_kernel_compiles_with_nvcc(bias):
-    """One block an SM, one pipelined loop over its tiles and their K steps, the C tile beside the ring."""
-    config = GemmConfig(128, 256, 64, 3, 256, True, persistent=132)
-    func = gemm_schedules.gemm_program(2000, 3000, 4000, config, bias=bias, activation="gelu" if bias else None)
-    report = tourkit.inspect_kernel("persistent", func, "sm_90a")
-    assert report.nvcc == "compiled" and report.grid == (132, 1, 1) and "wgmma" in report.source
-    assert "tma_store" in report.source and report.smem_bytes <= config.smem_bytes() <= 232448
-    assert replace(config, num_stages=4).smem_bytes() > 232448  # the C tile does not reuse the ring
-    with pytest.raises(ValueError, match="no split K"):
-        gemm_schedules.gemm_program(256, 256, 4096, replace(config, split_k=2))
-
-
 def test_unpadded_kernel_compiles_with_nvcc():
     """A tiny unaligned problem loaded masked (no TMA)."""
     plan = plan_problem(7, 13, 5, **H200)
@@ -385,20 +364,14 @@ def test_autotune_tunes_the_users_problem_rounded_up():
                                          (2, 4097, 4095, "float16"), (100, 100, 100, "bfloat16"),
                                          (20_000_000, 16, 16, "float16"), (300_000, 100, 64, "bfloat16"),
                                          (16384, 256, 64, "float16")])
-@pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("epilogue", [False, True])
-def test_the_rules_pick_is_correct_on_odd_sizes(M, N, K, dtype, epilogue, persistent):
-    """The rule's pick; and, persistent, the lesson's 128x256 tile walked by one block an SM (Hopper)."""
+def test_the_rules_pick_is_correct_on_odd_sizes(M, N, K, dtype, epilogue):
     import tilelang
 
     device = tourkit.detect_device()
     if dtype == "bfloat16" and device.arch == "sm_75":
         pytest.skip("bfloat16 needs sm_80")
-    if persistent and (device.family != "hopper" or M * N < 10**6):
-        pytest.skip("the persistent schedule: Hopper, problems of several tiles")
     plan = plan_problem(M, N, K, device.family, device.sm_count, device.smem_per_block_optin, dtype)
-    if persistent:
-        plan = replace(plan, config=GemmConfig(128, 256, 64, 3, 256, True, persistent=device.sm_count))
     activation = "gelu" if epilogue else None
     kernels = {part: tilelang.compile(f, out_idx=None, target="cuda", pass_configs=plan.pass_configs(part, activation))
                for part, f in plan.programs(bias=epilogue, activation=activation).items()}
