@@ -37,8 +37,7 @@ PRODUCER_REGISTERS = 24  # a thread of the TMA producer warpgroup (Hopper warp s
 class GemmConfig:
     """One schedule: tile, stages, threads, swizzle (panel: tile rows), T.GemmWarpPolicy, C through shared,
     split_k (blocks sharing one tile's K loop; 1: none), warp_specialized (Hopper: TileLang's TMA producer
-    warpgroup; False: every thread issues cp.async and the block takes only the registers it needs), persistent
-    (that many blocks, one an SM, walk the tiles in one pipelined loop; 0: one block a tile)."""
+    warpgroup; False: every thread issues cp.async and the block takes only the registers it needs)."""
 
     block_M: int
     block_N: int
@@ -51,7 +50,6 @@ class GemmConfig:
     staged_store: bool = True
     split_k: int = 1
     warp_specialized: bool = True
-    persistent: int = 0
 
     def smem_bytes(self, dtype_bytes: int = 2) -> int:
         """An upper bound of the kernel's shared memory: `num_stages` copies of the A and B tiles, or the C tile
@@ -60,9 +58,7 @@ class GemmConfig:
         pipeline = max(1, self.num_stages) * (self.block_M * self.block_K + self.block_K * self.block_N) * dtype_bytes
         c_bytes = 4 if self.split_k > 1 else dtype_bytes
         c_tile = self.block_M * self.block_N * c_bytes if self.staged_store else 0
-        # A persistent block loads its next tile during its store: C cannot reuse the A/B buffers.
-        both = pipeline + c_tile if self.persistent else max(pipeline, c_tile)
-        return both + self.block_N * dtype_bytes + 1024
+        return max(pipeline, c_tile) + self.block_N * dtype_bytes + 1024
 
     def columns(self) -> dict:
         """The schedule as the table shows it."""
@@ -75,8 +71,7 @@ class GemmConfig:
     def policy_words(self) -> str:
         """The warp policy, with the store and the producer warpgroup where they differ from the default."""
         return (self.policy + ("" if self.staged_store else ", direct store")
-                + ("" if self.warp_specialized else ", no producer warpgroup")
-                + (f", persistent on {self.persistent} SMs" if self.persistent else ""))
+                + ("" if self.warp_specialized else ", no producer warpgroup"))
 
     def label(self) -> str:
         c = self.columns()
@@ -257,8 +252,6 @@ def fitted_to_k(config: GemmConfig, K: int) -> GemmConfig:
     59 columns of zeros)."""
     if K <= 32 < config.block_K:
         config = replace(config, block_K=32)
-    if config.persistent:  # its pipeline runs on from one tile's K loop into the next's
-        return config
     steps = -(-K // config.block_K)
     return replace(config, num_stages=max(2, min(config.num_stages, steps)))
 

@@ -119,36 +119,8 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
             T.use_swizzle(panel_size=config.panel, enable=config.swizzle)
             tile(A, B, Bias, C, A_shared, B_shared, C_local, Bias_shared, C_shared, bx, by, bz)
 
-    tiles, workers = m_tiles * n_tiles, min(config.persistent, m_tiles * n_tiles)
-    panel = min(config.panel if config.swizzle else 1, m_tiles)
-    k_steps = T.ceildiv(K, bK)
-
-    @T.macro
-    def persistent_body(A, B, Bias, C):
-        """`workers` blocks, block w taking tiles w, w + workers, ... (swizzled: down panels of `panel` tile
-        rows), all its tiles' K steps in one pipelined loop: the next tile's loads fly during this one's store."""
-        with T.Kernel(workers, threads=config.threads) as w:
-            A_shared, B_shared, C_local, Bias_shared, C_shared = buffers()
-            registers()
-            for step in T.Pipelined(T.ceildiv(tiles - w, workers) * k_steps, num_stages=config.num_stages):
-                t, k = step // k_steps * workers + w, step % k_steps
-                rows = T.max(1, T.min(panel, m_tiles - t // (panel * n_tiles) * panel))  # the last panel: fewer
-                by = t // (panel * n_tiles) * panel + t % (panel * n_tiles) % rows
-                bx = t % (panel * n_tiles) // rows
-                T.copy(A[by * bM, k * bK], A_shared)
-                T.copy(B[k * bK, bx * bN], B_shared)
-                T.gemm(A_shared, B_shared, C_local, policy=policy, clear_accum=k == 0)
-                if k == k_steps - 1:
-                    if bias:
-                        T.copy(Bias[bx * bN], Bias_shared)
-                    epilogue(C_local, Bias_shared)
-                    T.copy(C_local, C_shared)
-                    T.copy(C_shared, C[by * bM, bx * bN])
-
     c_shape = (M, N) if splits == 1 else (splits, M, N)
-    if config.persistent and splits > 1:
-        raise ValueError("a persistent schedule walks whole K loops: no split K")
-    return gemm_prim_func(M, N, K, persistent_body if config.persistent else body, bias, dtype, c_shape, out_dtype)
+    return gemm_prim_func(M, N, K, body, bias, dtype, c_shape, out_dtype)
 
 
 def compile_gemm(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = False, activation: str | None = None,
