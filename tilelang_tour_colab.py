@@ -2317,7 +2317,7 @@ class Machine:
 # their tensor-core rate and bandwidth. Only the ranking of candidates matters to the rule.
 MACHINES = {"hopper": Machine(5.4e12, 100e9, 3.2e12), "ampere": Machine(2.3e12, 60e9, 1.5e12),
             "ada": Machine(1.2e12, 50e9, 0.8e12), "turing": Machine(0.5e12, 40e9, 0.5e12)}
-MEMORY_LATENCY = 1.6e-6  # a load's round trip under load: bytes in flight / latency bounds a block's stream
+MEMORY_LATENCY = 1.8e-6  # a load's round trip under load: bytes in flight / latency bounds a block's stream
 # A tile's tensor-core rate per FLOP against the 128x256 tile's, compute-bound (8192^3 and full waves of
 # mid-size problems on an H200): smaller tiles issue shorter MMAs and read more operand bytes per FLOP from
 # shared memory. Three consumer warpgroups (256x192: each a 256x64 strip; 192x192: each a 64x192 row) keep
