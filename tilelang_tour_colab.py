@@ -264,6 +264,10 @@ ASYNC_MIN_WALK = 12
 ASYNC_KEY_WIDTHS = (144, 176)
 # The longest average walk (128-wide tiles) given two blocks per SM; causal at head dim 128: up to ASYNC_MIN_WALK.
 PAIRED_MAX_WALK = {64: 64, 128: 4}
+# Causal at head dim 64 over at most this many 128-wide key tiles (1024 keys): 64x64 tiles, three blocks an SM.
+# Finer diagonal tiles waste less of the masked triangle, and a third block hides more of each one's start and
+# end; measured ahead of two 64x128 blocks up to 1024 keys, behind from about 1500.
+TRIPLED_MAX_TILES = 8
 # Ampere/Ada/Turing (or a Hopper budget too small for the above): no wgmma; the largest tiles that fit.
 OTHER_CANDIDATES = [(128, 128, 2), (128, 128, 1), (128, 64, 2), (128, 64, 1), (64, 64, 2), (64, 64, 1)]
 # ...and there, a K/V pipeline (2 stages) only up to 64 fp32 accumulators (scores and O) a thread: the pipeline
@@ -311,6 +315,14 @@ def paired_blocks(problem: Problem, rows: int, walk: float, smem_budget: int) ->
                 blocks_per_sm=2)
 
 
+def tripled_blocks(problem: Problem, smem_budget: int) -> dict | None:
+    """Three 64-row blocks an SM with 64x64 tiles, for short causal walks at head dim 64 (TRIPLED_MAX_TILES)."""
+    if (problem.dim != 64 or not problem.causal or key_tiles(problem.seq_len, 128) > TRIPLED_MAX_TILES
+            or 3 * smem_estimate(64, 64, 64, 2) > smem_budget):
+        return None
+    return dict(kind="pipelined", block_M=64, block_N=64, num_stages=2, threads=128, fast_math=True, blocks_per_sm=3)
+
+
 def hopper_config(problem: Problem, sms: int, smem_budget: int):
     rows, walk = query_rows(problem, sms), key_walk(problem)
     tiles = f"{walk:g} key tile{'s' * (walk != 1)}"
@@ -323,6 +335,10 @@ def hopper_config(problem: Problem, sms: int, smem_budget: int):
         why = (f"a query block walks {tiles}, enough for the FA3 schedule (the next Q·Kᵀ in flight "
                f"with P·V) to pay for its extra masked iteration; {width}-wide key tiles{widths}")
         cfg = dict(kind="async", block_M=rows, block_N=width, num_stages=2, threads=2 * rows, fast_math=True)
+    elif (cfg := tripled_blocks(problem, smem_budget)) is not None:
+        why = (f"causal at head dim 64, {tiles} (at most {TRIPLED_MAX_TILES}): 64x64 tiles, finer along the "
+               f"diagonal, and three 64-row blocks an SM ({register_split(3, 128)} registers a consumer thread), "
+               f"each one's loads, stores and softmax beside the others' MMAs")
     elif (cfg := paired_blocks(problem, rows, walk, smem_budget)) is not None:
         short = ("head dim 64: a tile's GEMMs are too short to hide the softmax behind" if problem.dim == 64 else
                  f"a query block walks {tiles}, too few for the FA3 schedule")
@@ -1910,9 +1926,9 @@ def planned(ctx):
     (gemm_plans.choose_schedule) with exact GELU at the problem, and with both GELU forms at a ragged size
     (not with --shape: the user's problem alone); on sm_90a the appendix's with exact GELU beside it."""
     M, N, K = problem(ctx)
-    jobs = [(rule(ctx, M, N, K), "gelu", True, True)]
+    jobs = [(rule(ctx, M, N, K, epilogue=True), "gelu", True, True)]
     if ctx.shape is None:
-        jobs += [(rule(ctx, *ODD), activation, False, activation == "gelu_tanh") for activation in APPROXIMATE]
+        jobs += [(rule(ctx, *ODD, epilogue=True), activation, False, activation == "gelu_tanh") for activation in APPROXIMATE]
     appendix = appendix_for(ctx)
     if appendix is not None and N % 8 == 0 and K % 8 == 0:
         shapes = [(M, N, K)] + ([ODD] if ctx.shape is None else [])
@@ -2168,7 +2184,8 @@ PRODUCER_REGISTERS = 24  # a thread of the TMA producer warpgroup (Hopper warp s
 class GemmConfig:
     """One schedule: tile, stages, threads, swizzle (panel: tile rows), T.GemmWarpPolicy, C through shared,
     split_k (blocks sharing one tile's K loop; 1: none), warp_specialized (Hopper: TileLang's TMA producer
-    warpgroup; False: every thread issues cp.async and the block takes only the registers it needs)."""
+    warpgroup; False: every thread issues cp.async and the block takes only the registers it needs), persistent
+    (that many blocks, one an SM, walk the tiles in one pipelined loop; 0: one block a tile)."""
 
     block_M: int
     block_N: int
@@ -2181,6 +2198,7 @@ class GemmConfig:
     staged_store: bool = True
     split_k: int = 1
     warp_specialized: bool = True
+    persistent: int = 0
 
     def smem_bytes(self, dtype_bytes: int = 2) -> int:
         """An upper bound of the kernel's shared memory: `num_stages` copies of the A and B tiles, or the C tile
@@ -2189,7 +2207,9 @@ class GemmConfig:
         pipeline = max(1, self.num_stages) * (self.block_M * self.block_K + self.block_K * self.block_N) * dtype_bytes
         c_bytes = 4 if self.split_k > 1 else dtype_bytes
         c_tile = self.block_M * self.block_N * c_bytes if self.staged_store else 0
-        return max(pipeline, c_tile) + self.block_N * dtype_bytes + 1024
+        # A persistent block loads its next tile during its store: C cannot reuse the A/B buffers.
+        both = pipeline + c_tile if self.persistent else max(pipeline, c_tile)
+        return both + self.block_N * dtype_bytes + (2048 if self.persistent else 1024)  # alignment
 
     def columns(self) -> dict:
         """The schedule as the table shows it."""
@@ -2202,7 +2222,8 @@ class GemmConfig:
     def policy_words(self) -> str:
         """The warp policy, with the store and the producer warpgroup where they differ from the default."""
         return (self.policy + ("" if self.staged_store else ", direct store")
-                + ("" if self.warp_specialized else ", no producer warpgroup"))
+                + ("" if self.warp_specialized else ", no producer warpgroup")
+                + (f", persistent on {self.persistent} SMs" if self.persistent else ""))
 
     def label(self) -> str:
         c = self.columns()
@@ -2291,6 +2312,11 @@ CANDIDATES = {
                GemmConfig(64, 64, 32, 3, 128, True)],
 }
 CANDIDATES["ada"] = CANDIDATES["ampere"]
+# Hopper, a plain GEMM of more of the lesson's 128x256 tiles than SMs: one block an SM walks them (`persistent`:
+# the SM count), each tile's first loads in flight during the last one's store; a candidate for the cost model
+# like the rest. The C tile cannot reuse the ring, so a stage fewer. Not with an epilogue: the bias tile,
+# staged inside the loop, makes the consumers synchronize at every K step.
+PERSISTENT = GemmConfig(128, 256, 64, 3, 256, True)
 SPLITS = (1, 2, 3, 4, 6, 8)  # K splits tried where a problem's tiles leave SMs idle
 # A block whose K loop is this short has little to pipeline: its time goes to the first loads and the store.
 # On Hopper TileLang's producer warpgroup and its register split keep one block per SM, so those wait alone.
@@ -2310,6 +2336,7 @@ class Machine:
     load_per_sm: float
     memory: float
     block_overhead: float = 3e-6  # a block's prologue (the first loads in flight) and epilogue (the store)
+    first_loads: float = 1.2e-6  # the part of it a persistent block hides, its next tile's loads beside the store
     launch: float = 4e-6  # one kernel launch, as the timing sees it
 
 
@@ -2361,6 +2388,12 @@ def estimate_seconds(M: int, N: int, K: int, config: GemmConfig, family: str, sm
     A block's time is its tensor-core work or its loads, whichever is longer; the loads of one SM are capped
     by what it takes per second and by the bytes its pipelines keep in flight (stages - 1 tiles each)."""
     machine = MACHINES[family]
+    if config.persistent:
+        # As the plain grid of its tile with the stage its C tile takes back (the ring runs on from tile to
+        # tile: measured no slower), less the first loads of every tile a block walks after its first.
+        plain = replace(config, persistent=0, num_stages=config.num_stages + 1)
+        rounds = -(-(-(-M // config.block_M) * -(-N // config.block_N)) // config.persistent)
+        return estimate_seconds(M, N, K, plain, family, sm_count, 1 << 30) - (rounds - 1) * machine.first_loads
     blocks = -(-M // config.block_M) * -(-N // config.block_N) * config.split_k
     together = min(blocks_per_sm(config, smem_budget, family), -(-blocks // sm_count))  # blocks sharing an SM in a wave
     waves = -(-blocks // (sm_count * together))
@@ -2383,13 +2416,17 @@ def fitted_to_k(config: GemmConfig, K: int) -> GemmConfig:
     59 columns of zeros)."""
     if K <= 32 < config.block_K:
         config = replace(config, block_K=32)
+    if config.persistent:  # its pipeline runs on from one tile's K loop into the next's
+        return config
     steps = -(-K // config.block_K)
     return replace(config, num_stages=max(2, min(config.num_stages, steps)))
 
 
-def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int) -> list[GemmConfig]:
+def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int,
+                        epilogue: bool = False) -> list[GemmConfig]:
     """Every candidate tile that fits (with fewer stages if it must; 64 rows tall at most when M is), each with
-    every split of K that leaves a split at least 4 steps deep and does not make more blocks than two waves."""
+    every split of K that leaves a split at least 4 steps deep and does not make more blocks than two waves;
+    the persistent walk where it applies (see PERSISTENT)."""
     out = []
     for base in CANDIDATES[family]:
         base = fitted_to_k(base, K)
@@ -2410,12 +2447,20 @@ def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem
                     out.append(config)
         if family == "hopper" and steps <= SHORT_LOOP_STEPS and base.threads <= 256:
             out.append(replace(base, warp_specialized=False))  # after the warp-specialized one: see SHORT_LOOP_STEPS
-    return out
+    walk = persistent_schedule(M, N, K, family, sm_count, smem_budget, epilogue)
+    return out + ([walk] if walk else [])
 
 
-def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int):
+def persistent_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int, epilogue: bool):
+    """The persistent schedule where it is a candidate (see PERSISTENT), else None."""
+    config, tiles = replace(PERSISTENT, persistent=sm_count), -(-M // PERSISTENT.block_M) * -(-N // PERSISTENT.block_N)
+    fit = family == "hopper" and not epilogue and min(M, N) >= 128 and fits(config, smem_budget)
+    return config if fit and tiles > sm_count and N >= config.block_N else None
+
+
+def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int, epilogue: bool = False):
     """(GemmConfig, reason): the candidate with the least estimated time (see `estimate_seconds`)."""
-    options = candidate_schedules(M, N, K, family, sm_count, smem_budget)
+    options = candidate_schedules(M, N, K, family, sm_count, smem_budget, epilogue)
     if not options:
         raise ValueError(f"no GEMM tile fits the {smem_budget} B of shared memory a block may use")
     times = [estimate_seconds(M, N, K, c, family, sm_count, smem_budget) for c in options]
@@ -2447,12 +2492,17 @@ def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget, family
         blocks = -(-M // c.block_M) * -(-N // c.block_N) * c.split_k
         split = f" with K split {c.split_k} ways ({k_steps(K, c)} steps each)" if c.split_k > 1 else ""
         waves = blocks / (sm_count * blocks_per_sm(c, smem_budget, family))
+        if c.persistent:
+            return f"{c.block_M}x{c.block_N} tiles: {blocks} walked by {sm_count} persistent blocks ({waves:.2f} each)"
         return f"{c.block_M}x{c.block_N} tiles{split}: {blocks} blocks on {sm_count} SMs ({waves:.2f} waves)"
 
     lesson = options[0]
     blocks = -(-M // pick.block_M) * -(-N // pick.block_N) * pick.split_k
     together = min(blocks_per_sm(pick, smem_budget, family), -(-blocks // sm_count))
-    if not pick.warp_specialized and together > 1:
+    if pick.persistent:
+        other = min((i for i, c in enumerate(options) if not c.persistent), key=lambda i: times[i])
+        why = "one block an SM walks its tiles, each tile's first loads in flight during the last one's store"
+    elif not pick.warp_specialized and together > 1:
         other = min((i for i, c in enumerate(options) if c.warp_specialized), key=lambda i: times[i], default=None)
         why = (f"a {k_steps(K, pick)}-step K loop has little to pipeline; without the producer warpgroup "
                f"{together} blocks share an SM, one's loads and store beside another's MMAs")
@@ -2726,12 +2776,12 @@ def padding_seconds(M: int, N: int, K: int, family: str) -> float:
 
 
 def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int,
-                 dtype: str = "float16") -> GemmPlan:
+                 dtype: str = "float16", epilogue: bool = False) -> GemmPlan:
     """The rule's schedule for a problem, at its aligned sizes. Unaligned rows: zero-padded copies, unless the
     copies would cost more than the GEMM itself (small problems, where each copy's launch counts): then the
     kernel loads the rows as they are, with narrower masked copies (no TMA, no 16-byte cp.async), which we
     take to make it up to twice as slow."""
-    config, reason = choose_schedule(M, aligned(N), aligned(K), family, sm_count, smem_budget)
+    config, reason = choose_schedule(M, aligned(N), aligned(K), family, sm_count, smem_budget, epilogue)
     plan = GemmPlan(M, N, K, config, dtype, reason)
     if not plan.padded:
         return plan
@@ -2817,7 +2867,9 @@ You will learn:
   once, and no columns of zeros as a wider tile would. A K loop of one or two steps has nothing to
   pipeline: its block waits on its first loads and its store. On Hopper such a schedule is compiled without
   TileLang's producer warpgroup (`gemm_pass_configs`), so two blocks share an SM and one's loads and
-  store run beside the other's MMAs. `choose_schedule` estimates
+  store run beside the other's MMAs. Where a plain GEMM has more 128x256 tiles than SMs, a persistent
+  schedule (`persistent_body`): one block an SM walks its tiles in one `T.Pipelined` loop over tiles x K
+  steps, so each tile's first loads fly during the last one's store. `choose_schedule` estimates
   each candidate (waves x a block's math or loads, against streaming the operands once) and says why;
 - that T.copy takes rows of any length: unaligned ones (N or K not a multiple of 8) load with narrower,
   masked copies instead of TMA, which small problems prefer to three padding copies (`plan_problem`).
@@ -2850,7 +2902,7 @@ import tourkit
 from sections.gemm_plans import (MAX_GRID_Y, PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher,  # noqa: F401
                                  GemmPlan, check_problem, consumer_registers, epilogue_macro, fits, gemm_bytes,
                                  gemm_flops, gemm_pass_configs, gemm_prim_func, lesson_schedules, neighbours,
-                                 plan_problem, wave_traffic)
+                                 persistent_schedule, plan_problem, wave_traffic)
 from tourkit import KernelDecl, Section, SectionSkip
 
 # ---- The schedule: a GemmConfig (sections/gemm_plans.py), chosen per problem by choose_schedule ----------
@@ -2918,8 +2970,41 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
             T.use_swizzle(panel_size=config.panel, enable=config.swizzle)
             tile(A, B, Bias, C, A_shared, B_shared, C_local, Bias_shared, C_shared, bx, by, bz)
 
+    tiles, workers = m_tiles * n_tiles, min(config.persistent, m_tiles * n_tiles)
+    panel = min(config.panel if config.swizzle else 1, m_tiles)
+    k_steps = T.ceildiv(K, bK)
+
+    @T.macro
+    def persistent_body(A, B, Bias, C):
+        """`workers` blocks, block w taking tiles w, w + workers, ... (swizzled: down panels of `panel` tile
+        rows), all its tiles' K steps in one pipelined loop: the next tile's loads fly during this one's store."""
+        with T.Kernel(workers, threads=config.threads) as w:
+            A_shared, B_shared, C_local, Bias_shared, C_shared = buffers()
+            registers()
+            for step in T.Pipelined(T.ceildiv(tiles - w, workers) * k_steps, num_stages=config.num_stages):
+                t, k = step // k_steps * workers + w, step % k_steps
+                by, bx = tile_of(t, m_tiles, n_tiles, panel, T.min, T.max)
+                T.copy(A[by * bM, k * bK], A_shared)
+                T.copy(B[k * bK, bx * bN], B_shared)
+                T.gemm(A_shared, B_shared, C_local, policy=policy, clear_accum=k == 0)
+                if k == k_steps - 1:
+                    if bias:
+                        T.copy(Bias[bx * bN], Bias_shared)
+                    epilogue(C_local, Bias_shared)
+                    T.copy(C_local, C_shared)
+                    T.copy(C_shared, C[by * bM, bx * bN])
+
     c_shape = (M, N) if splits == 1 else (splits, M, N)
-    return gemm_prim_func(M, N, K, body, bias, dtype, c_shape, out_dtype)
+    if config.persistent and splits > 1:
+        raise ValueError("a persistent schedule walks whole K loops: no split K")
+    return gemm_prim_func(M, N, K, persistent_body if config.persistent else body, bias, dtype, c_shape, out_dtype)
+
+
+def tile_of(t, m_tiles: int, n_tiles: int, panel: int, lo=min, hi=max):
+    """(tile row, tile column) of a persistent block's t-th tile: down panels of `panel` tile rows, column by
+    column (the L2 swizzle), the last panel shorter. lo/hi: min/max, or T.min/T.max inside a kernel."""
+    rows = hi(1, lo(panel, m_tiles - t // (panel * n_tiles) * panel))
+    return t // (panel * n_tiles) * panel + t % (panel * n_tiles) % rows, t % (panel * n_tiles) // rows
 
 
 def compile_gemm(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = False, activation: str | None = None,
@@ -2966,9 +3051,10 @@ def sm_count(ctx) -> int:
     return ctx.device.sm_count if ctx.device is not None else 132
 
 
-def rule(ctx, M: int, N: int, K: int) -> GemmPlan:
+def rule(ctx, M: int, N: int, K: int, epilogue: bool = False) -> GemmPlan:
     """The schedule gemm_plans.choose_schedule picks for a problem on this GPU, with its reason."""
-    return plan_problem(M, N, K, tourkit.ARCH_SPECS[ctx.arch].family, sm_count(ctx), ctx.smem_budget, ctx.dtype)
+    return plan_problem(M, N, K, tourkit.ARCH_SPECS[ctx.arch].family, sm_count(ctx), ctx.smem_budget, ctx.dtype,
+                        epilogue)
 
 
 def appendix_plan(ctx, M: int, N: int, K: int):
@@ -2991,8 +3077,10 @@ def plan(ctx):
         rows = [pick] + [replace(pick, config=c, reason="") for c in others]
         return list(dict.fromkeys(rows)), appendix_plan(ctx, M, N, K), []
     size = 2048 if ctx.quick or ctx.compile_only else 8192
-    configs = [c for c in lesson_schedules(tourkit.ARCH_SPECS[ctx.arch].family) if fits(c, ctx.smem_budget)]
-    rows = [GemmPlan(size, size, size, c, ctx.dtype) for c in configs]
+    family = tourkit.ARCH_SPECS[ctx.arch].family
+    configs = [c for c in lesson_schedules(family) if fits(c, ctx.smem_budget)]
+    walk = persistent_schedule(size, size, size, family, sm_count(ctx), ctx.smem_budget, epilogue=False)
+    rows = [GemmPlan(size, size, size, c, ctx.dtype) for c in configs + ([walk] if walk else [])]
     odd = [rule(ctx, *shape) for shape in ODD_SHAPES]
     ws = appendix_plan(ctx, size, size, size)
     return rows, ws, odd + ([replace(ws, M=ODD_SHAPES[1][0], N=ODD_SHAPES[1][1], K=ODD_SHAPES[1][2])] if ws else [])

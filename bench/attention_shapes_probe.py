@@ -44,6 +44,8 @@ PROBLEMS = [
     ((4, 32, 1024, 128), "float16"),
     ((64, 8, 256, 64), "float16"),
     ((2, 32, 2048, 128, 8), "float16"),
+    ((32, 16, 512, 64), "float16"),
+    ((128, 4, 200, 64), "float16"),
 ]
 ROUNDS = 4  # turns per contender (two forward/backward pairs)
 

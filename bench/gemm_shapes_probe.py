@@ -50,7 +50,8 @@ def plans_for(M, N, K, dtype, fused, family, sms, smem, reach=2.0):
     pick = P.plan_problem(M, N, K, family, sms, smem, dtype)
     if fused:
         return [pick] + [replace(pick, config=c) for c in (
-            P.GemmConfig(128, 256, 64, 3, 256, True), P.GemmConfig(128, 128, 64, 4, 256, True)) if P.fits(c, smem)]
+            P.GemmConfig(128, 256, 64, 3, 256, True), P.GemmConfig(128, 128, 64, 4, 256, True),
+            P.GemmConfig(128, 256, 64, 3, 256, True, persistent=sms)) if P.fits(c, smem)]
     Na, Ka = P.aligned(N), P.aligned(K)
     options = P.candidate_schedules(M, Na, Ka, family, sms, smem)
     est = {c: P.estimate_seconds(M, Na, Ka, c, family, sms, smem) for c in options}
@@ -89,6 +90,9 @@ def variants(pick, M, N, K, family, sms, smem):
                     out.append(replace(pick, config=config))
     if family != "hopper" or M * N < 1024 * 1024:
         return out
+    for config in PERSISTENT:  # the lesson's kernel walking tiles in one pipelined loop
+        if P.fits(replace(config, persistent=sms), smem):
+            out.append(replace(pick, config=P.fitted_to_k(replace(config, persistent=sms), K)))
     from sections.hopper import gemm_ws
 
     for bn, buffers in ((256, 4), (192, 3), (128, 2)) if M * N <= 6144 * 6144 else ((256, 4),):
@@ -99,6 +103,10 @@ def variants(pick, M, N, K, family, sms, smem):
     else:  # the lesson's three-consumer schedule: taller tiles, fewer blocks
         out.append(replace(pick, config=P.GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol")))
     return out
+
+
+PERSISTENT = [P.GemmConfig(128, 256, 64, 3, 256, True), P.GemmConfig(128, 192, 64, 4, 256, True, policy="FullRow"),
+              P.GemmConfig(128, 128, 64, 5, 256, True)]
 
 
 def estimate_us(plan, family, sms, smem):

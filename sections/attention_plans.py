@@ -129,6 +129,10 @@ ASYNC_MIN_WALK = 12
 ASYNC_KEY_WIDTHS = (144, 176)
 # The longest average walk (128-wide tiles) given two blocks per SM; causal at head dim 128: up to ASYNC_MIN_WALK.
 PAIRED_MAX_WALK = {64: 64, 128: 4}
+# Causal at head dim 64 over at most this many 128-wide key tiles (1024 keys): 64x64 tiles, three blocks an SM.
+# Finer diagonal tiles waste less of the masked triangle, and a third block hides more of each one's start and
+# end; measured ahead of two 64x128 blocks up to 1024 keys, behind from about 1500.
+TRIPLED_MAX_TILES = 8
 # Ampere/Ada/Turing (or a Hopper budget too small for the above): no wgmma; the largest tiles that fit.
 OTHER_CANDIDATES = [(128, 128, 2), (128, 128, 1), (128, 64, 2), (128, 64, 1), (64, 64, 2), (64, 64, 1)]
 # ...and there, a K/V pipeline (2 stages) only up to 64 fp32 accumulators (scores and O) a thread: the pipeline
@@ -176,6 +180,14 @@ def paired_blocks(problem: Problem, rows: int, walk: float, smem_budget: int) ->
                 blocks_per_sm=2)
 
 
+def tripled_blocks(problem: Problem, smem_budget: int) -> dict | None:
+    """Three 64-row blocks an SM with 64x64 tiles, for short causal walks at head dim 64 (TRIPLED_MAX_TILES)."""
+    if (problem.dim != 64 or not problem.causal or key_tiles(problem.seq_len, 128) > TRIPLED_MAX_TILES
+            or 3 * smem_estimate(64, 64, 64, 2) > smem_budget):
+        return None
+    return dict(kind="pipelined", block_M=64, block_N=64, num_stages=2, threads=128, fast_math=True, blocks_per_sm=3)
+
+
 def hopper_config(problem: Problem, sms: int, smem_budget: int):
     rows, walk = query_rows(problem, sms), key_walk(problem)
     tiles = f"{walk:g} key tile{'s' * (walk != 1)}"
@@ -188,6 +200,10 @@ def hopper_config(problem: Problem, sms: int, smem_budget: int):
         why = (f"a query block walks {tiles}, enough for the FA3 schedule (the next Q·Kᵀ in flight "
                f"with P·V) to pay for its extra masked iteration; {width}-wide key tiles{widths}")
         cfg = dict(kind="async", block_M=rows, block_N=width, num_stages=2, threads=2 * rows, fast_math=True)
+    elif (cfg := tripled_blocks(problem, smem_budget)) is not None:
+        why = (f"causal at head dim 64, {tiles} (at most {TRIPLED_MAX_TILES}): 64x64 tiles, finer along the "
+               f"diagonal, and three 64-row blocks an SM ({register_split(3, 128)} registers a consumer thread), "
+               f"each one's loads, stores and softmax beside the others' MMAs")
     elif (cfg := paired_blocks(problem, rows, walk, smem_budget)) is not None:
         short = ("head dim 64: a tile's GEMMs are too short to hide the softmax behind" if problem.dim == 64 else
                  f"a query block walks {tiles}, too few for the FA3 schedule")

@@ -127,9 +127,9 @@ def planned(ctx):
     (gemm_plans.choose_schedule) with exact GELU at the problem, and with both GELU forms at a ragged size
     (not with --shape: the user's problem alone); on sm_90a the appendix's with exact GELU beside it."""
     M, N, K = problem(ctx)
-    jobs = [(rule(ctx, M, N, K), "gelu", True, True)]
+    jobs = [(rule(ctx, M, N, K, epilogue=True), "gelu", True, True)]
     if ctx.shape is None:
-        jobs += [(rule(ctx, *ODD), activation, False, activation == "gelu_tanh") for activation in APPROXIMATE]
+        jobs += [(rule(ctx, *ODD, epilogue=True), activation, False, activation == "gelu_tanh") for activation in APPROXIMATE]
     appendix = appendix_for(ctx)
     if appendix is not None and N % 8 == 0 and K % 8 == 0:
         shapes = [(M, N, K)] + ([ODD] if ctx.shape is None else [])

@@ -37,7 +37,8 @@ PRODUCER_REGISTERS = 24  # a thread of the TMA producer warpgroup (Hopper warp s
 class GemmConfig:
     """One schedule: tile, stages, threads, swizzle (panel: tile rows), T.GemmWarpPolicy, C through shared,
     split_k (blocks sharing one tile's K loop; 1: none), warp_specialized (Hopper: TileLang's TMA producer
-    warpgroup; False: every thread issues cp.async and the block takes only the registers it needs)."""
+    warpgroup; False: every thread issues cp.async and the block takes only the registers it needs), persistent
+    (that many blocks, one an SM, walk the tiles in one pipelined loop; 0: one block a tile)."""
 
     block_M: int
     block_N: int
@@ -50,6 +51,7 @@ class GemmConfig:
     staged_store: bool = True
     split_k: int = 1
     warp_specialized: bool = True
+    persistent: int = 0
 
     def smem_bytes(self, dtype_bytes: int = 2) -> int:
         """An upper bound of the kernel's shared memory: `num_stages` copies of the A and B tiles, or the C tile
@@ -58,7 +60,9 @@ class GemmConfig:
         pipeline = max(1, self.num_stages) * (self.block_M * self.block_K + self.block_K * self.block_N) * dtype_bytes
         c_bytes = 4 if self.split_k > 1 else dtype_bytes
         c_tile = self.block_M * self.block_N * c_bytes if self.staged_store else 0
-        return max(pipeline, c_tile) + self.block_N * dtype_bytes + 1024
+        # A persistent block loads its next tile during its store: C cannot reuse the A/B buffers.
+        both = pipeline + c_tile if self.persistent else max(pipeline, c_tile)
+        return both + self.block_N * dtype_bytes + (2048 if self.persistent else 1024)  # alignment
 
     def columns(self) -> dict:
         """The schedule as the table shows it."""
@@ -71,7 +75,8 @@ class GemmConfig:
     def policy_words(self) -> str:
         """The warp policy, with the store and the producer warpgroup where they differ from the default."""
         return (self.policy + ("" if self.staged_store else ", direct store")
-                + ("" if self.warp_specialized else ", no producer warpgroup"))
+                + ("" if self.warp_specialized else ", no producer warpgroup")
+                + (f", persistent on {self.persistent} SMs" if self.persistent else ""))
 
     def label(self) -> str:
         c = self.columns()
@@ -160,6 +165,11 @@ CANDIDATES = {
                GemmConfig(64, 64, 32, 3, 128, True)],
 }
 CANDIDATES["ada"] = CANDIDATES["ampere"]
+# Hopper, a plain GEMM of more of the lesson's 128x256 tiles than SMs: one block an SM walks them (`persistent`:
+# the SM count), each tile's first loads in flight during the last one's store; a candidate for the cost model
+# like the rest. The C tile cannot reuse the ring, so a stage fewer. Not with an epilogue: the bias tile,
+# staged inside the loop, makes the consumers synchronize at every K step.
+PERSISTENT = GemmConfig(128, 256, 64, 3, 256, True)
 SPLITS = (1, 2, 3, 4, 6, 8)  # K splits tried where a problem's tiles leave SMs idle
 # A block whose K loop is this short has little to pipeline: its time goes to the first loads and the store.
 # On Hopper TileLang's producer warpgroup and its register split keep one block per SM, so those wait alone.
@@ -179,6 +189,7 @@ class Machine:
     load_per_sm: float
     memory: float
     block_overhead: float = 3e-6  # a block's prologue (the first loads in flight) and epilogue (the store)
+    first_loads: float = 1.2e-6  # the part of it a persistent block hides, its next tile's loads beside the store
     launch: float = 4e-6  # one kernel launch, as the timing sees it
 
 
@@ -230,6 +241,12 @@ def estimate_seconds(M: int, N: int, K: int, config: GemmConfig, family: str, sm
     A block's time is its tensor-core work or its loads, whichever is longer; the loads of one SM are capped
     by what it takes per second and by the bytes its pipelines keep in flight (stages - 1 tiles each)."""
     machine = MACHINES[family]
+    if config.persistent:
+        # As the plain grid of its tile with the stage its C tile takes back (the ring runs on from tile to
+        # tile: measured no slower), less the first loads of every tile a block walks after its first.
+        plain = replace(config, persistent=0, num_stages=config.num_stages + 1)
+        rounds = -(-(-(-M // config.block_M) * -(-N // config.block_N)) // config.persistent)
+        return estimate_seconds(M, N, K, plain, family, sm_count, 1 << 30) - (rounds - 1) * machine.first_loads
     blocks = -(-M // config.block_M) * -(-N // config.block_N) * config.split_k
     together = min(blocks_per_sm(config, smem_budget, family), -(-blocks // sm_count))  # blocks sharing an SM in a wave
     waves = -(-blocks // (sm_count * together))
@@ -252,13 +269,17 @@ def fitted_to_k(config: GemmConfig, K: int) -> GemmConfig:
     59 columns of zeros)."""
     if K <= 32 < config.block_K:
         config = replace(config, block_K=32)
+    if config.persistent:  # its pipeline runs on from one tile's K loop into the next's
+        return config
     steps = -(-K // config.block_K)
     return replace(config, num_stages=max(2, min(config.num_stages, steps)))
 
 
-def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int) -> list[GemmConfig]:
+def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int,
+                        epilogue: bool = False) -> list[GemmConfig]:
     """Every candidate tile that fits (with fewer stages if it must; 64 rows tall at most when M is), each with
-    every split of K that leaves a split at least 4 steps deep and does not make more blocks than two waves."""
+    every split of K that leaves a split at least 4 steps deep and does not make more blocks than two waves;
+    the persistent walk where it applies (see PERSISTENT)."""
     out = []
     for base in CANDIDATES[family]:
         base = fitted_to_k(base, K)
@@ -279,12 +300,20 @@ def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem
                     out.append(config)
         if family == "hopper" and steps <= SHORT_LOOP_STEPS and base.threads <= 256:
             out.append(replace(base, warp_specialized=False))  # after the warp-specialized one: see SHORT_LOOP_STEPS
-    return out
+    walk = persistent_schedule(M, N, K, family, sm_count, smem_budget, epilogue)
+    return out + ([walk] if walk else [])
 
 
-def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int):
+def persistent_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int, epilogue: bool):
+    """The persistent schedule where it is a candidate (see PERSISTENT), else None."""
+    config, tiles = replace(PERSISTENT, persistent=sm_count), -(-M // PERSISTENT.block_M) * -(-N // PERSISTENT.block_N)
+    fit = family == "hopper" and not epilogue and min(M, N) >= 128 and fits(config, smem_budget)
+    return config if fit and tiles > sm_count and N >= config.block_N else None
+
+
+def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int, epilogue: bool = False):
     """(GemmConfig, reason): the candidate with the least estimated time (see `estimate_seconds`)."""
-    options = candidate_schedules(M, N, K, family, sm_count, smem_budget)
+    options = candidate_schedules(M, N, K, family, sm_count, smem_budget, epilogue)
     if not options:
         raise ValueError(f"no GEMM tile fits the {smem_budget} B of shared memory a block may use")
     times = [estimate_seconds(M, N, K, c, family, sm_count, smem_budget) for c in options]
@@ -316,12 +345,17 @@ def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget, family
         blocks = -(-M // c.block_M) * -(-N // c.block_N) * c.split_k
         split = f" with K split {c.split_k} ways ({k_steps(K, c)} steps each)" if c.split_k > 1 else ""
         waves = blocks / (sm_count * blocks_per_sm(c, smem_budget, family))
+        if c.persistent:
+            return f"{c.block_M}x{c.block_N} tiles: {blocks} walked by {sm_count} persistent blocks ({waves:.2f} each)"
         return f"{c.block_M}x{c.block_N} tiles{split}: {blocks} blocks on {sm_count} SMs ({waves:.2f} waves)"
 
     lesson = options[0]
     blocks = -(-M // pick.block_M) * -(-N // pick.block_N) * pick.split_k
     together = min(blocks_per_sm(pick, smem_budget, family), -(-blocks // sm_count))
-    if not pick.warp_specialized and together > 1:
+    if pick.persistent:
+        other = min((i for i, c in enumerate(options) if not c.persistent), key=lambda i: times[i])
+        why = "one block an SM walks its tiles, each tile's first loads in flight during the last one's store"
+    elif not pick.warp_specialized and together > 1:
         other = min((i for i, c in enumerate(options) if c.warp_specialized), key=lambda i: times[i], default=None)
         why = (f"a {k_steps(K, pick)}-step K loop has little to pipeline; without the producer warpgroup "
                f"{together} blocks share an SM, one's loads and store beside another's MMAs")
@@ -595,12 +629,12 @@ def padding_seconds(M: int, N: int, K: int, family: str) -> float:
 
 
 def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int,
-                 dtype: str = "float16") -> GemmPlan:
+                 dtype: str = "float16", epilogue: bool = False) -> GemmPlan:
     """The rule's schedule for a problem, at its aligned sizes. Unaligned rows: zero-padded copies, unless the
     copies would cost more than the GEMM itself (small problems, where each copy's launch counts): then the
     kernel loads the rows as they are, with narrower masked copies (no TMA, no 16-byte cp.async), which we
     take to make it up to twice as slow."""
-    config, reason = choose_schedule(M, aligned(N), aligned(K), family, sm_count, smem_budget)
+    config, reason = choose_schedule(M, aligned(N), aligned(K), family, sm_count, smem_budget, epilogue)
     plan = GemmPlan(M, N, K, config, dtype, reason)
     if not plan.padded:
         return plan

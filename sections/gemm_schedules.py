@@ -18,7 +18,9 @@ You will learn:
   once, and no columns of zeros as a wider tile would. A K loop of one or two steps has nothing to
   pipeline: its block waits on its first loads and its store. On Hopper such a schedule is compiled without
   TileLang's producer warpgroup (`gemm_pass_configs`), so two blocks share an SM and one's loads and
-  store run beside the other's MMAs. `choose_schedule` estimates
+  store run beside the other's MMAs. Where a plain GEMM has more 128x256 tiles than SMs, a persistent
+  schedule (`persistent_body`): one block an SM walks its tiles in one `T.Pipelined` loop over tiles x K
+  steps, so each tile's first loads fly during the last one's store. `choose_schedule` estimates
   each candidate (waves x a block's math or loads, against streaming the operands once) and says why;
 - that T.copy takes rows of any length: unaligned ones (N or K not a multiple of 8) load with narrower,
   masked copies instead of TMA, which small problems prefer to three padding copies (`plan_problem`).
@@ -51,7 +53,7 @@ import tourkit
 from sections.gemm_plans import (MAX_GRID_Y, PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher,  # noqa: F401
                                  GemmPlan, check_problem, consumer_registers, epilogue_macro, fits, gemm_bytes,
                                  gemm_flops, gemm_pass_configs, gemm_prim_func, lesson_schedules, neighbours,
-                                 plan_problem, wave_traffic)
+                                 persistent_schedule, plan_problem, wave_traffic)
 from tourkit import KernelDecl, Section, SectionSkip
 
 # ---- The schedule: a GemmConfig (sections/gemm_plans.py), chosen per problem by choose_schedule ----------
@@ -119,8 +121,41 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
             T.use_swizzle(panel_size=config.panel, enable=config.swizzle)
             tile(A, B, Bias, C, A_shared, B_shared, C_local, Bias_shared, C_shared, bx, by, bz)
 
+    tiles, workers = m_tiles * n_tiles, min(config.persistent, m_tiles * n_tiles)
+    panel = min(config.panel if config.swizzle else 1, m_tiles)
+    k_steps = T.ceildiv(K, bK)
+
+    @T.macro
+    def persistent_body(A, B, Bias, C):
+        """`workers` blocks, block w taking tiles w, w + workers, ... (swizzled: down panels of `panel` tile
+        rows), all its tiles' K steps in one pipelined loop: the next tile's loads fly during this one's store."""
+        with T.Kernel(workers, threads=config.threads) as w:
+            A_shared, B_shared, C_local, Bias_shared, C_shared = buffers()
+            registers()
+            for step in T.Pipelined(T.ceildiv(tiles - w, workers) * k_steps, num_stages=config.num_stages):
+                t, k = step // k_steps * workers + w, step % k_steps
+                by, bx = tile_of(t, m_tiles, n_tiles, panel, T.min, T.max)
+                T.copy(A[by * bM, k * bK], A_shared)
+                T.copy(B[k * bK, bx * bN], B_shared)
+                T.gemm(A_shared, B_shared, C_local, policy=policy, clear_accum=k == 0)
+                if k == k_steps - 1:
+                    if bias:
+                        T.copy(Bias[bx * bN], Bias_shared)
+                    epilogue(C_local, Bias_shared)
+                    T.copy(C_local, C_shared)
+                    T.copy(C_shared, C[by * bM, bx * bN])
+
     c_shape = (M, N) if splits == 1 else (splits, M, N)
-    return gemm_prim_func(M, N, K, body, bias, dtype, c_shape, out_dtype)
+    if config.persistent and splits > 1:
+        raise ValueError("a persistent schedule walks whole K loops: no split K")
+    return gemm_prim_func(M, N, K, persistent_body if config.persistent else body, bias, dtype, c_shape, out_dtype)
+
+
+def tile_of(t, m_tiles: int, n_tiles: int, panel: int, lo=min, hi=max):
+    """(tile row, tile column) of a persistent block's t-th tile: down panels of `panel` tile rows, column by
+    column (the L2 swizzle), the last panel shorter. lo/hi: min/max, or T.min/T.max inside a kernel."""
+    rows = hi(1, lo(panel, m_tiles - t // (panel * n_tiles) * panel))
+    return t // (panel * n_tiles) * panel + t % (panel * n_tiles) % rows, t % (panel * n_tiles) // rows
 
 
 def compile_gemm(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = False, activation: str | None = None,
@@ -167,9 +202,10 @@ def sm_count(ctx) -> int:
     return ctx.device.sm_count if ctx.device is not None else 132
 
 
-def rule(ctx, M: int, N: int, K: int) -> GemmPlan:
+def rule(ctx, M: int, N: int, K: int, epilogue: bool = False) -> GemmPlan:
     """The schedule gemm_plans.choose_schedule picks for a problem on this GPU, with its reason."""
-    return plan_problem(M, N, K, tourkit.ARCH_SPECS[ctx.arch].family, sm_count(ctx), ctx.smem_budget, ctx.dtype)
+    return plan_problem(M, N, K, tourkit.ARCH_SPECS[ctx.arch].family, sm_count(ctx), ctx.smem_budget, ctx.dtype,
+                        epilogue)
 
 
 def appendix_plan(ctx, M: int, N: int, K: int):
@@ -192,8 +228,10 @@ def plan(ctx):
         rows = [pick] + [replace(pick, config=c, reason="") for c in others]
         return list(dict.fromkeys(rows)), appendix_plan(ctx, M, N, K), []
     size = 2048 if ctx.quick or ctx.compile_only else 8192
-    configs = [c for c in lesson_schedules(tourkit.ARCH_SPECS[ctx.arch].family) if fits(c, ctx.smem_budget)]
-    rows = [GemmPlan(size, size, size, c, ctx.dtype) for c in configs]
+    family = tourkit.ARCH_SPECS[ctx.arch].family
+    configs = [c for c in lesson_schedules(family) if fits(c, ctx.smem_budget)]
+    walk = persistent_schedule(size, size, size, family, sm_count(ctx), ctx.smem_budget, epilogue=False)
+    rows = [GemmPlan(size, size, size, c, ctx.dtype) for c in configs + ([walk] if walk else [])]
     odd = [rule(ctx, *shape) for shape in ODD_SHAPES]
     ws = appendix_plan(ctx, size, size, size)
     return rows, ws, odd + ([replace(ws, M=ODD_SHAPES[1][0], N=ODD_SHAPES[1][1], K=ODD_SHAPES[1][2])] if ws else [])

@@ -66,11 +66,19 @@ def test_hopper_rule_per_problem():
     assert hopper(Problem(1, 32, 3000, 128, False))["block_N"] == 144
     assert hopper(Problem(1, 32, 4096, 128, True, kv_heads=8, dtype="bfloat16"))["kind"] == "async"
     # head dim 64 up to 64 key tiles a block: two 64-row blocks per SM, 128-wide key tiles; longer: 128 rows, 3 stages
-    for problem in (Problem(2, 8, 8192, 64, False), Problem(4, 16, 2048, 64, True), Problem(4, 8, 1000, 64, True),
-                    Problem(2, 16, 2048, 64, False, kv_heads=2), Problem(1, 1, 8192, 64, False)):
+    for problem in (Problem(2, 8, 8192, 64, False), Problem(4, 16, 2048, 64, True), Problem(4, 8, 1000, 64, False),
+                    Problem(2, 16, 2048, 64, False, kv_heads=2), Problem(1, 1, 8192, 64, False),
+                    Problem(3, 12, 1025, 64, True)):
         cfg = hopper(problem)
         assert cfg["kind"] == "pipelined" and (cfg["block_M"], cfg["block_N"], cfg["threads"]) == (64, 128, 128)
         assert cfg["blocks_per_sm"] == 2 and cfg.get("heavy_first", False) == problem.causal, (problem, cfg)
+    # causal at head dim 64 up to 1024 keys: 64x64 tiles, three blocks an SM
+    for problem in (Problem(4, 8, 1000, 64, True), Problem(64, 8, 256, 64, True), Problem(16, 16, 1024, 64, True),
+                    Problem(1, 8, 77, 64, True), Problem(2, 16, 512, 64, True, kv_heads=4)):
+        cfg = hopper(problem)
+        assert (cfg["kind"], cfg["block_M"], cfg["block_N"], cfg["blocks_per_sm"]) == ("pipelined", 64, 64, 3), cfg
+        assert cfg["heavy_first"] and 3 * plans.smem_estimate(64, 64, 64, 2) <= HOPPER
+    assert "three 64-row blocks an SM" in plans.choose_config(Problem(64, 8, 256, 64, True), "hopper", HOPPER)[1]
     for problem in (Problem(1, 16, 16384, 64, False), Problem(1, 16, 16384, 64, True)):
         cfg = hopper(problem)
         assert (cfg["kind"], cfg["block_M"], cfg["num_stages"], cfg.get("blocks_per_sm", 1)) == ("pipelined", 128, 3, 1)
@@ -201,9 +209,11 @@ def test_expected_instructions_and_exp2(reports):
     for problem, rep in hopper.items():  # the FA3 schedule: one MMA left in flight (long walks at head dim 128)
         assert ("wait_wgmma<1>" in rep.source) == (problem.dim == 128 and problem.seq_len > 1000), problem
     assert hopper[LOWERED[4]].threads == 256  # 64 query rows: one consumer warp group and TileLang's producer
-    for problem in (LOWERED[2], LOWERED[3], LOWERED[5]):  # two blocks per SM: 128 registers a thread at launch
+    for problem in (LOWERED[3], LOWERED[5]):  # two blocks per SM: 128 registers a thread at launch
         source = hopper[problem].source
         assert "__launch_bounds__(256, 2)" in source and "reg_alloc<232>" in source and "reg_dealloc<24>" in source
+    source = hopper[LOWERED[2]].source  # causal at head dim 64, a short walk: three blocks an SM, 80 at launch
+    assert "__launch_bounds__(256, 3)" in source and "reg_alloc<136>" in source and "reg_dealloc<24>" in source
     assert "__launch_bounds__(384, 1)" in hopper[LOWERED[1]].source
 
 
@@ -272,6 +282,8 @@ LESSON_SCHEDULES = [
     dict(kind="async", block_M=64, block_N=128, num_stages=2, threads=128, fast_math=True),
     dict(kind="pipelined", block_M=64, block_N=128, num_stages=2, threads=128, fast_math=True, blocks_per_sm=2),
     dict(kind="pipelined", block_M=64, block_N=64, num_stages=2, threads=128, fast_math=True, blocks_per_sm=2,
+         heavy_first=True),
+    dict(kind="pipelined", block_M=64, block_N=64, num_stages=2, threads=128, fast_math=True, blocks_per_sm=3,
          heavy_first=True),
 ]
 SCHEDULE_PROBLEMS = ((1, 3, 777, 128), (2, 4, 1000, 64, 2, "bfloat16"))

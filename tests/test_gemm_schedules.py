@@ -139,7 +139,8 @@ def test_run_times_the_lesson_and_the_appendix_in_one_call_and_headlines_each(mo
     ctx = tourkit.TourContext(arch="sm_90a", echo=False)
     gemm_schedules.run(ctx)
     assert len(calls) == 1 and calls[0][0] == 8192 and calls[0][2] == gemm_schedules.ROUNDS
-    assert len(calls[0][1]) == 5 and "hand-written" in calls[0][1][-1]
+    assert len(calls[0][1]) == 6 and "hand-written" in calls[0][1][-1]  # four lesson schedules, the persistent walk
+    assert "persistent on 132 SMs" in calls[0][1][-2]
     assert ctx.headlines["lesson"].startswith("T.Pipelined 256x192x64")  # the fastest lesson row in this run
     assert ctx.headlines["lesson_vs_cublas"] == 1.0 and ctx.headlines["appendix_vs_cublas"] == round(1 / 0.95, 3)
     assert any("kernel" in line and "tile (MxNxK)" in line and "vs cuBLAS" in line for line in ctx.report)

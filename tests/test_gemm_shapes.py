@@ -83,12 +83,35 @@ def test_tall_narrow_problems_take_tall_narrow_tiles_and_only_they():
         assert all(c.block_N >= shape[1] for c in tall), shape
 
 
+@pytest.mark.parametrize("M,N,K", [(4096, 4096, 64), (8192, 8192, 128), (100_000, 512, 128), (4096, 4096, 1024),
+                                   (8192, 8192, 512), (8192, 8192, 4096)])
+def test_plain_gemms_of_more_big_tiles_than_sms_walk_them_persistently(M, N, K):
+    """Short and mid K loops over many 128x256 tiles: one block an SM walks them (what the plain grid's best
+    loses is each tile's first loads); with an epilogue, or on other families, the plain grid."""
+    config, reason = choose_schedule(M, N, K, **H200)
+    assert config.persistent == 132 and (config.block_M, config.block_N, config.num_stages) == (128, 256, 3)
+    assert "walked by 132 persistent blocks" in reason and "first loads in flight" in reason
+    plain = min((c for c in candidate_schedules(M, N, K, **H200) if not c.persistent),
+                key=lambda c: estimate_seconds(M, N, K, c, **H200))
+    assert estimate_seconds(M, N, K, config, **H200) < estimate_seconds(M, N, K, plain, **H200)
+    assert not plan_problem(M, N, K, **H200, epilogue=True).config.persistent
+    assert not choose_schedule(M, N, K, "ampere", 108, BUDGETS["ampere"])[0].persistent
+
+
+@pytest.mark.parametrize("M,N,K", [(2048, 2048, 2048), (2000, 3000, 4000), (3000, 3000, 3000), (1536, 1536, 1536),
+                                   (64, 8192, 8192), (1_000_000, 128, 128), (5120, 13824, 5120)])
+def test_the_plain_grid_stays_where_its_waves_come_out_better(M, N, K):
+    """Fewer tiles than SMs, tiles narrower than the problem's columns, or three-warpgroup tiles whose waves
+    come out whole: no persistent walk."""
+    assert not choose_schedule(M, N, K, **H200)[0].persistent
+
+
 def test_short_k_loops_drop_the_producer_warpgroup_so_blocks_share_an_sm():
     """K of one or two steps: nothing to pipeline, so a block's first loads and its store are its time; without
     warp specialization two blocks share an SM. Longer loops, three-warpgroup tiles and other families keep
     their pipeline."""
     for shape in [(1_000_000, 64, 64), (20_000_000, 16, 16), (1_000_000, 128, 128), (16384, 256, 64),
-                  (4096, 4096, 64), (8192, 8192, 128)]:
+                  (300_000, 100, 64)]:
         config, reason = choose_schedule(*shape, **H200)
         assert not config.warp_specialized and config.threads <= 256, shape
         assert blocks_per_sm(config, H200["smem_budget"], "hopper") == 2
@@ -109,7 +132,8 @@ def test_the_rule_says_why_in_a_line_a_learner_can_follow():
     _, reason = choose_schedule(64, 8192, 8192, **H200)
     assert "64x64 tiles" in reason and "blocks on 132 SMs" in reason and "waves" in reason and "us" in reason
     _, reason = choose_schedule(8192, 8192, 8192, **H200)
-    assert reason.startswith("128x256 tiles: 2048 blocks on 132 SMs (15.52 waves)")
+    assert reason.startswith("128x256 tiles: 2048 walked by 132 persistent blocks (15.52 each)")
+    assert "128x256 tiles: 2048 blocks on 132 SMs (15.52 waves)" in reason
     _, reason = choose_schedule(2000, 3000, 4000, **H200)  # against the lesson's tile, with the waves it wastes
     assert reason.startswith("256x192 tiles: 128 blocks on 132 SMs (0.97 waves)")
     assert "128x256 tiles: 192 blocks on 132 SMs (1.45 waves)" in reason and "last wave would run 55% empty" in reason
@@ -255,7 +279,7 @@ def test_more_tile_rows_than_a_grid_column_holds_go_along_x(arch):
     m_tiles, n_tiles = -(-20_000_000 // plan.config.block_M), -(-16 // plan.config.block_N)
     assert m_tiles > 65535 and tuple(report.grid) == (m_tiles, n_tiles, 1)
     assert "along the grid's x axis" in plan.describe()
-    short = plan_problem(4096, 4096, 16, FAMILY[arch], 132, BUDGETS[FAMILY[arch]])
+    short = plan_problem(4096, 4096, 16, FAMILY[arch], 132, BUDGETS[FAMILY[arch]], epilogue=True)
     report = tourkit.inspect_kernel("gemm", short.programs()["gemm"], arch, nvcc=False)
     assert tuple(report.grid) == (-(-4096 // short.config.block_N), -(-4096 // short.config.block_M), 1)
 
@@ -287,6 +311,27 @@ def test_split_k_kernel_and_its_reduction_compile_with_nvcc():
     assert plan.config.split_k > 1
     for part, func in plan.programs().items():
         assert tourkit.inspect_kernel(part, func, "sm_90a").nvcc == "compiled"
+
+
+@pytest.mark.parametrize("m_tiles,n_tiles,panel", [(16, 12, 10), (7, 5, 10), (33, 4, 8), (1, 9, 10), (10, 10, 10)])
+def test_a_persistent_walk_covers_every_tile_once(m_tiles, n_tiles, panel):
+    """tile_of: the t-th tile of the swizzled order, the last panel shorter than the rest."""
+    walk = [gemm_schedules.tile_of(t, m_tiles, n_tiles, min(panel, m_tiles)) for t in range(m_tiles * n_tiles)]
+    assert sorted(walk) == [(r, c) for r in range(m_tiles) for c in range(n_tiles)]
+    assert walk[1] == ((1, 0) if m_tiles > 1 else (0, 1))  # down the panel's rows first
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_persistent_kernel_compiles_with_nvcc(bias):
+    """One block an SM, one pipelined loop over its tiles and their K steps, the C tile beside the ring."""
+    config = GemmConfig(128, 256, 64, 3, 256, True, persistent=132)
+    func = gemm_schedules.gemm_program(2000, 3000, 4000, config, bias=bias, activation="gelu" if bias else None)
+    report = tourkit.inspect_kernel("persistent", func, "sm_90a")
+    assert report.nvcc == "compiled" and report.grid == (132, 1, 1) and "wgmma" in report.source
+    assert "tma_store" in report.source and report.smem_bytes <= config.smem_bytes() <= 232448
+    assert replace(config, num_stages=4).smem_bytes() > 232448  # the C tile does not reuse the ring
+    with pytest.raises(ValueError, match="no split K"):
+        gemm_schedules.gemm_program(256, 256, 4096, replace(config, split_k=2))
 
 
 def test_unpadded_kernel_compiles_with_nvcc():
@@ -364,14 +409,20 @@ def test_autotune_tunes_the_users_problem_rounded_up():
                                          (2, 4097, 4095, "float16"), (100, 100, 100, "bfloat16"),
                                          (20_000_000, 16, 16, "float16"), (300_000, 100, 64, "bfloat16"),
                                          (16384, 256, 64, "float16")])
+@pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("epilogue", [False, True])
-def test_the_rules_pick_is_correct_on_odd_sizes(M, N, K, dtype, epilogue):
+def test_the_rules_pick_is_correct_on_odd_sizes(M, N, K, dtype, epilogue, persistent):
+    """The rule's pick; and, persistent, the lesson's 128x256 tile walked by one block an SM (Hopper)."""
     import tilelang
 
     device = tourkit.detect_device()
     if dtype == "bfloat16" and device.arch == "sm_75":
         pytest.skip("bfloat16 needs sm_80")
+    if persistent and (device.family != "hopper" or M * N < 10**6):
+        pytest.skip("the persistent schedule: Hopper, problems of several tiles")
     plan = plan_problem(M, N, K, device.family, device.sm_count, device.smem_per_block_optin, dtype)
+    if persistent:
+        plan = replace(plan, config=GemmConfig(128, 256, 64, 3, 256, True, persistent=device.sm_count))
     activation = "gelu" if epilogue else None
     kernels = {part: tilelang.compile(f, out_idx=None, target="cuda", pass_configs=plan.pass_configs(part, activation))
                for part, f in plan.programs(bias=epilogue, activation=activation).items()}
