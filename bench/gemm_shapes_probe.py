@@ -51,7 +51,7 @@ def plans_for(M, N, K, dtype, fused, family, sms, smem, reach=2.0):
     if fused:
         return [pick] + [replace(pick, config=c) for c in (
             P.GemmConfig(128, 256, 64, 3, 256, True), P.GemmConfig(128, 128, 64, 4, 256, True),
-            P.GemmConfig(128, 256, 64, 3, 256, True, persistent=sms)) if P.fits(c, smem)]
+            replace(P.PERSISTENT, persistent=sms)) if P.fits(c, smem)]
     Na, Ka = P.aligned(N), P.aligned(K)
     options = P.candidate_schedules(M, Na, Ka, family, sms, smem)
     est = {c: P.estimate_seconds(M, Na, Ka, c, family, sms, smem) for c in options}
@@ -105,7 +105,8 @@ def variants(pick, M, N, K, family, sms, smem):
     return out
 
 
-PERSISTENT = [P.GemmConfig(128, 256, 64, 3, 256, True), P.GemmConfig(128, 192, 64, 4, 256, True, policy="FullRow"),
+# the rule's persistent tile (gemm_plans.PERSISTENT) and two narrower ones with a stage more
+PERSISTENT = [P.PERSISTENT, P.GemmConfig(128, 192, 64, 4, 256, True, policy="FullRow"),
               P.GemmConfig(128, 128, 64, 5, 256, True)]
 
 

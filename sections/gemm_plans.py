@@ -307,8 +307,8 @@ def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem
 def persistent_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int, epilogue: bool):
     """The persistent schedule where it is a candidate (see PERSISTENT), else None."""
     config, tiles = replace(PERSISTENT, persistent=sm_count), -(-M // PERSISTENT.block_M) * -(-N // PERSISTENT.block_N)
-    fit = family == "hopper" and not epilogue and min(M, N) >= 128 and fits(config, smem_budget)
-    return config if fit and tiles > sm_count and N >= config.block_N else None
+    fit = family == "hopper" and not epilogue and M >= config.block_M and N >= config.block_N  # tiles not mostly zeros
+    return config if fit and fits(config, smem_budget) and tiles > sm_count else None
 
 
 def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int, epilogue: bool = False):
