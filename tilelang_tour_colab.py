@@ -132,14 +132,84 @@ SECTION_NAMES = [
 ]
 ''')
 
+_tour_file('sections/attention_persistent.py', r'''
+"""flash_attention, continued: the lesson's kernel walking its query tiles persistently (Hopper, full attention).
+
+A problem of many query tiles, each walking few key tiles (BERT-like encoders: a few hundred keys, hundreds of
+(batch, head) pairs), spends much of every block on its start (the Q load, the first K/V loads) and its end
+(dividing O by l, the store): a walk of 2 to 8 key tiles hides little of either. The cure is the GEMM lesson's
+persistent walk (`sections/gemm_schedules.py`):
+
+    for block w of `workers` (one an SM):
+        for step in T.Pipelined(tiles of w x key tiles):      # one pipeline over every tile's key steps
+            t, k = the tile and key step of this step          # tiles w, w + workers, ...
+            if k == 0: O = 0, l = 0, m = -inf
+            the lesson's key step: S = Q·K(k)ᵀ, online softmax, O += P·V(k)
+            if k == last: O /= l, store O                      # the next tile's K/V loads already in flight
+
+The pipeline runs ahead across tiles, so a tile's first loads fly during the last one's store. Causal walks
+differ in length from tile to tile, which one flat loop cannot express: causal problems keep the lesson's grid.
+The rule that takes this kernel is `attention_plans.persistent_walk`.
+"""
+
+import tilelang.language as T
+
+from sections import attention_plans as plans
+from sections import flash_attention as lesson
+
+
+def flash_attention_persistent(batch: int, heads: int, seq_len: int, dim: int, causal: bool = False, *,
+                               block_M: int = 128, block_N: int = 128, num_stages: int = 2, threads: int = 256,
+                               workers: int = plans.DEFAULT_SMS, dtype: str = "float16", kv_heads: int | None = None):
+    """`workers` blocks take query tiles w, w + workers, ... (each tile: block_M rows of one batch and head), all
+    their key steps in one T.Pipelined loop."""
+    if causal:
+        raise ValueError("flash_attention_persistent: full attention only (causal walks differ in length)")
+    shape, kv_shape, groups = plans.shapes(batch, heads, seq_len, dim, kv_heads)
+    n_tiles, n_query_blocks, _, online_softmax, finish = lesson.kernel_steps(seq_len, dim, block_M, block_N, False,
+                                                                             seq_len % block_N != 0)
+    tiles = n_query_blocks * heads * batch
+    workers = min(workers, tiles)
+
+    @T.prim_func
+    def flash_attention_persistent(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype),
+                                   V: T.Tensor(kv_shape, dtype), O: T.Tensor(shape, dtype)):
+        with T.Kernel(workers, threads=threads) as w:
+            Q_s, K_s, V_s, O_s, scores, probs, acc_o, m, m_prev, rescale, row_sum, l = lesson.alloc_buffers(
+                block_M, block_N, dim, dtype)
+            for step in T.Pipelined(T.ceildiv(tiles - w, workers) * n_tiles, num_stages=num_stages):
+                t, k = step // n_tiles * workers + w, step % n_tiles
+                # neighbouring blocks take neighbouring query tiles of one head: its K and V stay in L2
+                bx, by, bz = t % n_query_blocks, t // n_query_blocks % heads, t // (n_query_blocks * heads)
+                # Q at every step (from L2 after the first): the pipeline stages unconditional copies only; one
+                # under `if k == 0` would be the consumers' own, outside the pipeline's barriers, and races.
+                T.copy(Q[bz, bx * block_M:(bx + 1) * block_M, by, :], Q_s)
+                if k == 0:
+                    T.fill(acc_o, 0)
+                    T.fill(l, 0)
+                    T.fill(m, -T.infinity(lesson.ACCUM))
+                T.copy(K[bz, k * block_N:(k + 1) * block_N, by // groups, :], K_s)
+                T.gemm(Q_s, K_s, scores, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                online_softmax(scores, k, bx, m, m_prev, rescale, row_sum, l)
+                T.copy(scores, probs)
+                for i, j in T.Parallel(block_M, dim):
+                    acc_o[i, j] *= rescale[i]
+                T.copy(V[bz, k * block_N:(k + 1) * block_N, by // groups, :], V_s)
+                T.gemm(probs, V_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
+                if k == n_tiles - 1:
+                    finish(O, O_s, acc_o, l, bx, by, bz)
+
+    return flash_attention_persistent
+''')
+
 _tour_file('sections/attention_plans.py', r'''
 """flash_attention's problems and the rules that choose a kernel configuration for one (imported by the lesson).
 
 A problem is (batch, heads, sequence length, head dim, causal), with grouped-query attention's key/value head
 count and the element type. A configuration is a dict: the kernel kind ("pipelined": T.Pipelined infers the
-pipeline; "async": the FA3 schedule; "ws": the appendix's hand-written warp specialization), the tile sizes,
-stages, threads, flags (fast_math, heavy_first) and blocks_per_sm (blocks sharing an SM). `choose_config`
-returns one with the reason it was chosen.
+pipeline; "async": the FA3 schedule; "persistent": the pipelined kernel walking its tiles in `workers` blocks;
+"ws": the appendix's hand-written warp specialization), the tile sizes, stages, threads, flags (fast_math,
+heavy_first) and blocks_per_sm (blocks sharing an SM). `choose_config` returns one with the reason it was chosen.
 """
 
 from __future__ import annotations
@@ -268,6 +338,12 @@ PAIRED_MAX_WALK = {64: 64, 128: 4}
 # Finer diagonal tiles waste less of the masked triangle, and a third block hides more of each one's start and
 # end; measured ahead of two 64x128 blocks up to 1024 keys, behind from about 1500.
 TRIPLED_MAX_TILES = 8
+# Full attention whose 128-row query tiles outnumber the SMs, each walking at most this many 128-wide key tiles:
+# the lesson's kernel walking the tiles persistently (sections/attention_persistent.py), each tile's first loads
+# in flight during the last one's store. Ahead of every grid schedule from 2 to 8 key tiles at both head dims
+# (most at 2 to 4, where a block's start and end are most of its time); level at 16, behind the FA3 schedule at 32
+# and behind the grid under one round of tiles.
+PERSISTENT_MAX_WALK = 8
 # Ampere/Ada/Turing (or a Hopper budget too small for the above): no wgmma; the largest tiles that fit.
 OTHER_CANDIDATES = [(128, 128, 2), (128, 128, 1), (128, 64, 2), (128, 64, 1), (64, 64, 2), (64, 64, 1)]
 # ...and there, a K/V pipeline (2 stages) only up to 64 fp32 accumulators (scores and O) a thread: the pipeline
@@ -315,6 +391,23 @@ def paired_blocks(problem: Problem, rows: int, walk: float, smem_budget: int) ->
                 blocks_per_sm=2)
 
 
+def persistent_walk(problem: Problem, sms: int, smem_budget: int) -> dict | None:
+    """The persistent walk (PERSISTENT_MAX_WALK) where it applies: 128x128 tiles, `sms` blocks; else None."""
+    walk, tiles = key_tiles(problem.seq_len, 128), key_tiles(problem.seq_len, 128) * problem.heads * problem.batch
+    cfg = dict(kind="persistent", block_M=128, block_N=128, num_stages=2, threads=256, workers=sms, fast_math=True)
+    if (problem.causal or problem.seq_len < 128 or tiles <= sms or walk > PERSISTENT_MAX_WALK
+            or config_smem(cfg, problem.dim) > smem_budget):
+        return None
+    return cfg
+
+
+def config_smem(cfg: dict, dim: int) -> int:
+    """smem_estimate of a configuration; the persistent walk's pipeline also keeps a Q tile for each stage."""
+    q_stages = cfg["num_stages"] - 1 if cfg["kind"] == "persistent" else 0
+    return (smem_estimate(dim, cfg["block_M"], cfg["block_N"], cfg["num_stages"], cfg["kind"] == "async")
+            + 2 * dim * cfg["block_M"] * q_stages)
+
+
 def tripled_blocks(problem: Problem, smem_budget: int) -> dict | None:
     """Three 64-row blocks an SM with 64x64 tiles, for short causal walks at head dim 64 (TRIPLED_MAX_TILES)."""
     if (problem.dim != 64 or not problem.causal or key_tiles(problem.seq_len, 128) > TRIPLED_MAX_TILES
@@ -335,6 +428,11 @@ def hopper_config(problem: Problem, sms: int, smem_budget: int):
         why = (f"a query block walks {tiles}, enough for the FA3 schedule (the next Q·Kᵀ in flight "
                f"with P·V) to pay for its extra masked iteration; {width}-wide key tiles{widths}")
         cfg = dict(kind="async", block_M=rows, block_N=width, num_stages=2, threads=2 * rows, fast_math=True)
+    elif (cfg := persistent_walk(problem, sms, smem_budget)) is not None:
+        why = (f"full attention, {key_tiles(problem.seq_len, 128) * problem.heads * problem.batch} query tiles of "
+               f"128 rows for {sms} SMs, each walking {tiles} (at most {PERSISTENT_MAX_WALK}): {sms} blocks walk "
+               f"them persistently, one pipelined loop over their tiles' key steps, each tile's first loads in "
+               f"flight during the last one's store")
     elif (cfg := tripled_blocks(problem, smem_budget)) is not None:
         why = (f"causal at head dim 64, {tiles} (at most {TRIPLED_MAX_TILES}): 64x64 tiles, finer along the "
                f"diagonal, and three 64-row blocks an SM ({register_split(3, 128)} registers a consumer thread), "
@@ -367,8 +465,7 @@ def choose_config(problem: Problem, family: str, smem_budget: int, sms: int | No
     sms = sms or DEFAULT_SMS
     if family == "hopper":
         cfg, why = hopper_config(problem, sms, smem_budget)
-        if smem_estimate(problem.dim, cfg["block_M"], cfg["block_N"], cfg["num_stages"],
-                         cfg["kind"] == "async") <= smem_budget:
+        if config_smem(cfg, problem.dim) <= smem_budget:
             return cfg, why
     spills = ""
     for block_M, block_N, stages in OTHER_CANDIDATES:
@@ -401,6 +498,8 @@ def describe(cfg: dict) -> list:
     notes = [WORDS[cfg["kind"]]] + [word for key, word in WORDS.items() if cfg.get(key) is True]
     if cfg.get("blocks_per_sm", 1) > 1:
         notes.insert(1, f"{cfg['blocks_per_sm']} blocks per SM")
+    if cfg.get("workers"):
+        notes.insert(1, f"{cfg['workers']} blocks")
     return [f"{cfg['block_M']}x{cfg['block_N']}", cfg["num_stages"], cfg["threads"], ", ".join(notes)]
 
 ''')
@@ -1405,7 +1504,8 @@ You will learn:
   and odd lengths (loads past the end read zeros, the last key tile masks its columns);
 * on Hopper, the FA3 schedule: S(k) = Q·K(k)ᵀ and P(k-1)·V(k-1) in flight together, the softmax in between;
   or two blocks per SM (registers capped), one block's softmax, loads and stores beside the other's MMAs;
-* grouped-query attention: KVH key/value heads, each read by H/KVH query heads (an index, not a copy).
+* grouped-query attention: KVH key/value heads, each read by H/KVH query heads (an index, not a copy);
+* many short full walks: this kernel walking its tiles persistently (`sections/attention_persistent.py`).
 
 The algorithm (scale = log2(e)/√d; per query block m = -inf, l = 0, O = 0):
 
@@ -1417,9 +1517,8 @@ The algorithm (scale = log2(e)/√d; per query block m = -inf, l = 0, O = 0):
             O = O · exp2(m - m_new) + P V;  m = m_new
         O /= l
 
-Layout is (batch, seq, heads, dim), BSHD, fp16 or bf16 with float32 accumulation. The tiles and schedule for a
-problem come from rules (`sections/attention_plans.py`), printed with their reason. On Hopper the section times
-the appendix kernel (`sections/hopper/attention_ws.py`, warp specialization by hand) beside this one and SDPA.
+Layout BSHD (batch, seq, heads, dim), fp16 or bf16, float32 accumulation. Rules (`sections/attention_plans.py`)
+choose each problem's tiles and schedule and say why; on Hopper the appendix is timed beside (`sections/hopper/`).
 """
 
 import math
@@ -1428,7 +1527,7 @@ import tilelang
 import tilelang.language as T
 
 import tourkit
-from sections import attention_plans as plans  # the problems, and the rules that choose a configuration
+from sections import attention_persistent, attention_plans as plans  # a persistent walk; the rules
 from sections.attention_plans import Problem
 from sections.hopper import attention_ws  # the appendix: its kernel is built and timed beside this lesson's
 from tourkit import Section
@@ -1592,7 +1691,8 @@ def build(problem: Problem, cfg: dict):
     """The prim_func of a configuration: this lesson's kernels, or the appendix's hand-written one ("ws")."""
     if cfg["kind"] == "ws":
         return attention_ws.build(problem, cfg)
-    builder = {"pipelined": flash_attention_forward, "async": flash_attention_forward_async}[cfg["kind"]]
+    builder = {"pipelined": flash_attention_forward, "async": flash_attention_forward_async,
+               "persistent": attention_persistent.flash_attention_persistent}[cfg["kind"]]
     kwargs = {k: v for k, v in cfg.items() if k not in ("kind", "fast_math")}
     return builder(*problem.kernel_args(), **problem.kernel_kwargs(), **kwargs)
 
@@ -1698,8 +1798,7 @@ ODD_SHAPES = [(1, 3, 777, 128), (1, 8, 333, 64, 2)]
 
 
 def plan(ctx) -> list:
-    """(name, which, problem, configuration, why, timed) of each kernel built: the lesson's, on Hopper also the
-    appendix's where it takes the problem. With --shape: that problem alone, causal and full."""
+    """(name, which, problem, cfg, why, timed) of each kernel: the lesson's, the appendix's where it takes one."""
     family = tourkit.ARCH_SPECS[ctx.arch].family
     sms = ctx.device.sm_count if ctx.device is not None and not ctx.compile_only else None
     timed = [ctx.shape] if ctx.shape else QUICK_SHAPES if ctx.quick else FULL_SHAPES if ctx.full else BENCH_SHAPES

@@ -2,9 +2,9 @@
 
 A problem is (batch, heads, sequence length, head dim, causal), with grouped-query attention's key/value head
 count and the element type. A configuration is a dict: the kernel kind ("pipelined": T.Pipelined infers the
-pipeline; "async": the FA3 schedule; "ws": the appendix's hand-written warp specialization), the tile sizes,
-stages, threads, flags (fast_math, heavy_first) and blocks_per_sm (blocks sharing an SM). `choose_config`
-returns one with the reason it was chosen.
+pipeline; "async": the FA3 schedule; "persistent": the pipelined kernel walking its tiles in `workers` blocks;
+"ws": the appendix's hand-written warp specialization), the tile sizes, stages, threads, flags (fast_math,
+heavy_first) and blocks_per_sm (blocks sharing an SM). `choose_config` returns one with the reason it was chosen.
 """
 
 from __future__ import annotations
@@ -133,6 +133,12 @@ PAIRED_MAX_WALK = {64: 64, 128: 4}
 # Finer diagonal tiles waste less of the masked triangle, and a third block hides more of each one's start and
 # end; measured ahead of two 64x128 blocks up to 1024 keys, behind from about 1500.
 TRIPLED_MAX_TILES = 8
+# Full attention whose 128-row query tiles outnumber the SMs, each walking at most this many 128-wide key tiles:
+# the lesson's kernel walking the tiles persistently (sections/attention_persistent.py), each tile's first loads
+# in flight during the last one's store. Ahead of every grid schedule from 2 to 8 key tiles at both head dims
+# (most at 2 to 4, where a block's start and end are most of its time); level at 16, behind the FA3 schedule at 32
+# and behind the grid under one round of tiles.
+PERSISTENT_MAX_WALK = 8
 # Ampere/Ada/Turing (or a Hopper budget too small for the above): no wgmma; the largest tiles that fit.
 OTHER_CANDIDATES = [(128, 128, 2), (128, 128, 1), (128, 64, 2), (128, 64, 1), (64, 64, 2), (64, 64, 1)]
 # ...and there, a K/V pipeline (2 stages) only up to 64 fp32 accumulators (scores and O) a thread: the pipeline
@@ -180,6 +186,23 @@ def paired_blocks(problem: Problem, rows: int, walk: float, smem_budget: int) ->
                 blocks_per_sm=2)
 
 
+def persistent_walk(problem: Problem, sms: int, smem_budget: int) -> dict | None:
+    """The persistent walk (PERSISTENT_MAX_WALK) where it applies: 128x128 tiles, `sms` blocks; else None."""
+    walk, tiles = key_tiles(problem.seq_len, 128), key_tiles(problem.seq_len, 128) * problem.heads * problem.batch
+    cfg = dict(kind="persistent", block_M=128, block_N=128, num_stages=2, threads=256, workers=sms, fast_math=True)
+    if (problem.causal or problem.seq_len < 128 or tiles <= sms or walk > PERSISTENT_MAX_WALK
+            or config_smem(cfg, problem.dim) > smem_budget):
+        return None
+    return cfg
+
+
+def config_smem(cfg: dict, dim: int) -> int:
+    """smem_estimate of a configuration; the persistent walk's pipeline also keeps a Q tile for each stage."""
+    q_stages = cfg["num_stages"] - 1 if cfg["kind"] == "persistent" else 0
+    return (smem_estimate(dim, cfg["block_M"], cfg["block_N"], cfg["num_stages"], cfg["kind"] == "async")
+            + 2 * dim * cfg["block_M"] * q_stages)
+
+
 def tripled_blocks(problem: Problem, smem_budget: int) -> dict | None:
     """Three 64-row blocks an SM with 64x64 tiles, for short causal walks at head dim 64 (TRIPLED_MAX_TILES)."""
     if (problem.dim != 64 or not problem.causal or key_tiles(problem.seq_len, 128) > TRIPLED_MAX_TILES
@@ -200,6 +223,11 @@ def hopper_config(problem: Problem, sms: int, smem_budget: int):
         why = (f"a query block walks {tiles}, enough for the FA3 schedule (the next Q·Kᵀ in flight "
                f"with P·V) to pay for its extra masked iteration; {width}-wide key tiles{widths}")
         cfg = dict(kind="async", block_M=rows, block_N=width, num_stages=2, threads=2 * rows, fast_math=True)
+    elif (cfg := persistent_walk(problem, sms, smem_budget)) is not None:
+        why = (f"full attention, {key_tiles(problem.seq_len, 128) * problem.heads * problem.batch} query tiles of "
+               f"128 rows for {sms} SMs, each walking {tiles} (at most {PERSISTENT_MAX_WALK}): {sms} blocks walk "
+               f"them persistently, one pipelined loop over their tiles' key steps, each tile's first loads in "
+               f"flight during the last one's store")
     elif (cfg := tripled_blocks(problem, smem_budget)) is not None:
         why = (f"causal at head dim 64, {tiles} (at most {TRIPLED_MAX_TILES}): 64x64 tiles, finer along the "
                f"diagonal, and three 64-row blocks an SM ({register_split(3, 128)} registers a consumer thread), "
@@ -232,8 +260,7 @@ def choose_config(problem: Problem, family: str, smem_budget: int, sms: int | No
     sms = sms or DEFAULT_SMS
     if family == "hopper":
         cfg, why = hopper_config(problem, sms, smem_budget)
-        if smem_estimate(problem.dim, cfg["block_M"], cfg["block_N"], cfg["num_stages"],
-                         cfg["kind"] == "async") <= smem_budget:
+        if config_smem(cfg, problem.dim) <= smem_budget:
             return cfg, why
     spills = ""
     for block_M, block_N, stages in OTHER_CANDIDATES:
@@ -266,5 +293,7 @@ def describe(cfg: dict) -> list:
     notes = [WORDS[cfg["kind"]]] + [word for key, word in WORDS.items() if cfg.get(key) is True]
     if cfg.get("blocks_per_sm", 1) > 1:
         notes.insert(1, f"{cfg['blocks_per_sm']} blocks per SM")
+    if cfg.get("workers"):
+        notes.insert(1, f"{cfg['workers']} blocks")
     return [f"{cfg['block_M']}x{cfg['block_N']}", cfg["num_stages"], cfg["threads"], ", ".join(notes)]
 

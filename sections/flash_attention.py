@@ -9,7 +9,8 @@ You will learn:
   and odd lengths (loads past the end read zeros, the last key tile masks its columns);
 * on Hopper, the FA3 schedule: S(k) = Q·K(k)ᵀ and P(k-1)·V(k-1) in flight together, the softmax in between;
   or two blocks per SM (registers capped), one block's softmax, loads and stores beside the other's MMAs;
-* grouped-query attention: KVH key/value heads, each read by H/KVH query heads (an index, not a copy).
+* grouped-query attention: KVH key/value heads, each read by H/KVH query heads (an index, not a copy);
+* many short full walks: this kernel walking its tiles persistently (`sections/attention_persistent.py`).
 
 The algorithm (scale = log2(e)/√d; per query block m = -inf, l = 0, O = 0):
 
@@ -21,9 +22,8 @@ The algorithm (scale = log2(e)/√d; per query block m = -inf, l = 0, O = 0):
             O = O · exp2(m - m_new) + P V;  m = m_new
         O /= l
 
-Layout is (batch, seq, heads, dim), BSHD, fp16 or bf16 with float32 accumulation. The tiles and schedule for a
-problem come from rules (`sections/attention_plans.py`), printed with their reason. On Hopper the section times
-the appendix kernel (`sections/hopper/attention_ws.py`, warp specialization by hand) beside this one and SDPA.
+Layout BSHD (batch, seq, heads, dim), fp16 or bf16, float32 accumulation. Rules (`sections/attention_plans.py`)
+choose each problem's tiles and schedule and say why; on Hopper the appendix is timed beside (`sections/hopper/`).
 """
 
 import math
@@ -32,7 +32,7 @@ import tilelang
 import tilelang.language as T
 
 import tourkit
-from sections import attention_plans as plans  # the problems, and the rules that choose a configuration
+from sections import attention_persistent, attention_plans as plans  # a persistent walk; the rules
 from sections.attention_plans import Problem
 from sections.hopper import attention_ws  # the appendix: its kernel is built and timed beside this lesson's
 from tourkit import Section
@@ -196,7 +196,8 @@ def build(problem: Problem, cfg: dict):
     """The prim_func of a configuration: this lesson's kernels, or the appendix's hand-written one ("ws")."""
     if cfg["kind"] == "ws":
         return attention_ws.build(problem, cfg)
-    builder = {"pipelined": flash_attention_forward, "async": flash_attention_forward_async}[cfg["kind"]]
+    builder = {"pipelined": flash_attention_forward, "async": flash_attention_forward_async,
+               "persistent": attention_persistent.flash_attention_persistent}[cfg["kind"]]
     kwargs = {k: v for k, v in cfg.items() if k not in ("kind", "fast_math")}
     return builder(*problem.kernel_args(), **problem.kernel_kwargs(), **kwargs)
 
@@ -302,8 +303,7 @@ ODD_SHAPES = [(1, 3, 777, 128), (1, 8, 333, 64, 2)]
 
 
 def plan(ctx) -> list:
-    """(name, which, problem, configuration, why, timed) of each kernel built: the lesson's, on Hopper also the
-    appendix's where it takes the problem. With --shape: that problem alone, causal and full."""
+    """(name, which, problem, cfg, why, timed) of each kernel: the lesson's, the appendix's where it takes one."""
     family = tourkit.ARCH_SPECS[ctx.arch].family
     sms = ctx.device.sm_count if ctx.device is not None and not ctx.compile_only else None
     timed = [ctx.shape] if ctx.shape else QUICK_SHAPES if ctx.quick else FULL_SHAPES if ctx.full else BENCH_SHAPES

@@ -66,7 +66,7 @@ def test_hopper_rule_per_problem():
     assert hopper(Problem(1, 32, 3000, 128, False))["block_N"] == 144
     assert hopper(Problem(1, 32, 4096, 128, True, kv_heads=8, dtype="bfloat16"))["kind"] == "async"
     # head dim 64 up to 64 key tiles a block: two 64-row blocks per SM, 128-wide key tiles; longer: 128 rows, 3 stages
-    for problem in (Problem(2, 8, 8192, 64, False), Problem(4, 16, 2048, 64, True), Problem(4, 8, 1000, 64, False),
+    for problem in (Problem(2, 8, 8192, 64, False), Problem(4, 16, 2048, 64, True), Problem(1, 8, 1000, 64, False),
                     Problem(2, 16, 2048, 64, False, kv_heads=2), Problem(1, 1, 8192, 64, False),
                     Problem(3, 12, 1025, 64, True)):
         cfg = hopper(problem)
@@ -83,11 +83,11 @@ def test_hopper_rule_per_problem():
         cfg = hopper(problem)
         assert (cfg["kind"], cfg["block_M"], cfg["num_stages"], cfg.get("blocks_per_sm", 1)) == ("pipelined", 128, 3, 1)
     # head dim 128, short walks: 64x64 tiles two per SM (full: up to 4 key tiles; causal: up to the FA3 schedule)
-    for problem in (Problem(8, 32, 512, 128, False), Problem(8, 32, 512, 128, True), Problem(32, 16, 256, 128, True),
+    for problem in (Problem(1, 32, 512, 128, False), Problem(8, 32, 512, 128, True), Problem(32, 16, 256, 128, True),
                     Problem(2, 4, 1536, 128, True), Problem(1, 64, 1, 128, True)):
         cfg = hopper(problem)
         assert (cfg["kind"], cfg["block_M"], cfg["block_N"], cfg["blocks_per_sm"]) == ("pipelined", 64, 64, 2), cfg
-    cfg = hopper(Problem(4, 16, 1024, 128, False))  # full, 8 key tiles: 128-row blocks
+    cfg = hopper(Problem(1, 16, 1024, 128, False))  # full, 8 key tiles, under one round of tiles: 128-row blocks
     assert (cfg["kind"], cfg["block_M"], cfg["block_N"], cfg.get("blocks_per_sm", 1)) == ("pipelined", 128, 128, 1)
     assert plans.key_walk(Problem(1, 1, 1536, 128, False)) == 12 == plans.ASYNC_MIN_WALK
     assert hopper(Problem(1, 32, 1536, 128, False))["kind"] == "async"
@@ -114,6 +114,28 @@ def test_hopper_rule_per_problem():
     assert "two 64-row blocks share each SM" in plans.choose_config(Problem(4, 16, 2048, 64, True), "hopper", HOPPER)[1]
     # a smaller budget (an sm_80-class GPU) falls back to a pipelined configuration that fits
     assert plans.choose_config(Problem(4, 32, 4096, 128, False), "hopper", 160 * 1024)[0]["kind"] == "pipelined"
+
+
+def test_persistent_walk_rule():
+    # full attention, more 128-row query tiles than SMs, at most 8 key tiles each: the persistent walk
+    for problem in (Problem(8, 32, 512, 128, False), Problem(32, 16, 256, 128, False), Problem(4, 8, 1000, 64, False),
+                    Problem(64, 8, 256, 64, False), Problem(2, 32, 512, 128, False, kv_heads=8, dtype="bfloat16"),
+                    Problem(1, 133, 128, 64, False), Problem(4, 16, 1024, 128, False)):
+        cfg = hopper(problem)
+        assert (cfg["kind"], cfg["block_M"], cfg["block_N"], cfg["workers"]) == ("persistent", 128, 128, 132), problem
+        assert plans.config_smem(cfg, problem.dim) <= HOPPER
+    assert plans.choose_config(Problem(8, 32, 512, 128, False), "hopper", HOPPER, 114)[0]["workers"] == 114
+    why = plans.choose_config(Problem(8, 32, 512, 128, False), "hopper", HOPPER, 132)[1]
+    assert "1024 query tiles" in why and "persistently" in why and "4 key tiles" in why
+    # it stays off: causal, one round of tiles or fewer, a walk over 8 tiles, fewer than 128 keys, too little
+    # shared memory for two Q stages at head dim 128, and off Hopper
+    for problem in (Problem(8, 32, 512, 128, True), Problem(1, 132, 128, 64, False), Problem(3, 5, 333, 128, False),
+                    Problem(4, 16, 1025, 64, False), Problem(64, 32, 64, 64, False), Problem(4, 32, 4096, 128, False)):
+        assert hopper(problem)["kind"] != "persistent", problem
+    assert plans.choose_config(Problem(8, 32, 512, 128, False), "hopper", 200 * 1024)[0]["kind"] != "persistent"
+    assert plans.choose_config(Problem(8, 32, 512, 64, False), "ampere", 163 * 1024)[0]["kind"] == "pipelined"
+    with pytest.raises(ValueError, match="full attention only"):
+        FA.build(Problem(8, 32, 512, 128, True), hopper(Problem(8, 32, 512, 128, False)))
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_75"])
@@ -181,10 +203,12 @@ def test_elsewhere_the_lesson_kernel_alone():
 # ---------------------------------------------------------------------------------------------------------
 
 # full and causal at head dim 128 (the FA3 schedule on Hopper), grouped-query attention in bf16 and head dim 64
-# (the compiler's pipeline, two blocks per SM on Hopper), 64-row blocks for a short problem, a short causal walk
+# (the compiler's pipeline, two blocks per SM on Hopper), 64-row blocks for a short problem, a short causal walk;
+# many short full walks, ragged and grouped-query at head dim 128, bf16 at 64 (the persistent walk on Hopper)
 LOWERED = [Problem(2, 4, 1600, 128, False, kv_heads=2), Problem(2, 4, 3000, 128, True),
            Problem(1, 8, 333, 64, True, kv_heads=2, dtype="bfloat16"), Problem(3, 4, 1537, 64, False, kv_heads=1),
-           Problem(1, 1, 5000, 128, False), Problem(3, 4, 300, 128, True)]
+           Problem(1, 1, 5000, 128, False), Problem(3, 4, 300, 128, True),
+           Problem(6, 24, 300, 128, False, kv_heads=4), Problem(8, 20, 1000, 64, False, dtype="bfloat16")]
 
 
 @pytest.fixture(scope="module")
@@ -215,14 +239,19 @@ def test_expected_instructions_and_exp2(reports):
     source = hopper[LOWERED[2]].source  # causal at head dim 64, a short walk: three blocks an SM, 80 at launch
     assert "__launch_bounds__(256, 3)" in source and "reg_alloc<136>" in source and "reg_dealloc<24>" in source
     assert "__launch_bounds__(384, 1)" in hopper[LOWERED[1]].source
+    for problem in LOWERED[6:]:  # the persistent walk: 132 blocks, one loop over their tiles' key steps
+        source = hopper[problem].source
+        tiles = -(-problem.seq_len // 128) * problem.heads * problem.batch
+        assert re.search(rf"for \(int step\w* = 0; step\w* < \(\(\({tiles - 1 + 132} - \(\(int\)blockIdx\.x\)\) / 132\)",
+                         source), problem
+        assert "tma_store" in source and "__launch_bounds__(384, 1)" in source
 
 
 def test_shared_memory_estimates_bound_the_lowered_kernels(reports):
     for arch, problem, cfg, rep in reports:
-        estimate = plans.smem_estimate(problem.dim, cfg["block_M"], cfg["block_N"], cfg["num_stages"],
-                                       cfg["kind"] == "async")
+        estimate = plans.config_smem(cfg, problem.dim)
         assert rep.smem_bytes <= estimate + 1024, (arch, problem, rep.smem_bytes, estimate)  # + barriers
-        if cfg["kind"] == "async":  # exact there: the test that the output reuses the K/V buffers
+        if cfg["kind"] in ("async", "persistent"):  # exact: O reuses the K/V buffers; Q has a buffer a stage
             assert rep.smem_bytes >= estimate, (arch, problem, rep.smem_bytes, estimate)
 
 
@@ -253,13 +282,21 @@ def test_section_compiles_the_users_problem():
     assert any("B1 H8 KVH2 S333 D64 bf16 causal:" in line for line in ctx.report)
 
 
+def test_persistent_walk_compiles_for_hopper():
+    """--compile-only --arch sm_90a with a problem of many short full walks: nvcc builds the persistent walk."""
+    ctx = tourkit.TourContext(compile_only=True, arch="sm_90a", echo=False, shape=(8, 32, 512, 128))
+    FA.run(ctx)
+    assert ctx.headlines["kernels"] == 4  # lesson and appendix, full and causal
+    assert any("B8 H32 S512 D128 full:" in line and "persistently" in line for line in ctx.report)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Correctness on a GPU: error within 2x of PyTorch's own against a float32 reference
 # ---------------------------------------------------------------------------------------------------------
 
 PROBLEMS = [(2, 4, 1000, 64), (1, 3, 777, 128), (2, 4, 1024, 64), (1, 2, 129, 128), (1, 2, 5, 64), (1, 16, 1, 128),
             (1, 8, 333, 64, 2), (2, 8, 1000, 128, 4, "bfloat16"), (3, 4, 1537, 64, 1, "bfloat16"), (8, 4, 300, 128),
-            (1, 2, 4100, 128)]
+            (1, 2, 4100, 128), (6, 24, 300, 128, 4), (8, 20, 1000, 64, 1, "bfloat16")]
 
 
 @pytest.mark.gpu
@@ -285,6 +322,8 @@ LESSON_SCHEDULES = [
          heavy_first=True),
     dict(kind="pipelined", block_M=64, block_N=64, num_stages=2, threads=128, fast_math=True, blocks_per_sm=3,
          heavy_first=True),
+    dict(kind="persistent", block_M=128, block_N=128, num_stages=2, threads=256, workers=132, fast_math=True),
+    dict(kind="persistent", block_M=128, block_N=64, num_stages=2, threads=256, workers=5, fast_math=True),
 ]
 SCHEDULE_PROBLEMS = ((1, 3, 777, 128), (2, 4, 1000, 64, 2, "bfloat16"))
 
@@ -294,8 +333,10 @@ SCHEDULE_PROBLEMS = ((1, 3, 777, 128), (2, 4, 1000, 64, 2, "bfloat16"))
 @pytest.mark.parametrize("cfg", LESSON_SCHEDULES, ids=lambda cfg: " ".join(map(str, plans.describe(cfg))))
 def test_every_lesson_schedule_matches_sdpa(causal, cfg):
     device = tourkit.detect_device()
-    if (cfg["kind"] == "async" or cfg["block_M"] == 64) and device.family != "hopper":
+    if (cfg["kind"] in ("async", "persistent") or cfg["block_M"] == 64) and device.family != "hopper":
         pytest.skip("wgmma is Hopper-only")
+    if cfg["kind"] == "persistent" and causal:
+        pytest.skip("the persistent walk is for full attention")
     for dims in SCHEDULE_PROBLEMS:
         problem = Problem(*dims[:4], causal, *dims[4:])
         (check,) = FA.check_attention(problem, {"lesson": compile_config(problem, cfg)})
