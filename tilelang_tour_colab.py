@@ -393,7 +393,8 @@ def paired_blocks(problem: Problem, rows: int, walk: float, smem_budget: int) ->
 
 def persistent_walk(problem: Problem, sms: int, smem_budget: int) -> dict | None:
     """The persistent walk (PERSISTENT_MAX_WALK) where it applies: 128x128 tiles, `sms` blocks; else None."""
-    walk, tiles = key_tiles(problem.seq_len, 128), key_tiles(problem.seq_len, 128) * problem.heads * problem.batch
+    walk = key_tiles(problem.seq_len, 128)
+    tiles = walk * problem.heads * problem.batch
     cfg = dict(kind="persistent", block_M=128, block_N=128, num_stages=2, threads=256, workers=sms, fast_math=True)
     if (problem.causal or problem.seq_len < 128 or tiles <= sms or walk > PERSISTENT_MAX_WALK
             or config_smem(cfg, problem.dim) > smem_budget):

@@ -1,7 +1,7 @@
 """Probe for flash_attention's configuration rule on problems of every kind: for each problem, the rule's choice
 (sections/attention_plans.choose_config), the appendix's hand-written kernel and alternatives of the lesson's
-kernel (tile sizes, stages, three consumer warp groups, two or three blocks per SM, async vs pipelined), each
-validated against a float32 reference and timed in turns with SDPA.
+kernel (tile sizes, stages, three consumer warp groups, two or three blocks per SM, async vs pipelined, the
+persistent walk for full attention), each validated against a float32 reference and timed in turns with SDPA.
 
     python bench/attention_shapes_probe.py [--out DIR] [--budget SECONDS] [--filter TEXT] [--list]
 
@@ -27,7 +27,8 @@ from sections import attention_plans as plans  # noqa: E402  (no torch, no tilel
 
 START = time.time()
 HOPPER_SMEM, SMS = 232448, 132
-# (dims, dtype): the targets first (a budget cuts the tail), then shapes of the same kinds not tuned on.
+# (dims, dtype): the targets first (a budget cuts the tail), then shapes of the same kinds not tuned on; full
+# attention over many short walks last (ragged grouped-query, bf16).
 PROBLEMS = [
     ((4, 16, 2048, 64), "float16"),
     ((1, 32, 3000, 128), "float16"),
@@ -46,6 +47,8 @@ PROBLEMS = [
     ((2, 32, 2048, 128, 8), "float16"),
     ((32, 16, 512, 64), "float16"),
     ((128, 4, 200, 64), "float16"),
+    ((6, 24, 300, 128, 4), "float16"),
+    ((8, 20, 1000, 64), "bfloat16"),
 ]
 ROUNDS = 4  # turns per contender (two forward/backward pairs)
 
@@ -89,6 +92,10 @@ def candidates(problem):
     else:
         alts = {"async 128x128": A(128, 128, **hf), "async 128x176": A(128, 176, **hf),
                 "pipe 64x64 x2": P(64, 64, blocks_per_sm=2, **hf)}
+    if not problem.causal:  # the lesson's persistent walk (sections/attention_persistent.py), one block an SM
+        for width in (128, 64):
+            alts[f"persistent 128x{width}"] = dict(kind="persistent", block_M=128, block_N=width, num_stages=2,
+                                                   threads=256, workers=SMS, fast_math=True)
     for label, cfg in alts.items():
         if cfg not in out.values():
             out[label] = cfg

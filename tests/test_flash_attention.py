@@ -251,7 +251,7 @@ def test_shared_memory_estimates_bound_the_lowered_kernels(reports):
     for arch, problem, cfg, rep in reports:
         estimate = plans.config_smem(cfg, problem.dim)
         assert rep.smem_bytes <= estimate + 1024, (arch, problem, rep.smem_bytes, estimate)  # + barriers
-        if cfg["kind"] in ("async", "persistent"):  # exact: O reuses the K/V buffers; Q has a buffer a stage
+        if cfg["kind"] in ("async", "persistent"):  # exact: async's O reuses K/V; persistent's Q has one a stage
             assert rep.smem_bytes >= estimate, (arch, problem, rep.smem_bytes, estimate)
 
 
