@@ -2253,16 +2253,14 @@ tile's K loop (each writes an fp32 partial; a second small kernel adds them up, 
 
 `choose_schedule(M, N, K, family, sm_count, smem_budget)` picks one for a problem with a cost model a reader
 can redo by hand: for each candidate tile (and split of K) count the blocks, the waves they take on the SMs,
-and the time a block needs (its tensor-core work, or the bytes it loads if that takes longer), against the
-time the whole problem needs to stream its operands from memory; the least estimate wins. Big problems get
-the big 128x256 tile; skinny and small ones, whose few big tiles would leave SMs idle, smaller tiles and a
-split K.
+and the time a block needs (its tensor-core work, or its loads if they take longer), against the time the
+whole problem needs to stream its operands from memory; the least estimate wins. Big problems get the big
+128x256 tile; problems whose few big tiles would leave SMs idle, smaller tiles and a split K.
 
-Problems whose rows are not 16-byte aligned (N or K not a multiple of 8 two-byte elements: TMA descriptors
-and 16-byte cp.async need aligned rows) run on zero-padded copies of A and B (`GemmLauncher`); the zeros add
-nothing to the sums, and C comes back out of a padded buffer. The copies are part of what is timed. Where the
-copies would cost more than the GEMM (small problems: each copy is a launch) the kernel takes the rows as
-they are instead: T.copy then loads them with narrower, masked copies (`plan_problem`).
+Rows that are not 16-byte aligned (N or K not a multiple of 8 two-byte elements: TMA descriptors and 16-byte
+cp.async need aligned rows) run on zero-padded copies of A and B (`GemmLauncher`, timed with the kernel);
+the zeros add nothing to the sums, and C comes back out of a padded buffer. Where the copies would cost more
+than the GEMM (small problems: a copy is a launch), T.copy loads the rows as they are, masked (`plan_problem`).
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
@@ -2403,6 +2401,7 @@ CANDIDATES = {
                GemmConfig(192, 192, 64, 4, 384, True, policy="FullRow"),
                GemmConfig(256, 128, 64, 4, 256, True, policy="FullRow"),  # tall and narrow: see candidate_schedules
                GemmConfig(128, 192, 64, 4, 256, True, policy="FullRow"),
+               GemmConfig(192, 96, 64, 4, 384, True, policy="FullRow"),  # one wave only: see ONE_WAVE_TILES
                GemmConfig(128, 128, 64, 4, 256, True), GemmConfig(64, 256, 64, 4, 128, True),
                GemmConfig(256, 64, 64, 4, 256, True, policy="FullRow"),  # tall and narrow
                GemmConfig(64, 128, 64, 6, 128, True), GemmConfig(64, 64, 64, 8, 128, True)],
@@ -2417,6 +2416,10 @@ CANDIDATES["ada"] = CANDIDATES["ampere"]
 # like the rest. The C tile cannot reuse the ring, so a stage fewer. Not with an epilogue: the bias tile,
 # staged inside the loop, makes the consumers synchronize at every K step.
 PERSISTENT = GemmConfig(128, 256, 64, 3, 256, True)
+# Three 64x96 consumer warp groups: three quarters of a 128x192 tile's work, for problems under one wave of the
+# bigger tiles (1536^3: 128 of these fill 132 SMs, where 96 of 128x192 leave 36 idle). Its short MMAs and its
+# operand bytes per FLOP lose as soon as the problem needs a second wave of it.
+ONE_WAVE_TILES = {(192, 96)}
 SPLITS = (1, 2, 3, 4, 6, 8)  # K splits tried where a problem's tiles leave SMs idle
 # A block whose K loop is this short has little to pipeline: its time goes to the first loads and the store.
 # On Hopper TileLang's producer warpgroup and its register split keep one block per SM, so those wait alone.
@@ -2445,12 +2448,11 @@ class Machine:
 MACHINES = {"hopper": Machine(5.4e12, 100e9, 3.2e12), "ampere": Machine(2.3e12, 60e9, 1.5e12),
             "ada": Machine(1.2e12, 50e9, 0.8e12), "turing": Machine(0.5e12, 40e9, 0.5e12)}
 MEMORY_LATENCY = 1.8e-6  # a load's round trip under load: bytes in flight / latency bounds a block's stream
-# A tile's tensor-core rate per FLOP against the 128x256 tile's, compute-bound (8192^3 and full waves of
-# mid-size problems on an H200): smaller tiles issue shorter MMAs and read more operand bytes per FLOP from
-# shared memory. Three consumer warpgroups (256x192: each a 256x64 strip; 192x192: each a 64x192 row) keep
-# the SM as busy as two, with more of C per block: fewer blocks, so the waves can come out whole.
+# A tile's tensor-core rate per FLOP against the 128x256 tile's, fitted to timed waves: smaller tiles issue
+# shorter MMAs and read more operand bytes per FLOP. Three consumer warpgroups (256x192: 256x64 strips; 192x192,
+# 192x96: 64-row strips) keep the SM as busy as two with more of C per block: fewer blocks, whole waves.
 TILE_EFFICIENCY = {(128, 256): 1.0, (256, 192): 1.02, (192, 192): 0.92, (128, 192): 0.8, (128, 128): 0.85,
-                   (64, 256): 0.82, (64, 128): 0.62, (64, 64): 0.45, (256, 128): 0.85, (256, 64): 0.6}
+                   (192, 96): 0.73, (64, 256): 0.82, (64, 128): 0.62, (64, 64): 0.45, (256, 128): 0.85, (256, 64): 0.6}
 
 
 def tile_efficiency(config: GemmConfig) -> float:
@@ -2534,9 +2536,11 @@ def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem
             base = replace(base, num_stages=base.num_stages - 1)
         if not fits(base, smem_budget) or (M <= 64 < base.block_M and any(c.block_M <= 64 for c in CANDIDATES[family])):
             continue  # a tile twice as tall as the whole problem would only multiply zeros
-        if base.block_M >= 2 * base.block_N and N > base.block_N:
-            continue  # tall narrow tiles: for a problem no wider than one, where wider tiles multiply zero columns
         tiles = -(-M // base.block_M) * -(-N // base.block_N)
+        # A tall narrow tile is for a problem no wider than one, where wider tiles multiply zero columns.
+        tall_narrow = base.block_M >= 2 * base.block_N and N > base.block_N
+        if tiles > sm_count if (base.block_M, base.block_N) in ONE_WAVE_TILES else tall_narrow:
+            continue
         steps = -(-K // base.block_K)
         # Three-warpgroup tiles are there to make whole waves of whole K loops: no split (one split of them
         # measured behind the unsplit 128x192 tile it was to replace).
@@ -2923,15 +2927,12 @@ class GemmLauncher:
         if self.buffers is None:
             self.buffers = self._buffers(a)
         padded, views, w = self.buffers["padded"], self.buffers["views"], self.buffers["w"]
-        if "a" in views:
-            views["a"].copy_(a)
-            a = padded["a"]
-        if "b" in views:
-            views["b"].copy_(b)
-            b = padded["b"]
-        if bias is not None and "bias" in views:
-            views["bias"].copy_(bias)
-            bias = padded["bias"]
+        operands = {"a": a, "b": b, "bias": bias}
+        for key, tensor in operands.items():
+            if tensor is not None and key in views:
+                views[key].copy_(tensor)
+                operands[key] = padded[key]
+        a, b, bias = operands.values()
         out = padded["c"] if "c" in views else c
         epilogue = () if bias is None else (bias,)
         if self.returns_c:

@@ -9,6 +9,7 @@ also unpadded (loaded masked). Prints one table per shape and a summary.
     python bench/gemm_shapes_probe.py --list       # the plans and estimates per shape, no GPU
     python bench/gemm_shapes_probe.py --every-tile --shapes 20000000x16x16,65536x64x4096   # tall, skinny N
     python bench/gemm_shapes_probe.py --no-ws ...   # each schedule also without warp specialization (Hopper)
+    python bench/gemm_shapes_probe.py --tiles 192x96x384,128x144 ...  # tiles outside the rule's candidates
     (on the device: bash .device/run python bench/gemm_shapes_probe.py)
 
 Kernels compile in threads, shape by shape in the list's order; by default every compile finishes before
@@ -42,6 +43,20 @@ def parse(text: str):
     dims, _, dtype = text.partition(":")
     M, N, K = (int(v) for v in dims.lower().split("x"))
     return M, N, K, dtype or "float16", fused
+
+
+def extra_tiles(text, K, smem):
+    """GemmConfigs of --tiles: BMxBN[xTHREADS] (256 threads by default; 384: three consumer warp groups, one
+    64-row strip each), 4 stages or as many as fit, fitted to K."""
+    out = []
+    for item in filter(None, text.split(",")):
+        bm, bn, *rest = (int(v) for v in item.lower().split("x"))
+        threads = rest[0] if rest else 256
+        config = P.fitted_to_k(P.GemmConfig(bm, bn, 64, 4, threads, True, policy="FullRow"), K)
+        while not P.fits(config, smem) and config.num_stages > 2:
+            config = replace(config, num_stages=config.num_stages - 1)
+        out.append(config)
+    return out
 
 
 def plans_for(M, N, K, dtype, fused, family, sms, smem, reach=2.0):
@@ -141,6 +156,7 @@ def main():
     ap.add_argument("--every-tile", action="store_true",
                     help="time every candidate tile, however far the model puts it behind the pick")
     ap.add_argument("--overlap", action="store_true", help="time shapes while later ones still compile")
+    ap.add_argument("--tiles", default="", help="more tiles to time on every shape: BMxBN[xTHREADS],...")
     ap.add_argument("--no-ws", action="store_true",
                     help="also build each lesson schedule with tl.disable_warp_specialized (Hopper): no producer "
                          "warpgroup, cp.async by every thread, registers as needed, so blocks can share an SM")
@@ -185,6 +201,8 @@ def main():
     jobs = []
     for M, N, K, dtype, fused in shapes:
         plans = plans_for(M, N, K, dtype, fused, family, sms, smem, reach)
+        if not fused:
+            plans = list(dict.fromkeys(plans + [replace(plans[0], config=c) for c in extra_tiles(args.tiles, K, smem)]))
         built = list(dict.fromkeys(plan for p in plans for plan in builds(p)))
         jobs.append(((M, N, K, dtype, fused), [(plan, pool.submit(build, plan, fused)) for plan in built]))
 

@@ -10,7 +10,7 @@ import pytest
 
 import tourkit
 from sections import autotune, fusion, gemm_schedules
-from sections.gemm_plans import (CANDIDATES, GemmConfig, GemmLauncher, GemmPlan, aligned, blocks_per_sm,
+from sections.gemm_plans import (CANDIDATES, ONE_WAVE_TILES, GemmConfig, GemmLauncher, GemmPlan, aligned, blocks_per_sm,
                                  candidate_schedules, check_problem, choose_schedule, estimate_seconds, fits,
                                  fitted_to_k, gemm_pass_configs, plan_problem)
 
@@ -50,15 +50,28 @@ def test_skinny_problems_take_short_tiles_and_fill_the_sms():
 
 def test_mid_problems_weigh_wave_quantization():
     """2000x3000x4000: 128x256 tiles make 192 blocks, 1.45 waves of 132; 256x192 make 128, 0.97 waves.
-    3000^3: 128x256 make 288 (2.18 waves), 192x192 make 256 (1.94); 1536^3 is under a wave with any tile, the
-    smaller 128x192 keeps more SMs busy."""
+    3000^3: 128x256 make 288 (2.18 waves), 192x192 make 256 (1.94); 1536^3 is under a wave with any tile:
+    192x96 tiles make 128 blocks, where 128x192 make 96 and 128x256 72."""
     big = GemmConfig(128, 256, 64, 4, 256, True)
     for shape, tile in [((2000, 3000, 4000), (256, 192)), ((3000, 3000, 3000), (192, 192)),
-                        ((1536, 1536, 1536), (128, 192))]:
+                        ((1536, 1536, 1536), (192, 96)), ((3072, 768, 3072), (192, 96))]:
         config = pick(*shape)
         assert (config.block_M, config.block_N) == tile, shape
         assert estimate_seconds(*shape, config, "hopper", 132, 232448) < \
             estimate_seconds(*shape, big, "hopper", 132, 232448)
+
+
+def test_one_wave_tiles_are_candidates_only_where_their_blocks_fit_one_wave():
+    """192x96 (three 64x96 warpgroups) is for problems under a wave of bigger tiles; where it would need a
+    second wave (2304x4608x2304: 576 blocks) or the problem has more SMs than it fills, others decide."""
+    for shape in [(1536, 1536, 1536), (3072, 768, 3072), (1500, 1530, 777), (1000, 1000, 1000)]:
+        blocks = [-(-shape[0] // c.block_M) * -(-shape[1] // c.block_N)
+                  for c in candidate_schedules(*shape, **H200) if (c.block_M, c.block_N) in ONE_WAVE_TILES]
+        assert blocks and max(blocks) <= 132, shape
+    for shape in [(2304, 4608, 2304), (4096, 4096, 4096), (2000, 3000, 4000), (3072, 1536, 1536)]:
+        tiles = {(c.block_M, c.block_N) for c in candidate_schedules(*shape, **H200)}
+        assert not tiles & ONE_WAVE_TILES, shape
+    assert pick(1000, 1000, 1000).block_M != 192  # 66 blocks of it would leave half the SMs idle
 
 
 def test_three_warpgroup_tiles_run_whole_k_loops():
@@ -249,6 +262,8 @@ FAMILY = {"sm_80": "ampere", "sm_90a": "hopper"}
                                                   ((128, 4096, 11008), "float16", True),
                                                   ((2000, 3000, 4000), "bfloat16", False),
                                                   ((3000, 3000, 3000), "float16", True),
+                                                  ((1536, 1536, 1536), "float16", True),
+                                                  ((1500, 1530, 777), "bfloat16", False),
                                                   ((100_000, 128, 128), "bfloat16", True)])
 def test_the_rules_kernels_lower_for_users_problems(arch, shape, dtype, epilogue):
     plan = plan_problem(*shape, FAMILY[arch], 132 if arch == "sm_90a" else 108, BUDGETS[FAMILY[arch]], dtype)
@@ -408,7 +423,8 @@ def test_autotune_tunes_the_users_problem_rounded_up():
                                          (2000, 3000, 4000, "bfloat16"), (1, 4096, 4096, "float16"),
                                          (2, 4097, 4095, "float16"), (100, 100, 100, "bfloat16"),
                                          (20_000_000, 16, 16, "float16"), (300_000, 100, 64, "bfloat16"),
-                                         (16384, 256, 64, "float16")])
+                                         (16384, 256, 64, "float16"), (1536, 1536, 1536, "float16"),
+                                         (1500, 1530, 777, "bfloat16")])
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("epilogue", [False, True])
 def test_the_rules_pick_is_correct_on_odd_sizes(M, N, K, dtype, epilogue, persistent):
