@@ -112,8 +112,7 @@ def lesson_schedules(family: str) -> list[GemmConfig]:
     if family == "hopper":
         return [
             GemmConfig(128, 256, 64, 4, 256, True),  # two consumer warpgroups share a 128x256 tile
-            # three consumer warpgroups, each a 256x64 column strip (FullCol), 160 registers a thread
-            GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol"),
+            GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol"),  # three: 256x64 column strips
             GemmConfig(128, 256, 64, 3, 256, True),   # one stage less: less latency hidden
             GemmConfig(128, 256, 64, 4, 256, False),  # no L2 swizzle
         ]
@@ -169,9 +168,9 @@ CANDIDATES["ada"] = CANDIDATES["ampere"]
 # like the rest. The C tile cannot reuse the ring, so a stage fewer. Not with an epilogue: the bias tile,
 # staged inside the loop, makes the consumers synchronize at every K step.
 PERSISTENT = GemmConfig(128, 256, 64, 3, 256, True)
-# Three 64x96 consumer warp groups: three quarters of a 128x192 tile's work, for problems under one wave of the
-# bigger tiles (1536^3: 128 of these fill 132 SMs, where 96 of 128x192 leave 36 idle). Its short MMAs and its
-# operand bytes per FLOP lose as soon as the problem needs a second wave of it.
+# Three 64x96 consumer warp groups: three quarters of a 128x192 tile's work, for problems it divides into one
+# wave (1536^3: 128 of these fill 132 SMs, where 96 of 128x192 leave 36 idle). Its short MMAs and operand bytes
+# per FLOP lose once a second wave is needed, and so did grids with partial edge tiles of it (BENCHMARKS.md).
 ONE_WAVE_TILES = {(192, 96)}
 SPLITS = (1, 2, 3, 4, 6, 8)  # K splits tried where a problem's tiles leave SMs idle
 # A block whose K loop is this short has little to pipeline: its time goes to the first loads and the store.
@@ -279,8 +278,8 @@ def fitted_to_k(config: GemmConfig, K: int) -> GemmConfig:
 
 def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int,
                         epilogue: bool = False) -> list[GemmConfig]:
-    """Every candidate tile that fits (with fewer stages if it must; 64 rows tall at most when M is), each with
-    every split of K that leaves a split at least 4 steps deep and does not make more blocks than two waves;
+    """Every candidate tile that fits (fewer stages if it must; 64 rows tall at most when M is; see ONE_WAVE_TILES),
+    each with every split of K that leaves a split at least 4 steps deep and makes at most two waves of blocks;
     the persistent walk where it applies (see PERSISTENT)."""
     out = []
     for base in CANDIDATES[family]:
@@ -290,9 +289,11 @@ def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem
         if not fits(base, smem_budget) or (M <= 64 < base.block_M and any(c.block_M <= 64 for c in CANDIDATES[family])):
             continue  # a tile twice as tall as the whole problem would only multiply zeros
         tiles = -(-M // base.block_M) * -(-N // base.block_N)
-        # A tall narrow tile is for a problem no wider than one, where wider tiles multiply zero columns.
-        tall_narrow = base.block_M >= 2 * base.block_N and N > base.block_N
-        if tiles > sm_count if (base.block_M, base.block_N) in ONE_WAVE_TILES else tall_narrow:
+        if (base.block_M, base.block_N) in ONE_WAVE_TILES:
+            wanted = M % base.block_M == 0 and N % base.block_N == 0 and tiles <= sm_count
+        else:  # a tall narrow tile is for a problem no wider than one, where wider tiles multiply zero columns
+            wanted = not (base.block_M >= 2 * base.block_N and N > base.block_N)
+        if not wanted:
             continue
         steps = -(-K // base.block_K)
         # Three-warpgroup tiles are there to make whole waves of whole K loops: no split (one split of them
@@ -624,8 +625,7 @@ def unaligned_rows(N: int, K: int) -> str:
 
 
 def padding_seconds(M: int, N: int, K: int, family: str) -> float:
-    """What the zero-padded copies of an unaligned problem cost: A in (when K is unaligned), B in, C out (when
-    N is), each read and written once, and a launch each."""
+    """What the zero-padded copies cost: A in (K unaligned), B in, C out (N unaligned): bytes and a launch each."""
     machine = MACHINES[family]
     Na, Ka = aligned(N), aligned(K)
     copies = [M * K + M * Ka if Ka != K else 0, K * N + Ka * Na, M * Na + M * N if Na != N else 0]

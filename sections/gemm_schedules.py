@@ -11,9 +11,10 @@ You will learn:
 - how to choose a schedule for any problem (`--shape MxNxK`, `--dtype bfloat16`; sections/gemm_plans.py):
   count the tiles against the SMs. 2000x3000x4000 in 128x256 tiles is 192 blocks, 1.45 waves of 132: the
   second wave runs half empty; 256x192 tiles (three consumer warpgroups) make 128 blocks, 0.97 waves, and
-  3000^3 in 192x192 tiles 1.94 waves instead of 2.18. A skinny problem (64x8192x8192)
-  has too few tall tiles to fill the SMs: 64-row tiles, and where even those are few, a split K (block z
-  sums its run of K into fp32 partials, `splitk_reduce_program` adds them). A tall, narrow one
+  3000^3 in 192x192 tiles 1.94 waves instead of 2.18; 1536^3 in 192x96 tiles (three 64x96 warpgroups) is 128
+  blocks where 128x192 tiles leave 36 SMs idle. A skinny problem (64x8192x8192) has too few tall tiles to
+  fill the SMs: 64-row tiles, and where even those are few, a split K (block z sums its run of K into fp32
+  partials, `splitk_reduce_program` adds them). A tall, narrow one
   (1000000x64x64) takes 256x64 tiles: half the blocks of 128-row ones, each paying its start and store
   once, and no columns of zeros as a wider tile would. A K loop of one or two steps has nothing to
   pipeline: its block waits on its first loads and its store. On Hopper such a schedule is compiled without

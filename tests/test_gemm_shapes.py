@@ -61,17 +61,18 @@ def test_mid_problems_weigh_wave_quantization():
             estimate_seconds(*shape, big, "hopper", 132, 232448)
 
 
-def test_one_wave_tiles_are_candidates_only_where_their_blocks_fit_one_wave():
-    """192x96 (three 64x96 warpgroups) is for problems under a wave of bigger tiles; where it would need a
-    second wave (2304x4608x2304: 576 blocks) or the problem has more SMs than it fills, others decide."""
-    for shape in [(1536, 1536, 1536), (3072, 768, 3072), (1500, 1530, 777), (1000, 1000, 1000)]:
+def test_one_wave_tiles_are_candidates_only_where_they_divide_the_problem_into_one_wave():
+    """192x96 (three 64x96 warpgroups) is for problems it divides into at most a wave: not where a second wave
+    is needed (2304x4608x2304: 576 blocks), nor where edge tiles would be partial (2131x1024x2048, 1000^3)."""
+    for shape in [(1536, 1536, 1536), (3072, 768, 3072), (1536, 1536, 2048)]:
         blocks = [-(-shape[0] // c.block_M) * -(-shape[1] // c.block_N)
                   for c in candidate_schedules(*shape, **H200) if (c.block_M, c.block_N) in ONE_WAVE_TILES]
         assert blocks and max(blocks) <= 132, shape
-    for shape in [(2304, 4608, 2304), (4096, 4096, 4096), (2000, 3000, 4000), (3072, 1536, 1536)]:
+    for shape in [(2304, 4608, 2304), (4096, 4096, 4096), (2000, 3000, 4000), (3072, 1536, 1536),
+                  (2131, 1024, 2048), (2304, 1024, 2048), (1000, 1000, 1000), (1500, 1536, 777)]:
         tiles = {(c.block_M, c.block_N) for c in candidate_schedules(*shape, **H200)}
         assert not tiles & ONE_WAVE_TILES, shape
-    assert pick(1000, 1000, 1000).block_M != 192  # 66 blocks of it would leave half the SMs idle
+    assert (pick(2131, 1024, 2048).block_M, pick(2131, 1024, 2048).block_N) == (128, 192)
 
 
 def test_three_warpgroup_tiles_run_whole_k_loops():
@@ -263,7 +264,7 @@ FAMILY = {"sm_80": "ampere", "sm_90a": "hopper"}
                                                   ((2000, 3000, 4000), "bfloat16", False),
                                                   ((3000, 3000, 3000), "float16", True),
                                                   ((1536, 1536, 1536), "float16", True),
-                                                  ((1500, 1530, 777), "bfloat16", False),
+                                                  ((3072, 768, 3072), "bfloat16", False),
                                                   ((100_000, 128, 128), "bfloat16", True)])
 def test_the_rules_kernels_lower_for_users_problems(arch, shape, dtype, epilogue):
     plan = plan_problem(*shape, FAMILY[arch], 132 if arch == "sm_90a" else 108, BUDGETS[FAMILY[arch]], dtype)
@@ -424,7 +425,7 @@ def test_autotune_tunes_the_users_problem_rounded_up():
                                          (2, 4097, 4095, "float16"), (100, 100, 100, "bfloat16"),
                                          (20_000_000, 16, 16, "float16"), (300_000, 100, 64, "bfloat16"),
                                          (16384, 256, 64, "float16"), (1536, 1536, 1536, "float16"),
-                                         (1500, 1530, 777, "bfloat16")])
+                                         (3072, 768, 3072, "bfloat16")])
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("epilogue", [False, True])
 def test_the_rules_pick_is_correct_on_odd_sizes(M, N, K, dtype, epilogue, persistent):
