@@ -9,7 +9,7 @@ also unpadded (loaded masked). Prints one table per shape and a summary.
     python bench/gemm_shapes_probe.py --list       # the plans and estimates per shape, no GPU
     python bench/gemm_shapes_probe.py --every-tile --shapes 20000000x16x16,65536x64x4096   # tall, skinny N
     python bench/gemm_shapes_probe.py --no-ws ...   # each schedule also without warp specialization (Hopper)
-    python bench/gemm_shapes_probe.py --tiles 192x96x384,128x144 ...  # tiles outside the rule's candidates
+    python bench/gemm_shapes_probe.py --tiles 192x96x384,128x128:s6:Square ...  # tiles outside the candidates
     (on the device: bash .device/run python bench/gemm_shapes_probe.py)
 
 Kernels compile in threads, shape by shape in the list's order; by default every compile finishes before
@@ -45,14 +45,19 @@ def parse(text: str):
     return M, N, K, dtype or "float16", fused
 
 
-def extra_tiles(text, K, smem):
-    """GemmConfigs of --tiles: BMxBN[xTHREADS] (256 threads by default; 384: three consumer warp groups, one
-    64-row strip each), 4 stages or as many as fit, fitted to K."""
+def extra_tiles(text, K, smem, sms=132):
+    """GemmConfigs of --tiles: BMxBN[xTHREADS][:sSTAGES][:POLICY][:P][:flat] (256 threads by default; 384: three
+    consumer warp groups, one 64-row strip each; 4 stages or as many as fit; FullRow unless named; P: walked by
+    `sms` persistent blocks; flat: no L2 swizzle), fitted to K."""
     out = []
     for item in filter(None, text.split(",")):
-        bm, bn, *rest = (int(v) for v in item.lower().split("x"))
-        threads = rest[0] if rest else 256
-        config = P.fitted_to_k(P.GemmConfig(bm, bn, 64, 4, threads, True, policy="FullRow"), K)
+        dims, *options = item.split(":")
+        bm, bn, *rest = (int(v) for v in dims.lower().split("x"))
+        stages = next((int(o[1:]) for o in options if o.startswith("s") and o[1:].isdigit()), 4)
+        policy = next((o for o in options if o in P.WARP_POLICIES), "FullRow")
+        config = P.GemmConfig(bm, bn, 64, stages, rest[0] if rest else 256, "flat" not in options, policy=policy,
+                              persistent=sms if "P" in options else 0)
+        config = P.fitted_to_k(config, K)
         while not P.fits(config, smem) and config.num_stages > 2:
             config = replace(config, num_stages=config.num_stages - 1)
         out.append(config)
@@ -141,6 +146,7 @@ def short(plan):
     more += " nopad" if not plan.pad else ""
     more += " direct" if not getattr(config, "staged_store", True) else ""
     more += " noWS" if not getattr(config, "warp_specialized", True) else ""
+    more += " flat" if not config.swizzle else ""
     return f"{config.block_M}x{config.block_N}x{config.block_K} s{config.num_stages} t{config.threads}{split}{more}"
 
 
@@ -202,7 +208,7 @@ def main():
     for M, N, K, dtype, fused in shapes:
         plans = plans_for(M, N, K, dtype, fused, family, sms, smem, reach)
         if not fused:
-            plans = list(dict.fromkeys(plans + [replace(plans[0], config=c) for c in extra_tiles(args.tiles, K, smem)]))
+            plans = list(dict.fromkeys(plans + [replace(plans[0], config=c) for c in extra_tiles(args.tiles, K, smem, sms)]))
         built = list(dict.fromkeys(plan for p in plans for plan in builds(p)))
         jobs.append(((M, N, K, dtype, fused), [(plan, pool.submit(build, plan, fused)) for plan in built]))
 

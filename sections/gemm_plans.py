@@ -145,8 +145,8 @@ def wave_traffic(M: int, N: int, K: int, config, wave: int = 132, dtype_bytes: i
 # ---- The rule ------------------------------------------------------------------------------------------
 
 # The candidate tiles per family: the lesson's own first (the rule's explanations compare against it), then
-# the rest biggest first. Small tiles take more stages: they are there for problems that stream their
-# operands, where bytes in flight decide.
+# the rest biggest first; small tiles take more stages (bytes in flight decide where operands stream). FullRow
+# gives a consumer warpgroup whole rows: a 128x128 tile's two issue 64x128 wgmmas, not Square's 64x64 pairs.
 CANDIDATES = {
     "hopper": [GemmConfig(128, 256, 64, 4, 256, True),
                GemmConfig(256, 192, 64, 4, 384, True, panel=8, policy="FullCol"),  # three consumer warpgroups
@@ -154,7 +154,7 @@ CANDIDATES = {
                GemmConfig(256, 128, 64, 4, 256, True, policy="FullRow"),  # tall and narrow: see candidate_schedules
                GemmConfig(128, 192, 64, 4, 256, True, policy="FullRow"),
                GemmConfig(192, 96, 64, 4, 384, True, policy="FullRow"),  # one wave only: see ONE_WAVE_TILES
-               GemmConfig(128, 128, 64, 4, 256, True), GemmConfig(64, 256, 64, 4, 128, True),
+               GemmConfig(128, 128, 64, 5, 256, True, policy="FullRow"), GemmConfig(64, 256, 64, 4, 128, True),
                GemmConfig(256, 64, 64, 4, 256, True, policy="FullRow"),  # tall and narrow
                GemmConfig(64, 128, 64, 6, 128, True), GemmConfig(64, 64, 64, 8, 128, True)],
     "ampere": [GemmConfig(128, 256, 32, 3, 256, True), GemmConfig(128, 128, 32, 4, 256, True),

@@ -23,6 +23,7 @@ You will learn:
   schedule (`persistent_body`): one block an SM walks its tiles in one `T.Pipelined` loop over tiles x K
   steps, so each tile's first loads fly during the last one's store. `choose_schedule` estimates
   each candidate (waves x a block's math or loads, against streaming the operands once) and says why;
+  estimates of neighbours are close calls, so the pick is timed beside its runner-up (`timed_choice`);
 - that T.copy takes rows of any length: unaligned ones (N or K not a multiple of 8) load with narrower,
   masked copies instead of TMA, which small problems prefer to three padding copies (`plan_problem`).
 
@@ -213,21 +214,19 @@ def appendix_plan(ctx, M: int, N: int, K: int):
     """The appendix's hand-written kernel (sm_90a, rows aligned) as a GemmPlan, or None."""
     if ctx.arch != "sm_90a" or N % 8 or K % 8:
         return None
-    from sections.hopper import gemm_ws
-
+    from sections.hopper import gemm_ws  # it imports this module
     return GemmPlan(M, N, K, gemm_ws.appendix_schedule(M, N, K, sm_count(ctx)), ctx.dtype, "the appendix")
 
 
 def plan(ctx):
     """(the plans timed at the section's problem, the appendix's plan or None, the plans only checked).
     The tour's own problem times the lesson's schedules; a user's (--shape) the rule's pick, its runner-up
-    with another tile and the lesson's default."""
+    with another tile and the lesson's default, the fastest of which the section reports (`timed_choice`)."""
     if ctx.shape is not None:
-        M, N, K = ctx.shape
-        pick = rule(ctx, M, N, K)
+        pick = rule(ctx, *ctx.shape)
         others = neighbours(pick, tourkit.ARCH_SPECS[ctx.arch].family, sm_count(ctx), ctx.smem_budget)
         rows = [pick] + [replace(pick, config=c, reason="") for c in others]
-        return list(dict.fromkeys(rows)), appendix_plan(ctx, M, N, K), []
+        return list(dict.fromkeys(rows)), appendix_plan(ctx, *ctx.shape), []
     size = 2048 if ctx.quick or ctx.compile_only else 8192
     family = tourkit.ARCH_SPECS[ctx.arch].family
     configs = [c for c in lesson_schedules(family) if fits(c, ctx.smem_budget)]
@@ -254,11 +253,17 @@ def kernels(ctx) -> list[KernelDecl]:
                        pass_configs=p.pass_configs(part),
                        markers=p.markers(markers) if part == "gemm" else (), smem_limit=p.config.smem_bytes(),
                        threads=getattr(p.config, "block_threads", p.config.threads) if part == "gemm" else 128)
-            for p, nvcc in dict.fromkeys(jobs) for part in (("gemm", "reduce") if split(p) else ("gemm",))]
+            for p, nvcc in dict.fromkeys(jobs)
+            for part in (("gemm", "reduce") if getattr(p.config, "split_k", 1) > 1 else ("gemm",))]
 
 
-def split(p: GemmPlan) -> bool:
-    return getattr(p.config, "split_k", 1) > 1
+def timed_choice(rows: list, best: GemmPlan, ms: dict) -> str:
+    """--shape: the estimates of neighbouring candidates are close calls, so the rule's pick is timed in turns
+    with its runner-up and the lesson's default, and the fastest is the problem's schedule (a quick search)."""
+    gain = ms[kernel_name(rows[0])] / ms[kernel_name(best)]
+    return (f"timed beside {len(rows) - 1} other schedule(s), the rule's pick was the fastest: it stays" if best == rows[0]
+            else f"timed in turns, {best.config.label()} ran {gain:.2f}x the speed of the rule's pick: it is this "
+                 f"problem's schedule")
 
 
 def launcher(built: dict, p: GemmPlan) -> GemmLauncher:
@@ -299,11 +304,10 @@ def time_against_cublas(M: int, N: int, K: int, contenders: dict, rounds: int, d
 def record_timings(ctx, timed: list, ms: dict, cublas_ms: float, ws) -> None:
     """For the plots: each schedule and cuBLAS with its FLOPs and the bytes a GEMM must move at least."""
     M, N, K = timed[0].M, timed[0].N, timed[0].K
-    flops, nbytes, problem = gemm_flops(M, N, K), gemm_bytes(M, N, K), f"{M}x{N}x{K}"
+    size = dict(flops=gemm_flops(M, N, K), nbytes=gemm_bytes(M, N, K), problem=f"{M}x{N}x{K}")
     for p in timed:
-        ctx.timing(p.config.label(), ms[kernel_name(p)], flops=flops, nbytes=nbytes,
-                   kind="appendix" if p == ws else "lesson", problem=problem)
-    ctx.timing("cuBLAS", cublas_ms, flops=flops, nbytes=nbytes, kind="pytorch", problem=problem)
+        ctx.timing(p.config.label(), ms[kernel_name(p)], kind="appendix" if p == ws else "lesson", **size)
+    ctx.timing("cuBLAS", cublas_ms, kind="pytorch", **size)
 
 
 def check_odd_shapes(ctx, built: dict, plans) -> None:
@@ -356,18 +360,17 @@ def run(ctx) -> None:
     timed, rounds = rows + ([ws] if ws else []), 2 if ctx.quick else ROUNDS
     ms, cublas_ms, errors = time_against_cublas(M, N, K, {kernel_name(p): launcher(built, p) for p in timed},
                                                 rounds, ctx.dtype)
-    if odd:
-        check_odd_shapes(ctx, built, odd)
-
-    flops = gemm_flops(M, N, K)
-    best = rows[0] if ctx.shape is not None else min(rows, key=lambda p: ms[kernel_name(p)])
+    check_odd_shapes(ctx, built, odd)  # none with --shape
+    flops, best = gemm_flops(M, N, K), min(rows, key=lambda p: ms[kernel_name(p)])
+    if ctx.shape is not None:
+        ctx.log(timed_choice(rows, best, ms))
     record_timings(ctx, timed, ms, cublas_ms, ws)
     ctx.log(f"\nC[{M}x{N}] = A @ B, {ctx.dtype} in, fp32 accumulation, {ctx.dtype} out; timed in turns with cuBLAS "
             f"after {tourkit.SETTLE_MS / 1e3:.1f} s of untimed load ({rounds // 2} forward/backward pairs)"
             + ("; padding copies included" if rows[0].padded else ""))
-    mark = "<- the rule's pick" if ctx.shape is not None else "<- lesson's fastest"
+    marks = {ws: "appendix", rows[0]: "the rule's pick" if ctx.shape is not None else "", best: "<- fastest"}
     table = [table_row(p.config, ms[kernel_name(p)], cublas_ms, flops) + [tourkit.format_error(errors[kernel_name(p)]),
-             mark if p == best else ("appendix" if p == ws else "")] for p in timed]
+             marks.get(p, "")] for p in timed]
     table.append(["cuBLAS (torch.matmul)", "", "", "", "", "", "", f"{cublas_ms:.3f}",
                   f"{tourkit.tflops(flops, cublas_ms):.0f}", "1.000x", tourkit.format_error(errors["cuBLAS"]), ""])
     ctx.table(TABLE + ["rel. error", ""], table)

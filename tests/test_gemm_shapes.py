@@ -61,6 +61,25 @@ def test_mid_problems_weigh_wave_quantization():
             estimate_seconds(*shape, big, "hopper", 132, 232448)
 
 
+def test_problems_of_about_one_wave_of_128x128_tiles_take_them_with_whole_rows_per_warpgroup():
+    for shape in [(1200, 1200, 1200), (512, 4096, 8192)]:
+        config = pick(*shape)
+        assert (config.block_M, config.block_N, config.policy, config.split_k) == (128, 128, "FullRow", 1), shape
+        assert config.num_stages == 5 and not config.persistent, shape
+
+
+def test_full_row_warpgroups_issue_64x128_wgmmas_on_a_128x128_tile():
+    from tourkernels import lower_for_arch
+
+    config = next(c for c in CANDIDATES["hopper"] if (c.block_M, c.block_N) == (128, 128))
+    source = lower_for_arch(gemm_schedules.gemm_program(1024, 1024, 1024, config), "sm_90a",
+                            gemm_pass_configs(config)).kernel_source
+    assert "kFloat32, 64, 128, 16" in source and "kFloat32, 64, 64, 16" not in source  # M, N, K of one wgmma
+    square = lower_for_arch(gemm_schedules.gemm_program(1024, 1024, 1024, replace(config, policy="Square")), "sm_90a",
+                            gemm_pass_configs(config)).kernel_source
+    assert "kFloat32, 64, 64, 16" in square
+
+
 def test_one_wave_tiles_are_candidates_only_where_they_divide_the_problem_into_one_wave():
     """192x96 (three 64x96 warpgroups) is for problems it divides into at most a wave: not where a second wave
     is needed (2304x4608x2304: 576 blocks), nor where edge tiles would be partial (2131x1024x2048, 1000^3)."""
@@ -396,6 +415,35 @@ def test_gemm_schedules_times_the_pick_its_runner_up_and_the_default():
     assert GemmConfig(128, 256, 64, 4, 256, True) in [p.config for p in rows] and len(rows) == len(set(rows)) <= 3
 
 
+@pytest.mark.parametrize("faster", ["runner-up", "pick"])
+def test_a_users_problem_gets_the_fastest_of_the_timed_schedules_and_says_so(monkeypatch, faster):
+    ctx = tourkit.TourContext(arch="sm_90a", shape=(2500, 1000, 3000), echo=False)
+    rows, ws, _ = gemm_schedules.plan(ctx)
+    names = [gemm_schedules.kernel_name(p) for p in rows]
+    winner = names[1] if faster == "runner-up" else names[0]
+
+    def fake_time(M, N, K, contenders, rounds, dtype="float16"):
+        assert (M, N, K) == (2500, 1000, 3000) and set(names) <= set(contenders)
+        ms = {label: 0.8 if label == winner else 1.0 for label in contenders}
+        return ms, 0.9, dict({label: 1e-4 for label in contenders}, cuBLAS=1e-4)
+
+    class Fake:
+        def get_kernel_source(self):
+            return "tl::wgmma_ss<...>();"
+
+    monkeypatch.setattr(tourkit, "build_declared", lambda decls, **kw: {d.name: Fake() for d in decls})
+    monkeypatch.setattr(gemm_schedules, "time_against_cublas", fake_time)
+    gemm_schedules.run(ctx)
+    text = "\n".join(ctx.report)
+    chosen = rows[names.index(winner)]
+    assert ctx.headlines["lesson"] == chosen.config.label() and ctx.headlines["lesson_vs_cublas"] == round(0.9 / 0.8, 3)
+    if faster == "runner-up":
+        assert f"{chosen.config.label()} ran 1.25x the speed of the rule's pick" in text
+    else:
+        assert "the rule's pick was the fastest" in text
+    assert "the rule's pick" in text and "<- fastest" in text
+
+
 def test_compile_only_run_with_a_shape_reports_the_rule():
     ctx = tourkit.TourContext(compile_only=True, arch="sm_80", shape=(64, 1000, 999), echo=False)
     gemm_schedules.run(ctx)
@@ -425,7 +473,7 @@ def test_autotune_tunes_the_users_problem_rounded_up():
                                          (2, 4097, 4095, "float16"), (100, 100, 100, "bfloat16"),
                                          (20_000_000, 16, 16, "float16"), (300_000, 100, 64, "bfloat16"),
                                          (16384, 256, 64, "float16"), (1536, 1536, 1536, "float16"),
-                                         (3072, 768, 3072, "bfloat16")])
+                                         (3072, 768, 3072, "bfloat16"), (1200, 1200, 1200, "float16")])
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("epilogue", [False, True])
 def test_the_rules_pick_is_correct_on_odd_sizes(M, N, K, dtype, epilogue, persistent):
