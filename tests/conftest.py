@@ -52,3 +52,29 @@ def stop_after_a_device_fault(request):
     except Exception as exc:
         pytest.exit(f"the CUDA context is broken after {request.node.nodeid} ({type(exc).__name__}: {exc}); "
                     f"stopping: the GPU tests after it cannot run in this process", returncode=1)
+
+
+@pytest.fixture
+def fake_gemm_timing(monkeypatch):
+    """gemm_schedules.run without a GPU: built kernels that only show a wgmma K loop, and timing that returns
+    ms_of(label) for each contender, cuBLAS at `cublas_ms`. Returns the list of timing calls (M, contenders, rounds)."""
+    import tourkit
+    from sections import gemm_schedules
+
+    def install(ms_of, cublas_ms=1.0):
+        calls = []
+
+        def fake_time(M, N, K, contenders, rounds, dtype="float16"):
+            calls.append((M, list(contenders), rounds))
+            return ({label: ms_of(label) for label in contenders}, cublas_ms,
+                    dict({label: 1e-4 for label in contenders}, cuBLAS=1e-4))
+
+        class Fake:
+            def get_kernel_source(self):
+                return "tl::wgmma_ss<...>(); warpgroup_wait<0>();"
+
+        monkeypatch.setattr(tourkit, "build_declared", lambda decls, **kw: {d.name: Fake() for d in decls})
+        monkeypatch.setattr(gemm_schedules, "time_against_cublas", fake_time)
+        return calls
+
+    return install

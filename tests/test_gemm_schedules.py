@@ -118,23 +118,10 @@ def test_declared_kernels_follow_the_arch():
     assert full[0].name.endswith("@8192x8192x8192")
 
 
-def test_run_times_the_lesson_and_the_appendix_in_one_call_and_headlines_each(monkeypatch):
-    calls = []
+def test_run_times_the_lesson_and_the_appendix_in_one_call_and_headlines_each(monkeypatch, fake_gemm_timing):
     speed = {"T.Pipelined 256x192x64": 1.0, "T.Pipelined 128x256x64, 4 stages, 256 threads, swizzle panel 10": 1.05,
              "hand-written": 0.95}
-
-    def fake_time(M, N, K, contenders, rounds, dtype="float16"):
-        calls.append((M, list(contenders), rounds))
-        ms = {label: next(v for k, v in speed.items() if label.startswith(k)) if any(label.startswith(k) for k in speed)
-              else 1.2 for label in contenders}
-        return ms, 1.0, dict({label: 1e-4 for label in contenders}, cuBLAS=1e-4)
-
-    class Fake:
-        def get_kernel_source(self):
-            return "tl::wgmma_ss<...>(); warpgroup_wait<0>();"
-
-    monkeypatch.setattr(tourkit, "build_declared", lambda decls, **kw: {d.name: Fake() for d in decls})
-    monkeypatch.setattr(gemm_schedules, "time_against_cublas", fake_time)
+    calls = fake_gemm_timing(lambda label: next((v for k, v in speed.items() if label.startswith(k)), 1.2))
     monkeypatch.setattr(gemm_schedules, "check_odd_shapes", lambda ctx, built, configs: None)
     ctx = tourkit.TourContext(arch="sm_90a", echo=False)
     gemm_schedules.run(ctx)

@@ -416,24 +416,14 @@ def test_gemm_schedules_times_the_pick_its_runner_up_and_the_default():
 
 
 @pytest.mark.parametrize("faster", ["runner-up", "pick"])
-def test_a_users_problem_gets_the_fastest_of_the_timed_schedules_and_says_so(monkeypatch, faster):
+def test_a_users_problem_gets_the_fastest_of_the_timed_schedules_and_says_so(fake_gemm_timing, faster):
     ctx = tourkit.TourContext(arch="sm_90a", shape=(2500, 1000, 3000), echo=False)
     rows, ws, _ = gemm_schedules.plan(ctx)
     names = [gemm_schedules.kernel_name(p) for p in rows]
     winner = names[1] if faster == "runner-up" else names[0]
-
-    def fake_time(M, N, K, contenders, rounds, dtype="float16"):
-        assert (M, N, K) == (2500, 1000, 3000) and set(names) <= set(contenders)
-        ms = {label: 0.8 if label == winner else 1.0 for label in contenders}
-        return ms, 0.9, dict({label: 1e-4 for label in contenders}, cuBLAS=1e-4)
-
-    class Fake:
-        def get_kernel_source(self):
-            return "tl::wgmma_ss<...>();"
-
-    monkeypatch.setattr(tourkit, "build_declared", lambda decls, **kw: {d.name: Fake() for d in decls})
-    monkeypatch.setattr(gemm_schedules, "time_against_cublas", fake_time)
+    calls = fake_gemm_timing(lambda label: 0.8 if label == winner else 1.0, cublas_ms=0.9)
     gemm_schedules.run(ctx)
+    assert len(calls) == 1 and set(names) <= set(calls[0][1]) and calls[0][0] == 2500
     text = "\n".join(ctx.report)
     chosen = rows[names.index(winner)]
     assert ctx.headlines["lesson"] == chosen.config.label() and ctx.headlines["lesson_vs_cublas"] == round(0.9 / 0.8, 3)
