@@ -463,7 +463,8 @@ def test_autotune_tunes_the_users_problem_rounded_up():
                                          (2, 4097, 4095, "float16"), (100, 100, 100, "bfloat16"),
                                          (20_000_000, 16, 16, "float16"), (300_000, 100, 64, "bfloat16"),
                                          (16384, 256, 64, "float16"), (1536, 1536, 1536, "float16"),
-                                         (3072, 768, 3072, "bfloat16"), (1200, 1200, 1200, "float16")])
+                                         (3072, 768, 3072, "bfloat16"), (1200, 1200, 1200, "float16"),
+                                         (7001, 129, 1001, "float16")])
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("epilogue", [False, True])
 def test_the_rules_pick_is_correct_on_odd_sizes(M, N, K, dtype, epilogue, persistent):
