@@ -162,7 +162,7 @@ def main():
     ap.add_argument("--every-tile", action="store_true",
                     help="time every candidate tile, however far the model puts it behind the pick")
     ap.add_argument("--overlap", action="store_true", help="time shapes while later ones still compile")
-    ap.add_argument("--tiles", default="", help="more tiles to time on every shape: BMxBN[xTHREADS],...")
+    ap.add_argument("--tiles", default="", help="more tiles to time on every shape: BMxBN[xTHREADS][:sSTAGES][:POLICY][:P][:flat],... (extra_tiles)")
     ap.add_argument("--no-ws", action="store_true",
                     help="also build each lesson schedule with tl.disable_warp_specialized (Hopper): no producer "
                          "warpgroup, cp.async by every thread, registers as needed, so blocks can share an SM")
