@@ -560,10 +560,10 @@ import time
 from pathlib import Path
 
 import tourkit
-# The search space (a product of values per knob, filtered by registers and shared memory) is a schedule rule:
-# gemm_plans.
-from sections.gemm_plans import (MAX_ACCUMULATORS, MAX_WITH_COPIES, SPACES, TUNED_KEYS, GemmLauncher,  # noqa: F401
-                                 GemmPlan, aligned, describe, filter_space, gemm_bytes, search_space, to_gemm_config)
+from sections.gemm_plans import GemmLauncher, GemmPlan, aligned, gemm_bytes
+# The search space: a product of values per knob, filtered by registers and shared memory.
+from sections.gemm_space import (MAX_ACCUMULATORS, MAX_WITH_COPIES, SPACES, TUNED_KEYS, describe,  # noqa: F401
+                                 filter_space, search_space, to_gemm_config)
 from sections.gemm_schedules import GemmConfig, gemm_flops, gemm_program
 from tourkit import ARCH_SPECS, KernelDecl, Section, SectionSkip
 
@@ -2264,7 +2264,6 @@ than the GEMM (small problems: a copy is a launch), T.copy loads the rows as the
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
-import itertools
 from dataclasses import dataclass, replace
 
 import tilelang
@@ -2413,7 +2412,8 @@ CANDIDATES["ada"] = CANDIDATES["ampere"]
 # Hopper, a plain GEMM of more of the lesson's 128x256 tiles than SMs: one block an SM walks them (`persistent`:
 # the SM count), each tile's first loads in flight during the last one's store; a candidate for the cost model
 # like the rest. The C tile cannot reuse the ring, so a stage fewer. Not with an epilogue: the bias tile,
-# staged inside the loop, makes the consumers synchronize at every K step.
+# staged inside the loop, makes the consumers synchronize at every K step. Only over aligned rows: with N and
+# K both unaligned, its masked copies fail in TileLang's code generator.
 PERSISTENT = GemmConfig(128, 256, 64, 3, 256, True)
 # Three 64x96 consumer warp groups: three quarters of a 128x192 tile's work, for problems it divides into one
 # wave (1536^3: 128 of these fill 132 SMs, where 96 of 128x192 leave 36 idle). Its short MMAs and operand bytes
@@ -2560,7 +2560,8 @@ def persistent_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem
     """The persistent schedule where it is a candidate (see PERSISTENT), else None."""
     config, tiles = replace(PERSISTENT, persistent=sm_count), -(-M // PERSISTENT.block_M) * -(-N // PERSISTENT.block_N)
     fit = family == "hopper" and not epilogue and M >= config.block_M and N >= config.block_N  # tiles not mostly zeros
-    return config if fit and fits(config, smem_budget) and tiles > sm_count else None
+    aligned_rows = N % ALIGN == 0 and K % ALIGN == 0
+    return config if fit and aligned_rows and fits(config, smem_budget) and tiles > sm_count else None
 
 
 def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int, epilogue: bool = False):
@@ -2628,80 +2629,6 @@ def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget, family
     if other is None:
         return line
     return f"{line}; {said(options[other])} would take {times[other] * 1e6:.0f} us ({why})"
-
-
-# ---- The autotune lesson's search space: a product of values per knob, filtered by shared memory ------
-
-TUNED_KEYS = ("block_M", "block_N", "block_K", "num_stages", "threads", "swizzle")
-SPACES: dict[str, dict[str, dict[str, list]]] = {
-    # Hopper: two consumer warpgroups (256 threads; TileLang adds a producer warpgroup), as one alone cannot hold
-    # a 128x256 fp32 accumulator in registers. 256x256 tiles are left out (MAX_ACCUMULATORS).
-    "hopper": {"default": {"block_M": [128, 256], "block_N": [128, 256], "block_K": [64], "num_stages": [3, 4],
-                           "threads": [256], "swizzle": [True, False]},
-               "full": {"block_M": [64, 128, 256], "block_N": [128, 256], "block_K": [32, 64],
-                        "num_stages": [2, 3, 4], "threads": [128, 256], "swizzle": [True, False]}},
-    "ampere": {"default": {"block_M": [128, 256], "block_N": [128, 256], "block_K": [32], "num_stages": [3, 4],
-                           "threads": [256], "swizzle": [True, False]},
-               "full": {"block_M": [64, 128, 256], "block_N": [64, 128, 256], "block_K": [32, 64],
-                        "num_stages": [2, 3, 4], "threads": [128, 256], "swizzle": [True, False]}},
-    "turing": {"default": {"block_M": [64, 128], "block_N": [64, 128], "block_K": [32], "num_stages": [2],
-                           "threads": [128, 256], "swizzle": [True, False]},
-               "full": {"block_M": [64, 128, 256], "block_N": [64, 128, 256], "block_K": [32, 64],
-                        "num_stages": [1, 2, 3], "threads": [128, 256], "swizzle": [True, False]}},
-}
-SPACES["ada"] = SPACES["ampere"]
-
-
-# A thread keeps its share of the fp32 accumulator in registers for the whole K loop; beyond 128 values ptxas
-# spills (256x256 tiles over 256 threads spilled on sm_80 and sm_90a; 128x256 ones fit in 168-211 registers).
-# On Hopper `threads` are the consumers: the producer warpgroup TileLang adds holds no accumulator. Turing has
-# no cp.async, so its A and B tiles also pass through registers on their way to shared memory: there the two
-# together stay within 160 (128x128x32 over 128 threads: 128 + 32; 64x256x32 tiles, 128 + 40, spilled).
-MAX_ACCUMULATORS = 128
-MAX_WITH_COPIES = 160  # Turing
-
-
-def accumulators(config: dict) -> int:
-    """fp32 accumulator values one (consumer) thread holds: block_M x block_N over the threads."""
-    return config["block_M"] * config["block_N"] // config["threads"]
-
-
-def copy_registers(config: dict) -> int:
-    """Registers a thread's share of one A tile and one B tile takes (2-byte elements, two a register)."""
-    return (config["block_M"] + config["block_N"]) * config["block_K"] // config["threads"] // 2
-
-
-def stays_in_registers(config: dict, family: str) -> bool:
-    """Whether ptxas can keep a thread's accumulator (on Turing, and its copies) in registers."""
-    if family == "turing":
-        return accumulators(config) + copy_registers(config) <= MAX_WITH_COPIES
-    return accumulators(config) <= MAX_ACCUMULATORS
-
-
-def search_space(family: str, full: bool = False) -> list[dict]:
-    """Every combination of the family's values (the config dicts tilelang.autotune takes) whose accumulator
-    stays in registers."""
-    if family not in SPACES:
-        raise ValueError(f"no autotune space for architecture family {family!r}")
-    axes = SPACES[family]["full" if full else "default"]
-    product = (dict(zip(TUNED_KEYS, values)) for values in itertools.product(*(axes[k] for k in TUNED_KEYS)))
-    return [c for c in product if stays_in_registers(c, family)]
-
-
-def to_gemm_config(config: dict) -> GemmConfig:
-    return GemmConfig(*(config[k] for k in TUNED_KEYS))
-
-
-def filter_space(configs: list[dict], smem_budget: int) -> tuple[list[dict], list[tuple[dict, int]]]:
-    """Split the space into what fits one block's shared memory and what does not (with the bytes it needs)."""
-    kept = [c for c in configs if fits(to_gemm_config(c), smem_budget)]
-    return kept, [(c, to_gemm_config(c).smem_bytes()) for c in configs if c not in kept]
-
-
-def describe(c: dict) -> str:
-    """A schedule in words: '128x256x64 tile, 3 stages, 256 threads, swizzled'."""
-    return (f"{c['block_M']}x{c['block_N']}x{c['block_K']} tile, {c['num_stages']} stages, {c['threads']} threads, "
-            f"{'swizzled' if c['swizzle'] else 'not swizzled'}")
 
 
 # ---- The problem, padded where its rows are not 16-byte aligned ----------------------------------------
@@ -2893,7 +2820,9 @@ def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget
     copies_s = padding_seconds(M, N, K, family)
     if copies_s <= gemm_s or (M == 1 and K % 2):  # one row of odd length: TileLang picks a 2-byte cp.async
         return plan
-    return replace(plan, pad=False, reason=f"{reason}; {unaligned_rows(N, K)}: loaded as they are, masked "
+    if config.persistent:  # the walk is for aligned rows (see PERSISTENT): the best plain grid
+        config, reason = choose_schedule(M, N, K, family, sm_count, smem_budget, epilogue)
+    return replace(plan, config=config, pad=False, reason=f"{reason}; {unaligned_rows(N, K)}: loaded as they are, masked "
                    f"(zero-padded copies would take {copies_s * 1e6:.0f} us)")
 
 
@@ -3347,6 +3276,86 @@ SECTION = Section(
     run=run,
     kernels=kernels,
 )
+''')
+
+_tour_file('sections/gemm_space.py', r'''
+"""The autotune lesson's search space: a product of values per knob (the config dicts tilelang.autotune takes),
+filtered by what a thread can keep in registers and what a block's shared memory holds."""
+
+import itertools
+
+from sections.gemm_plans import GemmConfig, fits
+
+TUNED_KEYS = ("block_M", "block_N", "block_K", "num_stages", "threads", "swizzle")
+SPACES: dict[str, dict[str, dict[str, list]]] = {
+    # Hopper: two consumer warpgroups (256 threads; TileLang adds a producer warpgroup), as one alone cannot hold
+    # a 128x256 fp32 accumulator in registers. 256x256 tiles are left out (MAX_ACCUMULATORS).
+    "hopper": {"default": {"block_M": [128, 256], "block_N": [128, 256], "block_K": [64], "num_stages": [3, 4],
+                           "threads": [256], "swizzle": [True, False]},
+               "full": {"block_M": [64, 128, 256], "block_N": [128, 256], "block_K": [32, 64],
+                        "num_stages": [2, 3, 4], "threads": [128, 256], "swizzle": [True, False]}},
+    "ampere": {"default": {"block_M": [128, 256], "block_N": [128, 256], "block_K": [32], "num_stages": [3, 4],
+                           "threads": [256], "swizzle": [True, False]},
+               "full": {"block_M": [64, 128, 256], "block_N": [64, 128, 256], "block_K": [32, 64],
+                        "num_stages": [2, 3, 4], "threads": [128, 256], "swizzle": [True, False]}},
+    "turing": {"default": {"block_M": [64, 128], "block_N": [64, 128], "block_K": [32], "num_stages": [2],
+                           "threads": [128, 256], "swizzle": [True, False]},
+               "full": {"block_M": [64, 128, 256], "block_N": [64, 128, 256], "block_K": [32, 64],
+                        "num_stages": [1, 2, 3], "threads": [128, 256], "swizzle": [True, False]}},
+}
+SPACES["ada"] = SPACES["ampere"]
+
+
+# A thread keeps its share of the fp32 accumulator in registers for the whole K loop; beyond 128 values ptxas
+# spills (256x256 tiles over 256 threads spilled on sm_80 and sm_90a; 128x256 ones fit in 168-211 registers).
+# On Hopper `threads` are the consumers: the producer warpgroup TileLang adds holds no accumulator. Turing has
+# no cp.async, so its A and B tiles also pass through registers on their way to shared memory: there the two
+# together stay within 160 (128x128x32 over 128 threads: 128 + 32; 64x256x32 tiles, 128 + 40, spilled).
+MAX_ACCUMULATORS = 128
+MAX_WITH_COPIES = 160  # Turing
+
+
+def accumulators(config: dict) -> int:
+    """fp32 accumulator values one (consumer) thread holds: block_M x block_N over the threads."""
+    return config["block_M"] * config["block_N"] // config["threads"]
+
+
+def copy_registers(config: dict) -> int:
+    """Registers a thread's share of one A tile and one B tile takes (2-byte elements, two a register)."""
+    return (config["block_M"] + config["block_N"]) * config["block_K"] // config["threads"] // 2
+
+
+def stays_in_registers(config: dict, family: str) -> bool:
+    """Whether ptxas can keep a thread's accumulator (on Turing, and its copies) in registers."""
+    if family == "turing":
+        return accumulators(config) + copy_registers(config) <= MAX_WITH_COPIES
+    return accumulators(config) <= MAX_ACCUMULATORS
+
+
+def search_space(family: str, full: bool = False) -> list[dict]:
+    """Every combination of the family's values (the config dicts tilelang.autotune takes) whose accumulator
+    stays in registers."""
+    if family not in SPACES:
+        raise ValueError(f"no autotune space for architecture family {family!r}")
+    axes = SPACES[family]["full" if full else "default"]
+    product = (dict(zip(TUNED_KEYS, values)) for values in itertools.product(*(axes[k] for k in TUNED_KEYS)))
+    return [c for c in product if stays_in_registers(c, family)]
+
+
+def to_gemm_config(config: dict) -> GemmConfig:
+    return GemmConfig(*(config[k] for k in TUNED_KEYS))
+
+
+def filter_space(configs: list[dict], smem_budget: int) -> tuple[list[dict], list[tuple[dict, int]]]:
+    """Split the space into what fits one block's shared memory and what does not (with the bytes it needs)."""
+    kept = [c for c in configs if fits(to_gemm_config(c), smem_budget)]
+    return kept, [(c, to_gemm_config(c).smem_bytes()) for c in configs if c not in kept]
+
+
+def describe(c: dict) -> str:
+    """A schedule in words: '128x256x64 tile, 3 stages, 256 threads, swizzled'."""
+    return (f"{c['block_M']}x{c['block_N']}x{c['block_K']} tile, {c['num_stages']} stages, {c['threads']} threads, "
+            f"{'swizzled' if c['swizzle'] else 'not swizzled'}")
 ''')
 
 _tour_file('sections/hopper/__init__.py', r'''

@@ -52,10 +52,10 @@ import time
 from pathlib import Path
 
 import tourkit
-# The search space (a product of values per knob, filtered by registers and shared memory) is a schedule rule:
-# gemm_plans.
-from sections.gemm_plans import (MAX_ACCUMULATORS, MAX_WITH_COPIES, SPACES, TUNED_KEYS, GemmLauncher,  # noqa: F401
-                                 GemmPlan, aligned, describe, filter_space, gemm_bytes, search_space, to_gemm_config)
+from sections.gemm_plans import GemmLauncher, GemmPlan, aligned, gemm_bytes
+# The search space: a product of values per knob, filtered by registers and shared memory.
+from sections.gemm_space import (MAX_ACCUMULATORS, MAX_WITH_COPIES, SPACES, TUNED_KEYS, describe,  # noqa: F401
+                                 filter_space, search_space, to_gemm_config)
 from sections.gemm_schedules import GemmConfig, gemm_flops, gemm_program
 from tourkit import ARCH_SPECS, KernelDecl, Section, SectionSkip
 

@@ -12,7 +12,7 @@ import tourkit
 from sections import autotune, fusion, gemm_schedules
 from sections.gemm_plans import (CANDIDATES, ONE_WAVE_TILES, GemmConfig, GemmLauncher, GemmPlan, aligned, blocks_per_sm,
                                  candidate_schedules, check_problem, choose_schedule, estimate_seconds, fits,
-                                 fitted_to_k, gemm_pass_configs, plan_problem)
+                                 fitted_to_k, gemm_pass_configs, neighbours, plan_problem)
 
 H200 = dict(family="hopper", sm_count=132, smem_budget=232448)
 BUDGETS = {"hopper": 232448, "ampere": 166912, "ada": 101376, "turing": 65536}
@@ -367,6 +367,21 @@ def test_the_persistent_kernel_compiles_with_nvcc(bias):
     assert replace(config, num_stages=4).smem_bytes() > 232448  # the C tile does not reuse the ring
     with pytest.raises(ValueError, match="no split K"):
         gemm_schedules.gemm_program(256, 256, 4096, replace(config, split_k=2))
+
+
+def test_a_big_problem_loaded_masked_takes_a_plain_grid_that_lowers():
+    """A short K over a big C, N and K unaligned: the padded copies would cost more than the GEMM, so the rows
+    are loaded masked, and the persistent walk (aligned rows only) gives way to the best plain grid. The pick
+    and what it is timed beside lower for sm_90a."""
+    for shape in [(7343, 6894, 15), (8000, 7001, 17)]:
+        plan = plan_problem(*shape, **H200)
+        assert not plan.padded and not plan.config.persistent and "masked" in plan.describe(), shape
+        assert plan_problem(shape[0], aligned(shape[1]), aligned(shape[2]), **H200).config.persistent  # else walked
+        others = [replace(plan, config=c) for c in neighbours(plan, "hopper", 132, H200["smem_budget"])]
+        for each in [plan] + others:
+            assert not each.config.persistent
+            for part, func in each.programs().items():
+                assert "wgmma" in tourkit.inspect_kernel(part, func, "sm_90a", nvcc=False).source, (shape, each.config)
 
 
 def test_unpadded_kernel_compiles_with_nvcc():
