@@ -3231,7 +3231,7 @@ def run(ctx) -> None:
             ctx.log(f"threads as launched include TileLang's producer warpgroup (TMA copies): {first.threads} "
                     f"for {decls[0].threads} asked")
         show_generated_code(ctx, first.source, family)
-        ctx.headline(arch=ctx.arch, kernels=len(decls), markers=",".join(tourkit.tensor_core_markers(ctx.arch)))
+        ctx.headline(arch=ctx.arch, kernels=len(decls), markers=",".join(decls[0].markers))  # the pick's, as checked
         return
     tourkit.require_device_memory(ctx, 10 * (M * K + K * N + M * N) + 4 * rows[0].config.split_k * M * N,
                                   f"the {M}x{N}x{K} GEMM with its float32 reference")
