@@ -1904,8 +1904,8 @@ You will learn:
   four M x N trips through global memory; fused, they never leave the registers;
 - how little code it takes: the kernel is the `gemm_schedules` builder with `bias=True, activation="gelu"`,
   a few `T.Parallel` lines on the register accumulator before the one store (sections/gemm_epilogue.py),
-  on the schedule the GEMM's rule picks for the problem (`--shape MxNxK`; with a split K the epilogue runs
-  in the reduction, where the sums are whole);
+  on the schedule the GEMM's rule picks for the problem (`--shape MxNxK`: timed beside its neighbours, as in
+  gemm_schedules; with a split K the epilogue runs in the reduction, where the sums are whole);
 - how to make GELU cheap: exact GELU (torch's default, erf) as max(x, 0) - |x| * erfc(|x| / sqrt 2) / 2 with
   a rational erfc (Abramowitz & Stegun 7.1.26, error 1.5e-7): about 15 PTX instructions, two of them
   special-function ones, against about 30 with CUDA's erff; it matters because the epilogue runs while the
@@ -1927,11 +1927,13 @@ configurations for tens of seconds).
 """
 
 import time
+from dataclasses import replace
 
 import tourkit
 from sections.gemm_epilogue import gelu_exact  # noqa: F401  (gelu_exact: the formula taught)
-from sections.gemm_plans import GemmLauncher, GemmPlan, gemm_bytes
-from sections.gemm_schedules import fits, gemm_flops, gemm_program, lesson_schedules, reference, rule, sm_count  # noqa: F401
+from sections.gemm_plans import GemmConfig, GemmLauncher, GemmPlan, gemm_bytes, neighbours
+from sections.gemm_schedules import (fits, gemm_flops, gemm_program, lesson_schedules, reference, rule,  # noqa: F401
+                                     sm_count, timed_choice)
 from tourkit import KernelDecl, Section, SectionSkip
 
 TOLERANCE = 5e-3
@@ -2023,12 +2025,18 @@ def kernel_name(p: GemmPlan, activation: str, part: str = "gemm") -> str:
 
 def planned(ctx):
     """(plan, activation, timed, nvcc) of every fused kernel the section runs: the GEMM rule's schedule
-    (gemm_plans.choose_schedule) with exact GELU at the problem, and with both GELU forms at a ragged size
-    (not with --shape: the user's problem alone); on sm_90a the appendix's with exact GELU beside it."""
+    (gemm_plans.choose_schedule) with exact GELU at the problem, and with both GELU forms at a ragged size;
+    with --shape the user's problem alone, its pick timed beside the GEMM lesson's neighbours of it (its
+    runner-up with another tile, the lesson's default), as gemm_schedules times them; on sm_90a the
+    appendix's with exact GELU beside them."""
     M, N, K = problem(ctx)
-    jobs = [(rule(ctx, M, N, K, epilogue=True), "gelu", True, True)]
+    pick = rule(ctx, M, N, K, epilogue=True)
+    jobs = [(pick, "gelu", True, True)]
     if ctx.shape is None:
         jobs += [(rule(ctx, *ODD, epilogue=True), activation, False, activation == "gelu_tanh") for activation in APPROXIMATE]
+    else:
+        others = neighbours(pick, tourkit.ARCH_SPECS[ctx.arch].family, sm_count(ctx), ctx.smem_budget, epilogue=True)
+        jobs += [(replace(pick, config=c, reason=""), "gelu", True, False) for c in others]
     appendix = appendix_for(ctx)
     if appendix is not None and N % 8 == 0 and K % 8 == 0:
         shapes = [(M, N, K)] + ([ODD] if ctx.shape is None else [])
@@ -2101,6 +2109,7 @@ def benchmark(ctx, built: dict) -> None:
     M, N, K = problem(ctx)
     a, b, bias, c = fused_inputs(M, N, K, dtype=ctx.dtype)
     fused = [(p, launcher(built, p, act)) for p, act, timed, _ in planned(ctx) if timed]
+    lessons = [p for p, _ in fused if isinstance(p.config, GemmConfig)]  # the rest: the appendix's
     if ctx.shape is not None:
         ctx.log(f"the fused kernel's schedule, by the GEMM rule: {fused[0][0].config.label()}:\n  {fused[0][0].describe()}")
     contenders = {p.config.label(): (lambda k: lambda: k(a, b, bias, c))(kernel) for p, kernel in fused}
@@ -2114,30 +2123,36 @@ def benchmark(ctx, built: dict) -> None:
 
     flops, eager_ms, compile_ms = gemm_flops(M, N, K), ms["eager PyTorch (3 kernels)"], ms.get(compiled_name)
     nbytes = gemm_bytes(M, N, K, bias=True)  # the fused kernel's minimum: no intermediate round trips
-    for (p, _), kind in zip(fused, ("lesson", "appendix")):
-        ctx.timing(f"fused {p.config.label()}", ms[p.config.label()], flops=flops, nbytes=nbytes, kind=kind,
-                   problem=f"{M}x{N}x{K}")
+    best = min(lessons, key=lambda p: ms[p.config.label()])
+    if len(lessons) > 1:
+        ctx.log(timed_choice(lessons, best, {p: ms[p.config.label()] for p in lessons}))
+    for p, _ in fused:
+        ctx.timing(f"fused {p.config.label()}", ms[p.config.label()], flops=flops, nbytes=nbytes,
+                   kind="lesson" if p in lessons else "appendix", problem=f"{M}x{N}x{K}")
     for name in ("eager PyTorch (3 kernels)", compiled_name):
         if name in ms:
             ctx.timing(name, ms[name], flops=flops, nbytes=nbytes, kind="pytorch", problem=f"{M}x{N}x{K}")
+    marks = {lessons[0].config.label(): "the rule's pick", best.config.label(): "<- fastest"} if len(lessons) > 1 else {}
     rows = []
     for name, t in ms.items():
         config = next((p.config for p, _ in fused if p.config.label() == name), None)
         what = f"{config.columns()['kernel']} {config.columns()['tile']}" if config else name
         rows.append([what, f"{t:.3f}", f"{tourkit.tflops(flops, t):.0f}", f"{tourkit.speedup(eager_ms, t):.3f}x",
-                     f"{tourkit.speedup(compile_ms, t):.3f}x" if compile_ms else "-"])
+                     f"{tourkit.speedup(compile_ms, t):.3f}x" if compile_ms else "-", marks.get(name, "")])
     ctx.log(f"\ngelu(A @ B + bias), {M}x{N}x{K} {ctx.dtype} (timed in turns after {tourkit.SETTLE_MS / 1e3:.1f} s of "
             f"untimed load: {rounds} rounds, forward and backward)")
-    ctx.table(["implementation", "ms", "TFLOP/s", "vs eager", f"vs torch.compile ({mode})"], rows)
+    ctx.table(["implementation", "ms", "TFLOP/s", "vs eager", f"vs torch.compile ({mode})", ""], rows)
     saved = saved_traffic_bytes(M, N)
     ctx.log(f"intermediate global-memory traffic saved by fusing: {tourkit.format_bytes(saved)} (two {M}x{N} "
             f"tensors, each written once and read once)")
-    for who, (p, _) in zip(("lesson", "appendix"), fused):
-        ctx.headline(**{f"{who}_vs_eager": round(tourkit.speedup(eager_ms, ms[p.config.label()]), 3)})
-        if compile_ms:
-            ctx.headline(**{f"{who}_vs_compile": round(tourkit.speedup(compile_ms, ms[p.config.label()]), 3)})
-    ctx.metric(size=M if M == N == K else f"{M}x{N}x{K}", dtype=ctx.dtype, lesson=fused[0][0].config.label(),
-               appendix=fused[1][0].config.label() if len(fused) > 1 else None, saved_bytes=saved,
+    appendix = next((p for p, _ in fused if p not in lessons), None)
+    for who, p in (("lesson", best), ("appendix", appendix)):
+        if p is not None:
+            ctx.headline(**{f"{who}_vs_eager": round(tourkit.speedup(eager_ms, ms[p.config.label()]), 3)})
+            if compile_ms:
+                ctx.headline(**{f"{who}_vs_compile": round(tourkit.speedup(compile_ms, ms[p.config.label()]), 3)})
+    ctx.metric(size=M if M == N == K else f"{M}x{N}x{K}", dtype=ctx.dtype, lesson=best.config.label(),
+               appendix=appendix.config.label() if appendix else None, saved_bytes=saved,
                ms={n: round(t, 4) for n, t in ms.items()})
 
 
@@ -2581,10 +2596,10 @@ def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_bud
     return pick, explain(M, N, K, pick, times[order[0]], options, times, sm_count, smem_budget, family)
 
 
-def neighbours(plan, family: str, sm_count: int, smem_budget: int) -> list[GemmConfig]:
+def neighbours(plan, family: str, sm_count: int, smem_budget: int, epilogue: bool = False) -> list[GemmConfig]:
     """What a plan's pick is timed beside: the best estimate with another tile, and the lesson's default."""
     M, N, K = plan.kernel_shape
-    others = [c for c in candidate_schedules(M, N, K, family, sm_count, smem_budget)
+    others = [c for c in candidate_schedules(M, N, K, family, sm_count, smem_budget, epilogue)
               if (c.block_M, c.block_N) != (plan.config.block_M, plan.config.block_N)]
     runner_up = min(others, key=lambda c: estimate_seconds(M, N, K, c, family, sm_count, smem_budget), default=None)
     configs = [c for c in (runner_up, lesson_schedules(family)[0]) if c is not None and fits(c, smem_budget)]
@@ -3138,8 +3153,8 @@ def kernels(ctx) -> list[KernelDecl]:
 
 def timed_choice(rows: list, best: GemmPlan, ms: dict) -> str:
     """--shape: the estimates of neighbouring candidates are close calls, so the rule's pick is timed in turns
-    with its runner-up and the lesson's default, and the fastest is the problem's schedule (a quick search)."""
-    gain = ms[kernel_name(rows[0])] / ms[kernel_name(best)]
+    with its runner-up and the lesson's default; the fastest (ms: a median per plan) is the problem's schedule."""
+    gain = ms[rows[0]] / ms[best]
     return (f"timed beside {len(rows) - 1} other schedule(s), the rule's pick was the fastest: it stays" if best == rows[0]
             else f"timed in turns, {best.config.label()} ran {gain:.2f}x the speed of the rule's pick: it is this "
                  f"problem's schedule")
@@ -3242,7 +3257,7 @@ def run(ctx) -> None:
     check_odd_shapes(ctx, built, odd)  # none with --shape
     flops, best = gemm_flops(M, N, K), min(rows, key=lambda p: ms[kernel_name(p)])
     if ctx.shape is not None:
-        ctx.log(timed_choice(rows, best, ms))
+        ctx.log(timed_choice(rows, best, {p: ms[kernel_name(p)] for p in rows}))
     record_timings(ctx, timed, ms, cublas_ms, ws)
     ctx.log(f"\nC[{M}x{N}] = A @ B, {ctx.dtype} in, fp32 accumulation, {ctx.dtype} out; timed in turns with cuBLAS "
             f"after {tourkit.SETTLE_MS / 1e3:.1f} s of untimed load ({rounds // 2} forward/backward pairs)"

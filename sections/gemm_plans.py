@@ -334,10 +334,10 @@ def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_bud
     return pick, explain(M, N, K, pick, times[order[0]], options, times, sm_count, smem_budget, family)
 
 
-def neighbours(plan, family: str, sm_count: int, smem_budget: int) -> list[GemmConfig]:
+def neighbours(plan, family: str, sm_count: int, smem_budget: int, epilogue: bool = False) -> list[GemmConfig]:
     """What a plan's pick is timed beside: the best estimate with another tile, and the lesson's default."""
     M, N, K = plan.kernel_shape
-    others = [c for c in candidate_schedules(M, N, K, family, sm_count, smem_budget)
+    others = [c for c in candidate_schedules(M, N, K, family, sm_count, smem_budget, epilogue)
               if (c.block_M, c.block_N) != (plan.config.block_M, plan.config.block_N)]
     runner_up = min(others, key=lambda c: estimate_seconds(M, N, K, c, family, sm_count, smem_budget), default=None)
     configs = [c for c in (runner_up, lesson_schedules(family)[0]) if c is not None and fits(c, smem_budget)]

@@ -259,8 +259,8 @@ def kernels(ctx) -> list[KernelDecl]:
 
 def timed_choice(rows: list, best: GemmPlan, ms: dict) -> str:
     """--shape: the estimates of neighbouring candidates are close calls, so the rule's pick is timed in turns
-    with its runner-up and the lesson's default, and the fastest is the problem's schedule (a quick search)."""
-    gain = ms[kernel_name(rows[0])] / ms[kernel_name(best)]
+    with its runner-up and the lesson's default; the fastest (ms: a median per plan) is the problem's schedule."""
+    gain = ms[rows[0]] / ms[best]
     return (f"timed beside {len(rows) - 1} other schedule(s), the rule's pick was the fastest: it stays" if best == rows[0]
             else f"timed in turns, {best.config.label()} ran {gain:.2f}x the speed of the rule's pick: it is this "
                  f"problem's schedule")
@@ -363,7 +363,7 @@ def run(ctx) -> None:
     check_odd_shapes(ctx, built, odd)  # none with --shape
     flops, best = gemm_flops(M, N, K), min(rows, key=lambda p: ms[kernel_name(p)])
     if ctx.shape is not None:
-        ctx.log(timed_choice(rows, best, ms))
+        ctx.log(timed_choice(rows, best, {p: ms[kernel_name(p)] for p in rows}))
     record_timings(ctx, timed, ms, cublas_ms, ws)
     ctx.log(f"\nC[{M}x{N}] = A @ B, {ctx.dtype} in, fp32 accumulation, {ctx.dtype} out; timed in turns with cuBLAS "
             f"after {tourkit.SETTLE_MS / 1e3:.1f} s of untimed load ({rounds // 2} forward/backward pairs)"

@@ -103,6 +103,32 @@ def test_benchmark_times_everything_in_one_call_and_says_which_kernel_each_numbe
     assert ctx.metrics["compile_mode"] == "default"
 
 
+@pytest.mark.parametrize("faster", ["runner-up", "pick"])
+def test_a_users_problem_times_the_fused_pick_beside_its_neighbours_and_keeps_the_fastest(monkeypatch, faster):
+    """--shape: the fused pick, its runner-up with another tile and the lesson's default (none of them the
+    persistent walk, which an epilogue slows), timed in one call; the headline is the fastest of them."""
+    ctx = tourkit.TourContext(arch="sm_90a", shape=(2500, 1000, 3000), echo=False)
+    lessons = [p for p, _, timed, _ in fusion.planned(ctx) if timed and isinstance(p.config, GemmConfig)]
+    assert len(lessons) >= 2 and not any(p.config.persistent for p in lessons)
+    assert lessons[0].config == fusion.rule(ctx, 2500, 1000, 3000, epilogue=True).config
+    winner = lessons[1 if faster == "runner-up" else 0].config.label()
+    calls = []
+
+    def fake_bench(fns, **kw):
+        calls.append(list(fns))
+        return {name: 0.8 if name == winner else 1.2 if name.startswith("eager") else 1.0 for name in fns}
+
+    monkeypatch.setattr(fusion, "fused_inputs", lambda M, N, K, seed=0, dtype="float16": (None,) * 4)
+    monkeypatch.setattr(fusion, "compiled_eager", lambda mode, activation="gelu": (None, "no compiler here"))
+    monkeypatch.setattr(tourkit, "bench_interleaved", fake_bench)
+    fusion.benchmark(ctx, {d.name: (lambda *args: None) for d in fusion.kernels(ctx)})
+    assert len(calls) == 1 and {p.config.label() for p in lessons} <= set(calls[0])
+    assert ctx.headlines["lesson_vs_eager"] == 1.5 and ctx.metrics["lesson"] == winner
+    text = "\n".join(ctx.report)
+    assert ("ran 1.25x the speed of the rule's pick" if faster == "runner-up" else "the rule's pick was the fastest") in text
+    assert "<- fastest" in text
+
+
 def test_section_compile_only_through_the_runner():
     run = tilelang_tour.main(["--only", "fusion", "--compile-only", "--arch", "sm_80"])
     assert run.results[0].status == "passed", run.results[0].error_message
