@@ -120,7 +120,8 @@ def appendix_for(ctx):
 
 
 def kernel_name(p: GemmPlan, activation: str, part: str = "gemm") -> str:
-    name = f"{p.config.columns()['kernel']} + bias + {activation} @{p.M}x{p.N}x{p.K}"
+    kernel = p.config.label() if isinstance(p.config, GemmConfig) else p.config.columns()["kernel"]  # the appendix's
+    name = f"{kernel} + bias + {activation} @{p.M}x{p.N}x{p.K}"
     return name + ("" if p.dtype == "float16" else f" {p.dtype}") + ("" if part == "gemm" else f" ({part})")
 
 

@@ -111,6 +111,8 @@ def test_a_users_problem_times_the_fused_pick_beside_its_neighbours_and_keeps_th
     lessons = [p for p, _, timed, _ in fusion.planned(ctx) if timed and isinstance(p.config, GemmConfig)]
     assert len(lessons) >= 2 and not any(p.config.persistent for p in lessons)
     assert lessons[0].config == fusion.rule(ctx, 2500, 1000, 3000, epilogue=True).config
+    names = [d.name for d in fusion.kernels(ctx)]
+    assert len(set(names)) == len(names)
     winner = lessons[1 if faster == "runner-up" else 0].config.label()
     calls = []
 
