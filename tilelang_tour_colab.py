@@ -378,14 +378,14 @@ def register_split(blocks_per_sm: int, threads: int) -> int:
     return min(240, (cap + 128 * (cap - 24) // threads) // 8 * 8)
 
 
-def paired_blocks(problem: Problem, rows: int, walk: float, smem_budget: int) -> dict | None:
+def paired_blocks(problem: Problem, rows: int, walk: float, smem_budget: int, forced: bool = False) -> dict | None:
     """Two 64-row blocks per SM where they fit shared memory twice over and the rule above prefers them (or
-    128-row blocks would leave SMs idle anyway): the configuration, else None."""
+    128-row blocks would leave SMs idle anyway, or `forced`): the configuration, else None."""
     width = 64 if problem.dim == 128 or problem.seq_len <= 64 else 128
     if 2 * smem_estimate(problem.dim, 64, width, 2) > smem_budget:
         return None
     preferred = walk <= PAIRED_MAX_WALK[problem.dim] or (problem.causal and problem.dim == 128)
-    if not (preferred or rows == 64):
+    if not (preferred or rows == 64 or forced):
         return None
     return dict(kind="pipelined", block_M=64, block_N=width, num_stages=2, threads=128, fast_math=True,
                 blocks_per_sm=2)
@@ -417,10 +417,11 @@ def tripled_blocks(problem: Problem, smem_budget: int) -> dict | None:
     return dict(kind="pipelined", block_M=64, block_N=64, num_stages=2, threads=128, fast_math=True, blocks_per_sm=3)
 
 
-def hopper_config(problem: Problem, sms: int, smem_budget: int):
+def hopper_config(problem: Problem, sms: int, smem_budget: int, closed: frozenset = frozenset()):
+    """The rule's choice, its branches tried in order; a branch named in `closed` is passed over (runner_up)."""
     rows, walk = query_rows(problem, sms), key_walk(problem)
     tiles = f"{walk:g} key tile{'s' * (walk != 1)}"
-    if problem.dim == 128 and walk >= ASYNC_MIN_WALK:
+    if problem.dim == 128 and walk >= ASYNC_MIN_WALK and "async" not in closed:
         if problem.causal or rows == 64:  # 64 rows: few, short blocks; 128-wide tiles as validated
             width, widths = 128, ""
         else:
@@ -429,16 +430,16 @@ def hopper_config(problem: Problem, sms: int, smem_budget: int):
         why = (f"a query block walks {tiles}, enough for the FA3 schedule (the next Q·Kᵀ in flight "
                f"with P·V) to pay for its extra masked iteration; {width}-wide key tiles{widths}")
         cfg = dict(kind="async", block_M=rows, block_N=width, num_stages=2, threads=2 * rows, fast_math=True)
-    elif (cfg := persistent_walk(problem, sms, smem_budget)) is not None:
+    elif "persistent" not in closed and (cfg := persistent_walk(problem, sms, smem_budget)) is not None:
         why = (f"full attention, {key_tiles(problem.seq_len, 128) * problem.heads * problem.batch} query tiles of "
                f"128 rows for {sms} SMs, each walking {tiles} (at most {PERSISTENT_MAX_WALK}): {sms} blocks walk "
                f"them persistently, one pipelined loop over their tiles' key steps, each tile's first loads in "
                f"flight during the last one's store")
-    elif (cfg := tripled_blocks(problem, smem_budget)) is not None:
+    elif "tripled" not in closed and (cfg := tripled_blocks(problem, smem_budget)) is not None:
         why = (f"causal at head dim 64, {tiles} (at most {TRIPLED_MAX_TILES}): 64x64 tiles, finer along the "
                f"diagonal, and three 64-row blocks an SM ({register_split(3, 128)} registers a consumer thread), "
                f"each one's loads, stores and softmax beside the others' MMAs")
-    elif (cfg := paired_blocks(problem, rows, walk, smem_budget)) is not None:
+    elif "paired" not in closed and (cfg := paired_blocks(problem, rows, walk, smem_budget, "grid" in closed)):
         short = ("head dim 64: a tile's GEMMs are too short to hide the softmax behind" if problem.dim == 64 else
                  f"a query block walks {tiles}, too few for the FA3 schedule")
         why = (f"{short}; two 64-row blocks share each SM ({register_split(2, 128)} registers a consumer thread), "
@@ -458,6 +459,27 @@ def hopper_config(problem: Problem, sms: int, smem_budget: int):
     if rows == 64 and cfg["block_M"] == 64 and not cfg.get("blocks_per_sm"):
         why += (f"; 64-row query blocks: 128-row ones would fill only "
                 f"{key_tiles(problem.seq_len, 128) * problem.heads * problem.batch} of {sms} SMs")
+    return cfg, why
+
+
+def branch(cfg: dict) -> str:
+    """Which of hopper_config's branches a configuration comes from."""
+    if cfg["kind"] in ("async", "persistent"):
+        return cfg["kind"]
+    return {3: "tripled", 2: "paired"}.get(cfg.get("blocks_per_sm", 1), "grid")
+
+
+def runner_up(problem: Problem, family: str, smem_budget: int, sms: int | None = None):
+    """(configuration, why) the rule would choose were its pick's branch closed, or None: a close call's other
+    side, which flash_attention times beside the pick for a user's problem. The thresholds between branches
+    were measured on a few dozen problems; near them either side may win. Hopper only (elsewhere one
+    schedule). From the last branch (128-row blocks), two 64-row blocks an SM."""
+    pick, _ = choose_config(problem, family, smem_budget, sms)
+    if family != "hopper" or pick["kind"] not in ("async", "persistent", "pipelined"):
+        return None
+    cfg, why = hopper_config(problem, sms or DEFAULT_SMS, smem_budget, frozenset({branch(pick)}))
+    if cfg == pick or config_smem(cfg, problem.dim) > smem_budget:
+        return None
     return cfg, why
 
 
@@ -487,6 +509,13 @@ def choose_config(problem: Problem, family: str, smem_budget: int, sms: int | No
         return dict(kind="pipelined", block_M=block_M, block_N=block_N, num_stages=stages, threads=threads), why
     raise ValueError(f"flash_attention: no tile configuration fits {smem_budget} bytes of shared memory "
                      f"for head dim {problem.dim}")
+
+
+def pass_configs(cfg: dict) -> dict:
+    """What a configuration compiles with: TileLang's fast math (exp2 as ex2.approx) where it asks for it."""
+    import tilelang
+
+    return {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True} if cfg.get("fast_math") else {}
 
 
 WORDS = {"pipelined": "compiler pipeline", "async": "FA3 async wgmma", "ws": "hand-written warp specialization",
@@ -1519,17 +1548,17 @@ The algorithm (scale = log2(e)/√d; per query block m = -inf, l = 0, O = 0):
         O /= l
 
 Layout BSHD (batch, seq, heads, dim), fp16 or bf16, float32 accumulation. Rules (`sections/attention_plans.py`)
-choose each problem's tiles and schedule and say why; on Hopper the appendix is timed beside (`sections/hopper/`).
+choose each problem's tiles and schedule and say why (on Hopper a --shape's pick is timed beside its runner-up,
+the faster kept); on Hopper the appendix is timed beside (`sections/hopper/`).
 """
 
 import math
 
-import tilelang
 import tilelang.language as T
 
 import tourkit
 from sections import attention_persistent, attention_plans as plans  # a persistent walk; the rules
-from sections.attention_plans import Problem
+from sections.attention_plans import Problem, pass_configs  # noqa: F401  (what a configuration compiles with)
 from sections.hopper import attention_ws  # the appendix: its kernel is built and timed beside this lesson's
 from tourkit import Section
 
@@ -1698,10 +1727,6 @@ def build(problem: Problem, cfg: dict):
     return builder(*problem.kernel_args(), **problem.kernel_kwargs(), **kwargs)
 
 
-def pass_configs(cfg: dict) -> dict:
-    return {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True} if cfg.get("fast_math") else {}
-
-
 # The reference, the check, the benchmark
 
 
@@ -1799,7 +1824,8 @@ ODD_SHAPES = [(1, 3, 777, 128), (1, 8, 333, 64, 2)]
 
 
 def plan(ctx) -> list:
-    """(name, which, problem, cfg, why, timed) of each kernel: the lesson's, the appendix's where it takes one."""
+    """(name, which, problem, cfg, why, timed) of each kernel: the lesson's (with --shape, its runner-up where
+    the rule has one: plans.runner_up), the appendix's where it takes one."""
     family = tourkit.ARCH_SPECS[ctx.arch].family
     sms = ctx.device.sm_count if ctx.device is not None and not ctx.compile_only else None
     timed = [ctx.shape] if ctx.shape else QUICK_SHAPES if ctx.quick else FULL_SHAPES if ctx.full else BENCH_SHAPES
@@ -1809,6 +1835,8 @@ def plan(ctx) -> list:
         problem = plans.from_shape(dims, causal, ctx.dtype)
         cfg, why = plans.choose_config(problem, family, ctx.smem_budget, sms)
         items.append((f"lesson {problem.name}", "lesson", problem, cfg, why, is_timed))
+        if ctx.shape and (other := plans.runner_up(problem, family, ctx.smem_budget, sms)):  # a close call: timed
+            items.append((f"runner-up {problem.name}", "runner_up", problem, *other, is_timed))
         if (cfg := attention_ws.choose_config(problem, family, ctx.smem_budget, sms)) is not None:
             items.append((f"appendix {problem.name}", "appendix", problem, cfg, "", is_timed))
     return items
@@ -1832,16 +1860,11 @@ def show_generated(ctx, source: str) -> None:
             return
 
 
-def explain(ctx, items) -> None:
-    """Which configuration the rule chose for each timed problem, and why."""
-    for _, which, problem, cfg, why, timed in items:
-        if which == "lesson" and timed:
-            ctx.log(f"{problem.name}: {plans.describe(cfg)[0]} tiles, {why}")
-
-
 def run(ctx) -> None:
     items, decls = plan(ctx), kernels(ctx)
-    explain(ctx, items)
+    for _, which, problem, cfg, why, timed in items:  # which configuration the rule chose, and why
+        if which != "appendix" and timed:
+            ctx.log(f"{problem.name}{', runner-up' * (which == 'runner_up')}: {plans.describe(cfg)[0]} tiles, {why}")
     if ctx.compile_only:
         reports = tourkit.inspect_declared(ctx, decls)
         if tourkit.ARCH_SPECS[ctx.arch].family == "hopper":
@@ -1865,15 +1888,21 @@ def run(ctx) -> None:
         suffix = "" if ctx.shape or ctx.quick or problem.seq_len == BENCH_SHAPES[0][2] else f"_S{problem.seq_len}"
         ours = [(which, cfg, fns[name]) for name, which, q, cfg, _, _ in items if q == problem]
         times = bench_attention(problem, {which: fn for which, _, fn in ours})
+        best = min((which for which, *_ in ours if which != "appendix"), key=times.get)  # the lesson's number
+        if "runner_up" in times:
+            ctx.log(f"{problem.name}: the rule's pick timed in turns beside its runner-up: " + (
+                "the pick was the faster, it stays" if best == "lesson" else f"the runner-up ran "
+                f"{times['lesson'] / times[best]:.2f}x the speed of the pick, it is this problem's configuration"))
         for which, cfg, _ in ours + [("sdpa", None, None)]:
             ratio, rate = tourkit.speedup(times["sdpa"], times[which]), tourkit.tflops(problem.flops, times[which])
             ctx.metric(**{f"{which}_{problem.mode}{suffix}_tflops": rate})
+            who = "pytorch" if cfg is None else "appendix" if which == "appendix" else "lesson"  # runner-up: lesson
             ctx.timing(which if cfg else f"SDPA ({times['sdpa_kind']})", times[which], flops=problem.flops,
-                       nbytes=problem.nbytes, kind=which if cfg else "pytorch", problem=problem.name)
-            if cfg is not None:
-                ctx.headline(**{f"{which}_vs_sdpa_{problem.mode}{suffix}": round(ratio, 3)})
+                       nbytes=problem.nbytes, kind=who, problem=problem.name)
+            if which in (best, "appendix"):
+                ctx.headline(**{f"{who}_vs_sdpa_{problem.mode}{suffix}": round(ratio, 3)})
             cells = plans.describe(cfg) if cfg else ["-", "-", "-", f"PyTorch {times['sdpa_kind']}"]
-            rows.append([problem.size, problem.mode, which, *cells, times[which], rate, f"{ratio:.2f}x"])
+            rows.append([problem.size, problem.mode, which.replace("_", "-"), *cells, times[which], rate, f"{ratio:.2f}x"])
     ctx.table(["shape", "mode", "kernel", "tiles", "stages", "threads", "schedule", "ms", "TFLOP/s", "vs SDPA"], rows)
     show_generated(ctx, built[decls[0].name].get_kernel_source())
 

@@ -173,14 +173,14 @@ def register_split(blocks_per_sm: int, threads: int) -> int:
     return min(240, (cap + 128 * (cap - 24) // threads) // 8 * 8)
 
 
-def paired_blocks(problem: Problem, rows: int, walk: float, smem_budget: int) -> dict | None:
+def paired_blocks(problem: Problem, rows: int, walk: float, smem_budget: int, forced: bool = False) -> dict | None:
     """Two 64-row blocks per SM where they fit shared memory twice over and the rule above prefers them (or
-    128-row blocks would leave SMs idle anyway): the configuration, else None."""
+    128-row blocks would leave SMs idle anyway, or `forced`): the configuration, else None."""
     width = 64 if problem.dim == 128 or problem.seq_len <= 64 else 128
     if 2 * smem_estimate(problem.dim, 64, width, 2) > smem_budget:
         return None
     preferred = walk <= PAIRED_MAX_WALK[problem.dim] or (problem.causal and problem.dim == 128)
-    if not (preferred or rows == 64):
+    if not (preferred or rows == 64 or forced):
         return None
     return dict(kind="pipelined", block_M=64, block_N=width, num_stages=2, threads=128, fast_math=True,
                 blocks_per_sm=2)
@@ -212,10 +212,11 @@ def tripled_blocks(problem: Problem, smem_budget: int) -> dict | None:
     return dict(kind="pipelined", block_M=64, block_N=64, num_stages=2, threads=128, fast_math=True, blocks_per_sm=3)
 
 
-def hopper_config(problem: Problem, sms: int, smem_budget: int):
+def hopper_config(problem: Problem, sms: int, smem_budget: int, closed: frozenset = frozenset()):
+    """The rule's choice, its branches tried in order; a branch named in `closed` is passed over (runner_up)."""
     rows, walk = query_rows(problem, sms), key_walk(problem)
     tiles = f"{walk:g} key tile{'s' * (walk != 1)}"
-    if problem.dim == 128 and walk >= ASYNC_MIN_WALK:
+    if problem.dim == 128 and walk >= ASYNC_MIN_WALK and "async" not in closed:
         if problem.causal or rows == 64:  # 64 rows: few, short blocks; 128-wide tiles as validated
             width, widths = 128, ""
         else:
@@ -224,16 +225,16 @@ def hopper_config(problem: Problem, sms: int, smem_budget: int):
         why = (f"a query block walks {tiles}, enough for the FA3 schedule (the next Q·Kᵀ in flight "
                f"with P·V) to pay for its extra masked iteration; {width}-wide key tiles{widths}")
         cfg = dict(kind="async", block_M=rows, block_N=width, num_stages=2, threads=2 * rows, fast_math=True)
-    elif (cfg := persistent_walk(problem, sms, smem_budget)) is not None:
+    elif "persistent" not in closed and (cfg := persistent_walk(problem, sms, smem_budget)) is not None:
         why = (f"full attention, {key_tiles(problem.seq_len, 128) * problem.heads * problem.batch} query tiles of "
                f"128 rows for {sms} SMs, each walking {tiles} (at most {PERSISTENT_MAX_WALK}): {sms} blocks walk "
                f"them persistently, one pipelined loop over their tiles' key steps, each tile's first loads in "
                f"flight during the last one's store")
-    elif (cfg := tripled_blocks(problem, smem_budget)) is not None:
+    elif "tripled" not in closed and (cfg := tripled_blocks(problem, smem_budget)) is not None:
         why = (f"causal at head dim 64, {tiles} (at most {TRIPLED_MAX_TILES}): 64x64 tiles, finer along the "
                f"diagonal, and three 64-row blocks an SM ({register_split(3, 128)} registers a consumer thread), "
                f"each one's loads, stores and softmax beside the others' MMAs")
-    elif (cfg := paired_blocks(problem, rows, walk, smem_budget)) is not None:
+    elif "paired" not in closed and (cfg := paired_blocks(problem, rows, walk, smem_budget, "grid" in closed)):
         short = ("head dim 64: a tile's GEMMs are too short to hide the softmax behind" if problem.dim == 64 else
                  f"a query block walks {tiles}, too few for the FA3 schedule")
         why = (f"{short}; two 64-row blocks share each SM ({register_split(2, 128)} registers a consumer thread), "
@@ -253,6 +254,27 @@ def hopper_config(problem: Problem, sms: int, smem_budget: int):
     if rows == 64 and cfg["block_M"] == 64 and not cfg.get("blocks_per_sm"):
         why += (f"; 64-row query blocks: 128-row ones would fill only "
                 f"{key_tiles(problem.seq_len, 128) * problem.heads * problem.batch} of {sms} SMs")
+    return cfg, why
+
+
+def branch(cfg: dict) -> str:
+    """Which of hopper_config's branches a configuration comes from."""
+    if cfg["kind"] in ("async", "persistent"):
+        return cfg["kind"]
+    return {3: "tripled", 2: "paired"}.get(cfg.get("blocks_per_sm", 1), "grid")
+
+
+def runner_up(problem: Problem, family: str, smem_budget: int, sms: int | None = None):
+    """(configuration, why) the rule would choose were its pick's branch closed, or None: a close call's other
+    side, which flash_attention times beside the pick for a user's problem. The thresholds between branches
+    were measured on a few dozen problems; near them either side may win. Hopper only (elsewhere one
+    schedule). From the last branch (128-row blocks), two 64-row blocks an SM."""
+    pick, _ = choose_config(problem, family, smem_budget, sms)
+    if family != "hopper" or pick["kind"] not in ("async", "persistent", "pipelined"):
+        return None
+    cfg, why = hopper_config(problem, sms or DEFAULT_SMS, smem_budget, frozenset({branch(pick)}))
+    if cfg == pick or config_smem(cfg, problem.dim) > smem_budget:
+        return None
     return cfg, why
 
 
@@ -282,6 +304,13 @@ def choose_config(problem: Problem, family: str, smem_budget: int, sms: int | No
         return dict(kind="pipelined", block_M=block_M, block_N=block_N, num_stages=stages, threads=threads), why
     raise ValueError(f"flash_attention: no tile configuration fits {smem_budget} bytes of shared memory "
                      f"for head dim {problem.dim}")
+
+
+def pass_configs(cfg: dict) -> dict:
+    """What a configuration compiles with: TileLang's fast math (exp2 as ex2.approx) where it asks for it."""
+    import tilelang
+
+    return {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True} if cfg.get("fast_math") else {}
 
 
 WORDS = {"pipelined": "compiler pipeline", "async": "FA3 async wgmma", "ws": "hand-written warp specialization",

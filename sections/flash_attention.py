@@ -23,17 +23,17 @@ The algorithm (scale = log2(e)/√d; per query block m = -inf, l = 0, O = 0):
         O /= l
 
 Layout BSHD (batch, seq, heads, dim), fp16 or bf16, float32 accumulation. Rules (`sections/attention_plans.py`)
-choose each problem's tiles and schedule and say why; on Hopper the appendix is timed beside (`sections/hopper/`).
+choose each problem's tiles and schedule and say why (on Hopper a --shape's pick is timed beside its runner-up,
+the faster kept); on Hopper the appendix is timed beside (`sections/hopper/`).
 """
 
 import math
 
-import tilelang
 import tilelang.language as T
 
 import tourkit
 from sections import attention_persistent, attention_plans as plans  # a persistent walk; the rules
-from sections.attention_plans import Problem
+from sections.attention_plans import Problem, pass_configs  # noqa: F401  (what a configuration compiles with)
 from sections.hopper import attention_ws  # the appendix: its kernel is built and timed beside this lesson's
 from tourkit import Section
 
@@ -202,10 +202,6 @@ def build(problem: Problem, cfg: dict):
     return builder(*problem.kernel_args(), **problem.kernel_kwargs(), **kwargs)
 
 
-def pass_configs(cfg: dict) -> dict:
-    return {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True} if cfg.get("fast_math") else {}
-
-
 # The reference, the check, the benchmark
 
 
@@ -303,7 +299,8 @@ ODD_SHAPES = [(1, 3, 777, 128), (1, 8, 333, 64, 2)]
 
 
 def plan(ctx) -> list:
-    """(name, which, problem, cfg, why, timed) of each kernel: the lesson's, the appendix's where it takes one."""
+    """(name, which, problem, cfg, why, timed) of each kernel: the lesson's (with --shape, its runner-up where
+    the rule has one: plans.runner_up), the appendix's where it takes one."""
     family = tourkit.ARCH_SPECS[ctx.arch].family
     sms = ctx.device.sm_count if ctx.device is not None and not ctx.compile_only else None
     timed = [ctx.shape] if ctx.shape else QUICK_SHAPES if ctx.quick else FULL_SHAPES if ctx.full else BENCH_SHAPES
@@ -313,6 +310,8 @@ def plan(ctx) -> list:
         problem = plans.from_shape(dims, causal, ctx.dtype)
         cfg, why = plans.choose_config(problem, family, ctx.smem_budget, sms)
         items.append((f"lesson {problem.name}", "lesson", problem, cfg, why, is_timed))
+        if ctx.shape and (other := plans.runner_up(problem, family, ctx.smem_budget, sms)):  # a close call: timed
+            items.append((f"runner-up {problem.name}", "runner_up", problem, *other, is_timed))
         if (cfg := attention_ws.choose_config(problem, family, ctx.smem_budget, sms)) is not None:
             items.append((f"appendix {problem.name}", "appendix", problem, cfg, "", is_timed))
     return items
@@ -336,16 +335,11 @@ def show_generated(ctx, source: str) -> None:
             return
 
 
-def explain(ctx, items) -> None:
-    """Which configuration the rule chose for each timed problem, and why."""
-    for _, which, problem, cfg, why, timed in items:
-        if which == "lesson" and timed:
-            ctx.log(f"{problem.name}: {plans.describe(cfg)[0]} tiles, {why}")
-
-
 def run(ctx) -> None:
     items, decls = plan(ctx), kernels(ctx)
-    explain(ctx, items)
+    for _, which, problem, cfg, why, timed in items:  # which configuration the rule chose, and why
+        if which != "appendix" and timed:
+            ctx.log(f"{problem.name}{', runner-up' * (which == 'runner_up')}: {plans.describe(cfg)[0]} tiles, {why}")
     if ctx.compile_only:
         reports = tourkit.inspect_declared(ctx, decls)
         if tourkit.ARCH_SPECS[ctx.arch].family == "hopper":
@@ -369,15 +363,21 @@ def run(ctx) -> None:
         suffix = "" if ctx.shape or ctx.quick or problem.seq_len == BENCH_SHAPES[0][2] else f"_S{problem.seq_len}"
         ours = [(which, cfg, fns[name]) for name, which, q, cfg, _, _ in items if q == problem]
         times = bench_attention(problem, {which: fn for which, _, fn in ours})
+        best = min((which for which, *_ in ours if which != "appendix"), key=times.get)  # the lesson's number
+        if "runner_up" in times:
+            ctx.log(f"{problem.name}: the rule's pick timed in turns beside its runner-up: " + (
+                "the pick was the faster, it stays" if best == "lesson" else f"the runner-up ran "
+                f"{times['lesson'] / times[best]:.2f}x the speed of the pick, it is this problem's configuration"))
         for which, cfg, _ in ours + [("sdpa", None, None)]:
             ratio, rate = tourkit.speedup(times["sdpa"], times[which]), tourkit.tflops(problem.flops, times[which])
             ctx.metric(**{f"{which}_{problem.mode}{suffix}_tflops": rate})
+            who = "pytorch" if cfg is None else "appendix" if which == "appendix" else "lesson"  # runner-up: lesson
             ctx.timing(which if cfg else f"SDPA ({times['sdpa_kind']})", times[which], flops=problem.flops,
-                       nbytes=problem.nbytes, kind=which if cfg else "pytorch", problem=problem.name)
-            if cfg is not None:
-                ctx.headline(**{f"{which}_vs_sdpa_{problem.mode}{suffix}": round(ratio, 3)})
+                       nbytes=problem.nbytes, kind=who, problem=problem.name)
+            if which in (best, "appendix"):
+                ctx.headline(**{f"{who}_vs_sdpa_{problem.mode}{suffix}": round(ratio, 3)})
             cells = plans.describe(cfg) if cfg else ["-", "-", "-", f"PyTorch {times['sdpa_kind']}"]
-            rows.append([problem.size, problem.mode, which, *cells, times[which], rate, f"{ratio:.2f}x"])
+            rows.append([problem.size, problem.mode, which.replace("_", "-"), *cells, times[which], rate, f"{ratio:.2f}x"])
     ctx.table(["shape", "mode", "kernel", "tiles", "stages", "threads", "schedule", "ms", "TFLOP/s", "vs SDPA"], rows)
     show_generated(ctx, built[decls[0].name].get_kernel_source())
 

@@ -5,6 +5,7 @@ against a float32 reference on odd problems (GPU)."""
 
 import dataclasses
 import re
+import types
 
 import pytest
 import tilelang
@@ -187,10 +188,49 @@ def test_the_users_problem_alone_causal_and_full():
     items = FA.plan(ctx)
     assert {item[2] for item in items} == {Problem(2, 16, 2048, 64, c, 2, "bfloat16") for c in (False, True)}
     assert all(timed and (why or which == "appendix") for _, which, _, _, why, timed in items)
-    # D128 on Hopper: the appendix takes it too
+    # D128 on Hopper: the appendix takes it too; and the rule's runner-up, timed beside its pick
     items = FA.plan(tourkit.TourContext(device=H200, echo=False, shape=(1, 32, 3000, 128)))
-    assert sorted(name for name, *_ in items) == sorted(f"{w} B1 H32 S3000 D128 {m}" for w in ("lesson", "appendix")
-                                                        for m in ("full", "causal"))
+    assert sorted(name for name, *_ in items) == sorted(f"{w} B1 H32 S3000 D128 {m}" for w in
+                                                        ("lesson", "runner-up", "appendix") for m in ("full", "causal"))
+    assert not any(which == "runner_up" for _, which, *_ in FA.plan(tourkit.TourContext(device=H200, echo=False)))
+
+
+@pytest.mark.parametrize("dims,causal,pick,other", [
+    ((8, 32, 512, 128), False, "persistent", "64x64 paired"),  # many short full walks: the grid's pair of blocks
+    ((8, 32, 512, 128), True, "64x64 paired", "128x128 grid"),
+    ((1, 32, 4096, 128, 8), False, "128x176 async", "128x128 grid"),  # a long walk: the compiler's pipeline
+    ((1, 32, 4096, 128, 8), True, "128x128 async", "64x64 paired"),
+    ((4, 16, 2048, 64), False, "64x128 paired", "128x128 grid"),
+    ((64, 8, 256, 64), True, "64x64 tripled", "64x128 paired"),
+    ((2, 8, 16384, 64), False, "128x128 grid", "64x128 paired"),  # the last branch: two 64-row blocks, forced
+])
+def test_the_runner_up_is_the_rules_next_branch(dims, causal, pick, other):
+    def words(cfg):
+        kind = {"async": "async", "persistent": "persistent"}.get(cfg["kind"]) or plans.branch(cfg)
+        return kind if kind == "persistent" else f"{cfg['block_M']}x{cfg['block_N']} {kind}"
+
+    problem = plans.from_shape(dims, causal)
+    cfg, why = plans.runner_up(problem, "hopper", HOPPER, 132)
+    assert (words(hopper(problem)), words(cfg)) == (pick, other) and why
+    assert plans.runner_up(problem, "ampere", 163 * 1024, 108) is None  # one schedule elsewhere
+
+
+def test_a_users_problem_reports_the_faster_of_the_pick_and_its_runner_up(monkeypatch):
+    ctx = tourkit.TourContext(device=H200, echo=False, shape=(8, 32, 512, 128))
+    ms = {"lesson": 1.0, "runner_up": 0.8, "appendix": 0.9, "sdpa": 0.88, "sdpa_kind": "sdpa"}
+    kernel = types.SimpleNamespace(get_kernel_source=lambda: "")
+    monkeypatch.setattr(tourkit, "build_declared", lambda decls, log=None: {d.name: kernel for d in decls})
+    monkeypatch.setattr(FA.attention_ws, "launcher", lambda kernel: None)
+    monkeypatch.setattr(FA, "check_attention", lambda problem, kernels: [])
+    monkeypatch.setattr(FA, "bench_attention", lambda problem, kernels: dict(ms) if problem.causal else
+                        {**ms, "runner_up": 1.1})
+    monkeypatch.setattr(tourkit, "require_device_memory", lambda *args: None)
+    FA.run(ctx)
+    assert ctx.headlines["lesson_vs_sdpa_causal"] == 1.1 and ctx.headlines["lesson_vs_sdpa_full"] == 0.88
+    assert ctx.headlines["appendix_vs_sdpa_causal"] == round(0.88 / 0.9, 3)
+    text = "\n".join(ctx.report)
+    assert "causal: the rule's pick timed in turns beside its runner-up: the runner-up ran 1.25x" in text
+    assert "full: the rule's pick timed in turns beside its runner-up: the pick was the faster, it stays" in text
 
 
 def test_elsewhere_the_lesson_kernel_alone():
@@ -286,7 +326,7 @@ def test_persistent_walk_compiles_for_hopper():
     """--compile-only --arch sm_90a with a problem of many short full walks: nvcc builds the persistent walk."""
     ctx = tourkit.TourContext(compile_only=True, arch="sm_90a", echo=False, shape=(8, 32, 512, 128))
     FA.run(ctx)
-    assert ctx.headlines["kernels"] == 4  # lesson and appendix, full and causal
+    assert ctx.headlines["kernels"] == 6  # lesson, its runner-up and appendix, full and causal
     assert any("B8 H32 S512 D128 full:" in line and "persistently" in line for line in ctx.report)
 
 
@@ -307,6 +347,20 @@ def test_attention_matches_sdpa(dims, causal):
     problem = Problem(*dims[:4], causal, *dims[4:])
     cfg, _ = plans.choose_config(problem, device.family, device.smem_per_block_optin, device.sm_count)
     (check,) = FA.check_attention(problem, {"lesson": compile_config(problem, cfg)})
+    assert check.passed, check.line()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", [(2, 4, 1000, 64), (1, 3, 777, 128), (8, 4, 300, 128), (1, 8, 333, 64, 2)],
+                         ids=lambda p: "x".join(map(str, p)))
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_runner_up_matches_sdpa(dims, causal):
+    device = tourkit.detect_device()
+    problem = Problem(*dims[:4], causal, *dims[4:])
+    other = plans.runner_up(problem, device.family, device.smem_per_block_optin, device.sm_count)
+    if other is None:
+        pytest.skip("no runner-up here (one schedule off Hopper)")
+    (check,) = FA.check_attention(problem, {"runner-up": compile_config(problem, other[0])})
     assert check.passed, check.line()
 
 
