@@ -5,6 +5,7 @@
     python bench/shape_targets.py --out DIR       # keep each run's JSON record in DIR
     python bench/shape_targets.py --quick --problems gemm_schedules:1x4096x4096,softmax:3x77
     python bench/shape_targets.py --others --quick  # problems of other kinds, never tuned on
+    python bench/shape_targets.py --random 5 --quick  # 5 random problems a section, a new seed each time
 
 Each problem goes through the same command a user types (the worker process, the check, the benchmark in
 turns with PyTorch), so what this prints is what a user sees. The list mixes the shapes the project is judged
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -73,6 +75,44 @@ OTHER_PROBLEMS = [
 ]
 
 
+def gemm_size(rng) -> int:
+    """One of M, N, K: tiny (under a tile), mid-size, big, or a round model width."""
+    kind = rng.random()
+    if kind < 0.25:
+        return rng.randint(1, 40)
+    if kind < 0.6:
+        return rng.randint(41, 3000)
+    if kind < 0.85:
+        return rng.randint(3000, 12000)
+    return rng.choice([64, 128, 4096, 5120, 11008, 14336])
+
+
+def random_shape(section: str, rng) -> tuple:
+    """A problem nobody picked for `section`: tiny, ragged, skinny, tall, wide or unaligned; grouped-query
+    attention about one time in three."""
+    if section in ("gemm_schedules", "fusion", "autotune"):
+        return gemm_size(rng), gemm_size(rng), gemm_size(rng)
+    if section == "softmax":
+        width = rng.choice([rng.randint(1, 300), rng.randint(300, 20000), rng.randint(20000, 262144)])
+        return rng.choice([1, 3, 100, 4097, 65536] if width < 20000 else [1, 3, 100, 1024]), width
+    heads = rng.choice([1, 3, 8, 12, 16, 32])
+    dims = (rng.choice([1, 2, 4, 8]), heads, rng.choice([1, 5, 63, 65, 100, 513, 1000, 1999, 4096, 7777]),
+            rng.choice([64, 128]))
+    if rng.random() < 0.3:
+        dims += (rng.choice([g for g in (1, 2, 4, 8) if heads % g == 0]),)
+    return dims
+
+
+RANDOM_SECTIONS = ("gemm_schedules", "fusion", "softmax", "flash_attention")
+
+
+def random_problems(count: int, seed: int, sections=RANDOM_SECTIONS) -> list:
+    """`count` random problems a section (float16 or bfloat16), as (section, "AxB...", dtype)."""
+    rng = random.Random(seed)
+    return [(section, "x".join(map(str, random_shape(section, rng))), rng.choice(["float16", "bfloat16"]))
+            for section in sections for _ in range(count)]
+
+
 def run_one(section: str, shape: str, dtype: str, out_dir: str, timeout: float, quick: bool = False) -> dict:
     path = os.path.join(out_dir, f"{section}-{shape}-{dtype}.json")
     argv = [sys.executable, os.path.join(ROOT, "tilelang_tour.py"), "--only", section, "--shape", shape, "--json", path]
@@ -106,10 +146,17 @@ def main() -> int:
     parser.add_argument("--others", action="store_true", help="the problems of other kinds (OTHER_PROBLEMS)")
     parser.add_argument("--quick", action="store_true", help="the tour's --quick timing: a look, not a verdict")
     parser.add_argument("--budget", type=float, default=0, help="stop starting new runs after this many seconds")
+    parser.add_argument("--random", type=int, default=0, metavar="N",
+                        help="N random problems a section (GEMM, fusion, softmax, attention) instead of the list")
+    parser.add_argument("--seed", type=int, default=None, help="the random problems' seed (default: a new one)")
     args = parser.parse_args()
     out_dir = args.out or tempfile.mkdtemp(prefix="shape_targets_")
     os.makedirs(out_dir, exist_ok=True)
     problems = OTHER_PROBLEMS if args.others else PROBLEMS
+    if args.random:
+        seed = random.randrange(10**6) if args.seed is None else args.seed
+        print(f"random problems, seed {seed}")
+        problems = random_problems(args.random, seed)
     if args.problems:
         problems = [(*p.split(":")[:2], (p.split(":") + ["float16"])[2]) for p in args.problems.split(",")]
     chosen = [p for p in problems if not args.words or any(w in p[0] for w in args.words)]

@@ -5,11 +5,15 @@ shared memory it may use. The shapes differ from run to run only if TOUR_SHAPES_
 
 import os
 import random
+import sys
 
 import pytest
 
 import tourkit
 from sections import autotune, flash_attention, fusion, gemm_schedules, shapes, softmax
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+from shape_targets import random_shape  # noqa: E402  (the generator bench/shape_targets.py --random uses)
 
 SEED = int(os.environ.get("TOUR_SHAPES_SEED", "2026"))
 CASES_PER_SECTION = 8
@@ -17,32 +21,6 @@ ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a")
 SECTIONS = {"gemm_schedules": gemm_schedules, "fusion": fusion, "autotune": autotune, "softmax": softmax,
             "flash_attention": flash_attention}
 AUTOTUNE_SAMPLE = 2  # of the autotune section's dozen configurations, this many a case
-
-
-def gemm_size(rng: random.Random) -> int:
-    """One of M, N, K: tiny (under a tile), mid-size, big, or a round model width."""
-    kind = rng.random()
-    if kind < 0.25:
-        return rng.randint(1, 40)
-    if kind < 0.6:
-        return rng.randint(41, 3000)
-    if kind < 0.85:
-        return rng.randint(3000, 12000)
-    return rng.choice([64, 128, 4096, 5120, 11008, 14336])
-
-
-def random_shape(section: str, rng: random.Random) -> tuple[int, ...]:
-    if section in ("gemm_schedules", "fusion", "autotune"):
-        return gemm_size(rng), gemm_size(rng), gemm_size(rng)
-    if section == "softmax":
-        width = rng.choice([rng.randint(1, 300), rng.randint(300, 20000), rng.randint(20000, shapes.SOFTMAX_MAX_WIDTH)])
-        return rng.choice([1, 3, 100, 4097, 65536] if width < 20000 else [1, 3, 100, 1024]), width
-    heads = rng.choice([1, 3, 8, 12, 16, 32])
-    dims = (rng.choice([1, 2, 4, 8]), heads, rng.choice([1, 5, 63, 65, 100, 513, 1000, 1999, 4096, 7777]),
-            rng.choice(shapes.ATTENTION_HEAD_DIMS))
-    if rng.random() < 0.3:  # grouped-query attention
-        dims += (rng.choice([g for g in (1, 2, 4, 8) if heads % g == 0]),)
-    return dims
 
 
 def cases() -> list:

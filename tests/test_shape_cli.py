@@ -176,6 +176,8 @@ def test_every_problem_the_shapes_script_runs_is_accepted():
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import shape_targets
 
-    for section, text, dtype in shape_targets.PROBLEMS + shape_targets.OTHER_PROBLEMS:
+    randoms = shape_targets.random_problems(25, seed=7)
+    assert len(randoms) == 100 and randoms == shape_targets.random_problems(25, seed=7)  # a seed repeats a draw
+    for section, text, dtype in shape_targets.PROBLEMS + shape_targets.OTHER_PROBLEMS + randoms:
         given = "float16" if dtype == "float32" else dtype  # float32: the script passes no --dtype (the default)
         assert shapes.check_request([section], True, text, given) == tuple(int(d) for d in text.split("x"))
