@@ -474,9 +474,9 @@ def runner_up(problem: Problem, family: str, smem_budget: int, sms: int | None =
     side, which flash_attention times beside the pick for a user's problem. The thresholds between branches
     were measured on a few dozen problems; near them either side may win. Hopper only (elsewhere one
     schedule). From the last branch (128-row blocks), two 64-row blocks an SM."""
-    pick, _ = choose_config(problem, family, smem_budget, sms)
-    if family != "hopper" or pick["kind"] not in ("async", "persistent", "pipelined"):
+    if family != "hopper":
         return None
+    pick, _ = choose_config(problem, family, smem_budget, sms)
     cfg, why = hopper_config(problem, sms or DEFAULT_SMS, smem_budget, frozenset({branch(pick)}))
     if cfg == pick or config_smem(cfg, problem.dim) > smem_budget:
         return None
