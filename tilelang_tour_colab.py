@@ -147,9 +147,13 @@ persistent walk (`sections/gemm_schedules.py`):
             the lesson's key step: S = Q·K(k)ᵀ, online softmax, O += P·V(k)
             if k == last: O /= l, store O                      # the next tile's K/V loads already in flight
 
-The pipeline runs ahead across tiles, so a tile's first loads fly during the last one's store. Causal walks
-differ in length from tile to tile, which one flat loop cannot express: causal problems keep the lesson's grid.
-The rule that takes this kernel is `attention_plans.persistent_walk`.
+The pipeline runs ahead across tiles, so a tile's first loads fly during the last one's store.
+
+Causal walks differ in length (query tile i of n walks i + 1 key tiles), which one flat loop cannot take tile by
+tile. It can take them in pairs: tile i with tile n-1-i walks (i + 1) + (n - i) = n + 1 tiles, the same for
+every pair (with n odd, the longest tile walks its n alone and the rest pair up as i with n-2-i, n each). A
+worker walks pairs, so every block does the same work and no short block waits in the grid's tail. The rule
+that takes this kernel is `attention_plans.persistent_walk`.
 """
 
 import tilelang.language as T
@@ -158,18 +162,31 @@ from sections import attention_plans as plans
 from sections import flash_attention as lesson
 
 
+def causal_pair_step(n: int, unit, step, select):
+    """(query tile, key tile) at `step` of causal unit `unit` of n query tiles (square tiles: tile i walks key
+    tiles 0..i). n even: the pair (u, n-1-u); n odd: (u-1, n-1-u), unit 0 being tile n-1 alone. `select` is
+    T.if_then_else in the kernel (plain Python in the tests)."""
+    first = unit + 1 - n % 2  # key steps of the pair's first, shorter tile
+    in_first = step < first
+    return select(in_first, first - 1, n - 1 - unit), select(in_first, step, step - first)
+
+
 def flash_attention_persistent(batch: int, heads: int, seq_len: int, dim: int, causal: bool = False, *,
                                block_M: int = 128, block_N: int = 128, num_stages: int = 2, threads: int = 256,
-                               workers: int = plans.DEFAULT_SMS, dtype: str = "float16", kv_heads: int | None = None):
-    """`workers` blocks take query tiles w, w + workers, ... (each tile: block_M rows of one batch and head), all
-    their key steps in one T.Pipelined loop."""
-    if causal:
-        raise ValueError("flash_attention_persistent: full attention only (causal walks differ in length)")
+                               workers: int = plans.DEFAULT_SMS, dtype: str = "float16", kv_heads: int | None = None,
+                               blocks_per_sm: int = 1):
+    """`workers` blocks take units w, w + workers, ... (full: one query tile of block_M rows of one batch and
+    head; causal: a pair of them, block_M == block_N), all their key steps in one T.Pipelined loop."""
+    if causal and block_M != block_N:
+        raise ValueError("flash_attention_persistent: causal pairs need square tiles (block_M == block_N)")
     shape, kv_shape, groups = plans.shapes(batch, heads, seq_len, dim, kv_heads)
-    n_tiles, n_query_blocks, _, online_softmax, finish = lesson.kernel_steps(seq_len, dim, block_M, block_N, False,
+    n_tiles, n_query_blocks, _, online_softmax, finish = lesson.kernel_steps(seq_len, dim, block_M, block_N, causal,
                                                                              seq_len % block_N != 0)
-    tiles = n_query_blocks * heads * batch
-    workers = min(workers, tiles)
+    n = n_query_blocks
+    per_head = (n + 1) // 2 if causal else n  # units of one (batch, head)
+    walk = n + 1 - n % 2 if causal else n_tiles  # key steps of one unit
+    units = per_head * heads * batch
+    workers = min(workers, units)
 
     @T.prim_func
     def flash_attention_persistent(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype),
@@ -177,10 +194,16 @@ def flash_attention_persistent(batch: int, heads: int, seq_len: int, dim: int, c
         with T.Kernel(workers, threads=threads) as w:
             Q_s, K_s, V_s, O_s, scores, probs, acc_o, m, m_prev, rescale, row_sum, l = lesson.alloc_buffers(
                 block_M, block_N, dim, dtype)
-            for step in T.Pipelined(T.ceildiv(tiles - w, workers) * n_tiles, num_stages=num_stages):
-                t, k = step // n_tiles * workers + w, step % n_tiles
-                # neighbouring blocks take neighbouring query tiles of one head: its K and V stay in L2
-                bx, by, bz = t % n_query_blocks, t // n_query_blocks % heads, t // (n_query_blocks * heads)
+            if blocks_per_sm > 1:  # as in the lesson's grid: registers split between the blocks of an SM
+                T.annotate_min_blocks_per_sm(blocks_per_sm)
+                T.annotate_producer_reg_dealloc(24)
+                T.annotate_consumer_reg_alloc(plans.register_split(blocks_per_sm, threads))
+            for step in T.Pipelined(T.ceildiv(units - w, workers) * walk, num_stages=num_stages):
+                t = step // walk * workers + w
+                # neighbouring blocks take neighbouring units of one head: its K and V stay in L2
+                by, bz = t // per_head % heads, t // (per_head * heads)
+                bx, k = (causal_pair_step(n, t % per_head, step % walk, T.if_then_else) if causal
+                         else (t % per_head, step % walk))
                 # Q at every step (from L2 after the first): the pipeline stages unconditional copies only; one
                 # under `if k == 0` would be the consumers' own, outside the pipeline's barriers, and races.
                 T.copy(Q[bz, bx * block_M:(bx + 1) * block_M, by, :], Q_s)
@@ -196,7 +219,7 @@ def flash_attention_persistent(batch: int, heads: int, seq_len: int, dim: int, c
                     acc_o[i, j] *= rescale[i]
                 T.copy(V[bz, k * block_N:(k + 1) * block_N, by // groups, :], V_s)
                 T.gemm(probs, V_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
-                if k == n_tiles - 1:
+                if k == (bx if causal else n_tiles - 1):  # a tile's last key step
                     finish(O, O_s, acc_o, l, bx, by, bz)
 
     return flash_attention_persistent

@@ -66,6 +66,12 @@ def P(bm, bn, stages=2, **kw):
     return dict(kind="pipelined", block_M=bm, block_N=bn, num_stages=stages, threads=2 * bm, fast_math=True, **kw)
 
 
+def PW(bm, bn, per_sm):
+    """The persistent walk, `per_sm` blocks an SM."""
+    return dict(kind="persistent", block_M=bm, block_N=bn, num_stages=2, threads=2 * bm, workers=per_sm * SMS,
+                fast_math=True, **({"blocks_per_sm": per_sm} if per_sm > 1 else {}))
+
+
 def candidates(problem):
     """{label: cfg}: the rule's choice first, the appendix, then the lesson kernel's alternatives: deeper K/V
     rings, wider key tiles, three consumer warp groups, and two or three blocks per SM (capped registers)."""
@@ -92,14 +98,20 @@ def candidates(problem):
     else:
         alts = {"async 128x128": A(128, 128, **hf), "async 128x176": A(128, 176, **hf),
                 "pipe 64x64 x2": P(64, 64, blocks_per_sm=2, **hf)}
-    if not problem.causal:  # the lesson's persistent walk (sections/attention_persistent.py), one block an SM
-        for width in (128, 64):
-            alts[f"persistent 128x{width}"] = dict(kind="persistent", block_M=128, block_N=width, num_stages=2,
-                                                   threads=256, workers=SMS, fast_math=True)
+    # the lesson's persistent walk (sections/attention_persistent.py): one 128-row block an SM, or two 64-row ones;
+    # causal walks go in pairs of query tiles, which needs square tiles
+    walks = [(128, 128, 1), (64, 64, 2)] if problem.causal else [(128, 128, 1), (128, 64, 1), (64, 128, 2), (64, 64, 2)]
+    for bm, bn, per_sm in walks:
+        cfg = PW(bm, bn, per_sm)
+        if per_sm * plans.config_smem(cfg, problem.dim) <= HOPPER_SMEM:
+            alts[f"persistent {bm}x{bn}" + (f" x{per_sm}" if per_sm > 1 else "")] = cfg
     for label, cfg in alts.items():
-        if cfg not in out.values():
+        if cfg not in out.values() and (not LABELS or any(word in label for word in LABELS)):
             out[label] = cfg
     return out, why
+
+
+LABELS = []  # --labels: only the alternatives whose label contains one of these (the rule and appendix always)
 
 
 def check_jobs():
@@ -116,6 +128,8 @@ def check_jobs():
                 cands["appendix"] = appendix
             if i in (0, 3) and not causal:
                 cands.update(schedules)
+            if causal:  # the persistent walk's pairs of query tiles, at every odd length
+                cands.update({"persistent 128x128": PW(128, 128, 1), "persistent 64x64 x2": PW(64, 64, 2)})
             yield problem, cands, ""
 
 
@@ -174,7 +188,9 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     ap.add_argument("--filter", default="", help="problems whose name contains one of these, split by |")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--labels", default="", help="alternatives whose label contains one of these, split by |")
     args = ap.parse_args(argv)
+    LABELS[:] = [word for word in args.labels.split("|") if word]
     timed = [(p, c, w) for p, c, w in jobs() if any(f in p.name for f in args.filter.split("|"))]
     work = timed + [(p, c, w) for p, c, w in check_jobs() if any(f in p.name for f in args.filter.split("|"))]
     if args.list:

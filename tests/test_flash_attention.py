@@ -135,8 +135,22 @@ def test_persistent_walk_rule():
         assert hopper(problem)["kind"] != "persistent", problem
     assert plans.choose_config(Problem(8, 32, 512, 128, False), "hopper", 200 * 1024)[0]["kind"] != "persistent"
     assert plans.choose_config(Problem(8, 32, 512, 64, False), "ampere", 163 * 1024)[0]["kind"] == "pipelined"
-    with pytest.raises(ValueError, match="full attention only"):
-        FA.build(Problem(8, 32, 512, 128, True), hopper(Problem(8, 32, 512, 128, False)))
+    with pytest.raises(ValueError, match="square tiles"):
+        FA.build(Problem(8, 32, 512, 128, True), dict(hopper(Problem(8, 32, 512, 128, False)), block_N=64))
+
+
+@pytest.mark.parametrize("n", range(1, 14))
+def test_causal_pairs_walk_every_visible_tile_once(n):
+    """The persistent walk's causal units (pairs of query tiles, n odd: the last tile alone) cover every
+    (query tile, key tile) on or below the diagonal exactly once, in units of equal length, each tile's key
+    steps in order."""
+    from sections.attention_persistent import causal_pair_step
+
+    plain = lambda cond, a, b: a if cond else b  # noqa: E731
+    units, walk = (n + 1) // 2, n + 1 - n % 2
+    steps = [causal_pair_step(n, u, s, plain) for u in range(units) for s in range(walk)]
+    assert sorted(steps) == [(i, k) for i in range(n) for k in range(i + 1)]
+    assert all(k == 0 or steps[j - 1] == (i, k - 1) for j, (i, k) in enumerate(steps))
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_75"])
@@ -378,6 +392,8 @@ LESSON_SCHEDULES = [
          heavy_first=True),
     dict(kind="persistent", block_M=128, block_N=128, num_stages=2, threads=256, workers=132, fast_math=True),
     dict(kind="persistent", block_M=128, block_N=64, num_stages=2, threads=256, workers=5, fast_math=True),
+    dict(kind="persistent", block_M=64, block_N=64, num_stages=2, threads=128, workers=7, fast_math=True,
+         blocks_per_sm=2),
 ]
 SCHEDULE_PROBLEMS = ((1, 3, 777, 128), (2, 4, 1000, 64, 2, "bfloat16"))
 
@@ -389,8 +405,8 @@ def test_every_lesson_schedule_matches_sdpa(causal, cfg):
     device = tourkit.detect_device()
     if (cfg["kind"] in ("async", "persistent") or cfg["block_M"] == 64) and device.family != "hopper":
         pytest.skip("wgmma is Hopper-only")
-    if cfg["kind"] == "persistent" and causal:
-        pytest.skip("the persistent walk is for full attention")
+    if cfg["kind"] == "persistent" and causal and cfg["block_M"] != cfg["block_N"]:
+        pytest.skip("the persistent walk takes causal problems in square tiles")
     for dims in SCHEDULE_PROBLEMS:
         problem = Problem(*dims[:4], causal, *dims[4:])
         (check,) = FA.check_attention(problem, {"lesson": compile_config(problem, cfg)})
