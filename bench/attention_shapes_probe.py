@@ -188,11 +188,14 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     ap.add_argument("--filter", default="", help="problems whose name contains one of these, split by |")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--checks-first", action="store_true", help="the correctness-only problems before the timed")
     ap.add_argument("--labels", default="", help="alternatives whose label contains one of these, split by |")
     args = ap.parse_args(argv)
     LABELS[:] = [word for word in args.labels.split("|") if word]
     timed = [(p, c, w) for p, c, w in jobs() if any(f in p.name for f in args.filter.split("|"))]
-    work = timed + [(p, c, w) for p, c, w in check_jobs() if any(f in p.name for f in args.filter.split("|"))]
+    checked = [(p, c, w) for p, c, w in check_jobs() if any(f in p.name for f in args.filter.split("|"))]
+    work = checked + timed if args.checks_first else timed + checked
+    only_checked = {id(item) for item in checked}
     if args.list:
         for p, c, w in work:
             log(p.name, "|", w)
@@ -211,7 +214,8 @@ def main(argv=None):
     from sections.hopper import attention_ws
 
     results, rows = [], []
-    for n, ((problem, cands, why), futs) in enumerate(zip(work, futures)):
+    for item, futs in zip(work, futures):
+        problem, cands, why = item
         if time.time() - START > args.budget:
             log(f"budget spent: skipping {problem.name} and after")
             break
@@ -241,7 +245,7 @@ def main(argv=None):
                 log(f"  WRONG {check.line()}")
                 results.append(dict(problem=problem.name, label=label, error=check.line()))
         watchdog.cancel()
-        if n >= len(timed):
+        if id(item) in only_checked:
             log(f"checked {problem.name}: {', '.join(good)} ok")
             continue
         if not good:
