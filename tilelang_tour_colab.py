@@ -133,7 +133,7 @@ SECTION_NAMES = [
 ''')
 
 _tour_file('sections/attention_persistent.py', r'''
-"""flash_attention, continued: the lesson's kernel walking its query tiles persistently (Hopper, full attention).
+"""flash_attention, continued: the lesson's kernel walking its query tiles persistently (Hopper).
 
 A problem of many query tiles, each walking few key tiles (BERT-like encoders: a few hundred keys, hundreds of
 (batch, head) pairs), spends much of every block on its start (the Q load, the first K/V loads) and its end
@@ -152,8 +152,11 @@ The pipeline runs ahead across tiles, so a tile's first loads fly during the las
 Causal walks differ in length (query tile i of n walks i + 1 key tiles), which one flat loop cannot take tile by
 tile. It can take them in pairs: tile i with tile n-1-i walks (i + 1) + (n - i) = n + 1 tiles, the same for
 every pair (with n odd, the longest tile walks its n alone and the rest pair up as i with n-2-i, n each). A
-worker walks pairs, so every block does the same work and no short block waits in the grid's tail. The rule
-that takes this kernel is `attention_plans.persistent_walk`.
+worker walks pairs, so every block does the same work and no short block waits in the grid's tail.
+
+The rule that takes this kernel is `attention_plans.persistent_walk`, for full attention. Causal problems keep
+the lesson's grid until the pairs are timed ahead of it: `bench/attention_shapes_probe.py --labels persistent`
+times both, and the GPU tests check the pairs at odd lengths.
 """
 
 import tilelang.language as T

@@ -153,6 +153,24 @@ def test_causal_pairs_walk_every_visible_tile_once(n):
     assert all(k == 0 or steps[j - 1] == (i, k - 1) for j, (i, k) in enumerate(steps))
 
 
+def test_causal_pairs_lower_for_hopper():
+    """The causal persistent walk (one 128-row block an SM, or two 64-row ones) lowers at odd lengths, more units
+    than blocks: one loop of units x (n + 1 - n % 2) steps, the registers split where two blocks share an SM."""
+    cfgs = [dict(kind="persistent", block_M=128, block_N=128, num_stages=2, threads=256, workers=132, fast_math=True),
+            dict(kind="persistent", block_M=64, block_N=64, num_stages=2, threads=128, workers=264, fast_math=True,
+                 blocks_per_sm=2)]
+    problems = [Problem(3, 16, 777, 128, True), Problem(16, 8, 333, 64, True, kv_heads=2, dtype="bfloat16")]
+    jobs = [(f"{p.name} {c['block_M']}", FA.build(p, c), "sm_90a", FA.pass_configs(c)) for p in problems for c in cfgs]
+    for (problem, cfg), rep in zip([(p, c) for p in problems for c in cfgs], tourkit.inspect_kernels(jobs, nvcc=False)):
+        n = -(-problem.seq_len // cfg["block_M"])
+        units = (n + 1) // 2 * problem.heads * problem.batch
+        workers, walk = min(cfg["workers"], units), n + 1 - n % 2
+        tourkit.require_markers(rep, tourkit.TENSOR_CORE_MARKERS["hopper"])
+        assert re.search(rf"\(\({units - 1 + workers} - \(\(int\)blockIdx\.x\)\) / {workers}\) \* {walk}\)",
+                         rep.source), (problem, cfg["block_M"])
+        assert ("reg_alloc<232>" in rep.source) == (cfg.get("blocks_per_sm") == 2)
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_75"])
 @pytest.mark.parametrize("dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
