@@ -35,10 +35,10 @@ import tourkit
 from sections import attention_persistent, attention_plans as plans  # a persistent walk; the rules
 from sections.attention_plans import Problem, pass_configs  # noqa: F401  (what a configuration compiles with)
 from sections.hopper import attention_ws  # the appendix: its kernel is built and timed beside this lesson's
+from sections.shapes import ATTENTION_HEAD_DIMS as HEAD_DIMS  # the head dims --shape accepts
 from tourkit import Section
 
 LOG2E = 1.4426950408889634
-HEAD_DIMS = (64, 128)
 ACCUM = "float32"
 
 
