@@ -242,6 +242,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tourkit import SectionSkip
+
 TORCH_DTYPES = {"float16": "float16", "bfloat16": "bfloat16"}  # names of torch's dtypes, looked up lazily
 DEFAULT_SMS = 132  # an H100/H200: the SM count a rule assumes when no GPU says otherwise (--compile-only)
 
@@ -370,12 +372,19 @@ TRIPLED_MAX_TILES = 8
 # (most at 2 to 4, where a block's start and end are most of its time); level at 16, behind the FA3 schedule at 32
 # and behind the grid under one round of tiles.
 PERSISTENT_MAX_WALK = 8
-# Ampere/Ada/Turing (or a Hopper budget too small for the above): no wgmma; the largest tiles that fit.
-OTHER_CANDIDATES = [(128, 128, 2), (128, 128, 1), (128, 64, 2), (128, 64, 1), (64, 64, 2), (64, 64, 1)]
+# Head dim 256: O alone is 128 fp32 registers a thread in a 128-row block of two warpgroups, so key tiles of 64
+# (32 more for the scores); Q, two K/V stages and O (in the K/V buffers after the loop) take 192 KiB. The FA3
+# schedule, whose long GEMMs (d = 256) hide the softmax; its runner-up the compiler's pipeline on 64x64 tiles.
+WIDE_HEAD_DIM = 256
+# Ampere/Ada/Turing (or a Hopper budget too small for the above): no wgmma; the largest tiles that fit (64x32:
+# head dim 256 in the 99 KiB of sm_86/sm_89).
+OTHER_CANDIDATES = [(128, 128, 2), (128, 128, 1), (128, 64, 2), (128, 64, 1), (64, 64, 2), (64, 64, 1), (64, 32, 1)]
 # ...and there, a K/V pipeline (2 stages) only up to 64 fp32 accumulators (scores and O) a thread: the pipeline
 # costs registers of its own. At head dim 64, 128x128 tiles (96 a thread) spilled at 255 registers with 2
-# stages and took about 200 with 1; 128x64 tiles (64) took about 200 with 2. ptxas, sm_80 to sm_89.
+# stages and took about 200 with 1; 128x64 tiles (64) took about 200 with 2. ptxas, sm_80 to sm_89. One stage up
+# to 144: at head dim 256, 64x64 tiles (160) spilled causal (its mask's registers), 64x32 (144) did not.
 PIPELINED_MAX_ACCUMULATORS = 64
+SINGLE_STAGE_MAX_ACCUMULATORS = 144
 
 
 def accumulators(dim: int, block_M: int, block_N: int, threads: int) -> int:
@@ -447,7 +456,15 @@ def hopper_config(problem: Problem, sms: int, smem_budget: int, closed: frozense
     """The rule's choice, its branches tried in order; a branch named in `closed` is passed over (runner_up)."""
     rows, walk = query_rows(problem, sms), key_walk(problem)
     tiles = f"{walk:g} key tile{'s' * (walk != 1)}"
-    if problem.dim == 128 and walk >= ASYNC_MIN_WALK and "async" not in closed:
+    if problem.dim == WIDE_HEAD_DIM:
+        if "async" not in closed:
+            why = ("head dim 256: the FA3 schedule, its long GEMMs hiding the softmax; 64-wide key tiles, as O "
+                   "takes 128 fp32 registers a thread")
+            cfg = dict(kind="async", block_M=rows, block_N=64, num_stages=2, threads=2 * rows, fast_math=True)
+        else:
+            why = "head dim 256: the compiler's pipeline, 64x64 tiles, one warpgroup"
+            cfg = dict(kind="pipelined", block_M=64, block_N=64, num_stages=2, threads=128, fast_math=True)
+    elif problem.dim == 128 and walk >= ASYNC_MIN_WALK and "async" not in closed:
         if problem.causal or rows == 64:  # 64 rows: few, short blocks; 128-wide tiles as validated
             width, widths = 128, ""
         else:
@@ -521,20 +538,25 @@ def choose_config(problem: Problem, family: str, smem_budget: int, sms: int | No
         threads = 256 if block_M == 128 else 128
         if smem_estimate(problem.dim, block_M, block_N, stages) > smem_budget:
             continue
-        if stages > 1 and family != "hopper":
-            if problem.causal:
+        if family != "hopper":
+            if stages > 1 and problem.causal:
                 continue  # tilelang 0.1.15: a cp.async pipeline over the clamped (data-dependent) bound fails codegen
-            if (held := accumulators(problem.dim, block_M, block_N, threads)) > PIPELINED_MAX_ACCUMULATORS:
-                spills = spills or (f"; {stages} stages of {block_M}x{block_N} tiles would spill registers "
-                                    f"({held} fp32 accumulators a thread)")
+            held = accumulators(problem.dim, block_M, block_N, threads)
+            if held > (PIPELINED_MAX_ACCUMULATORS if stages > 1 else SINGLE_STAGE_MAX_ACCUMULATORS):
+                spills = spills or (f"; {'2 stages' if stages > 1 else 'one stage'} of {block_M}x{block_N} tiles "
+                                    f"would spill registers ({held} fp32 accumulators a thread)")
                 continue
         why = (f"{'no wgmma here' if family != 'hopper' else 'little shared memory'}: the compiler's pipeline "
                f"with the largest tiles that fit {smem_budget // 1024} KiB of shared memory in "
                f"{'one stage' if stages == 1 else f'{stages} stages'}"
                + spills)
         return dict(kind="pipelined", block_M=block_M, block_N=block_N, num_stages=stages, threads=threads), why
-    raise ValueError(f"flash_attention: no tile configuration fits {smem_budget} bytes of shared memory "
+    raise NoTileFits(f"flash_attention: no tile configuration fits {smem_budget} bytes of shared memory "
                      f"for head dim {problem.dim}")
+
+
+class NoTileFits(SectionSkip, ValueError):
+    """No kernel of the lesson fits this GPU's shared memory for the problem: the section skips, saying so."""
 
 
 def pass_configs(cfg: dict) -> dict:
@@ -4466,7 +4488,7 @@ FORMS = {
 }
 DTYPES = ("float16", "bfloat16")
 DTYPE_SECTIONS = ("gemm_schedules", "fusion", "autotune", "softmax", "flash_attention")
-ATTENTION_HEAD_DIMS = (64, 128)  # the head dims flash_attention has kernels for
+ATTENTION_HEAD_DIMS = (64, 128, 256)  # the head dims flash_attention has kernels for
 SOFTMAX_MAX_WIDTH = 262144  # the widest row softmax plans for (a vocabulary is 32K to 256K)
 MAX_GRID_YZ = 65535  # blocks a CUDA grid takes along y and z
 MAX_ELEMENTS = 1 << 34  # a sanity bound per tensor (16 Gi elements): beyond any GPU the tour runs on

@@ -22,7 +22,7 @@ FORMS = {
 }
 DTYPES = ("float16", "bfloat16")
 DTYPE_SECTIONS = ("gemm_schedules", "fusion", "autotune", "softmax", "flash_attention")
-ATTENTION_HEAD_DIMS = (64, 128)  # the head dims flash_attention has kernels for
+ATTENTION_HEAD_DIMS = (64, 128, 256)  # the head dims flash_attention has kernels for
 SOFTMAX_MAX_WIDTH = 262144  # the widest row softmax plans for (a vocabulary is 32K to 256K)
 MAX_GRID_YZ = 65535  # blocks a CUDA grid takes along y and z
 MAX_ELEMENTS = 1 << 34  # a sanity bound per tensor (16 Gi elements): beyond any GPU the tour runs on

@@ -188,7 +188,7 @@ def test_tiny_shared_memory_is_rejected_clearly():
         plans.choose_config(Problem(1, 1, 128, 128, False), "ampere", 16 * 1024)
 
 
-@pytest.mark.parametrize("dim", [32, 96, 256])
+@pytest.mark.parametrize("dim", [32, 96, 192, 512])
 def test_unsupported_head_dim_is_rejected(dim):
     with pytest.raises(ValueError, match="head dim"):
         FA.flash_attention_forward(1, 1, 128, dim, False)
@@ -429,3 +429,62 @@ def test_every_lesson_schedule_matches_sdpa(causal, cfg):
         problem = Problem(*dims[:4], causal, *dims[4:])
         (check,) = FA.check_attention(problem, {"lesson": compile_config(problem, cfg)})
         assert check.passed, check.line()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Head dim 256: the FA3 schedule on 64-wide key tiles (Hopper), the largest tiles that fit elsewhere
+# ---------------------------------------------------------------------------------------------------------
+
+WIDE = [Problem(2, 4, 1000, 256, False), Problem(1, 3, 777, 256, True), Problem(4, 32, 2048, 256, True),
+        Problem(1, 8, 333, 256, False, kv_heads=2, dtype="bfloat16")]
+
+
+def test_head_dim_256_rule():
+    for problem in WIDE:
+        cfg, why = plans.choose_config(problem, "hopper", HOPPER, 132)
+        rows = plans.query_rows(problem, 132)
+        assert (cfg["kind"], cfg["block_M"], cfg["block_N"], cfg["threads"]) == ("async", rows, 64, 2 * rows), problem
+        assert "head dim 256" in why and plans.config_smem(cfg, 256) <= HOPPER
+        other, _ = plans.runner_up(problem, "hopper", HOPPER, 132)
+        assert (other["kind"], other["block_M"], other["block_N"]) == ("pipelined", 64, 64)
+    assert plans.query_rows(WIDE[2], 132) == 128
+    for smem in (163 * 1024, 99 * 1024):  # 64x64 in one stage would spill (160 accumulators a thread)
+        cfg, _ = plans.choose_config(WIDE[0], "ampere", smem)
+        assert (cfg["block_M"], cfg["block_N"], cfg["num_stages"]) == (64, 32, 1)
+    with pytest.raises(tourkit.SectionSkip, match="no tile configuration fits 65536 bytes"):
+        plans.choose_config(WIDE[0], "turing", 64 * 1024)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_90a"])
+def test_head_dim_256_builds_without_spills(arch):
+    """The rule's kernels (and on Hopper the runner-up) through nvcc: markers, no spills, shared memory."""
+    spec = tourkit.ARCH_SPECS[arch]
+    jobs = []
+    for problem in WIDE[:2] + WIDE[3:]:
+        cfgs = [plans.choose_config(problem, spec.family, spec.smem_per_block_optin)[0]]
+        if (other := plans.runner_up(problem, spec.family, spec.smem_per_block_optin)) is not None:
+            cfgs.append(other[0])
+        jobs += [(f"{problem.name} {i}", FA.build(problem, cfg), arch, FA.pass_configs(cfg))
+                 for i, cfg in enumerate(cfgs)]
+    for rep in tourkit.inspect_kernels(jobs):
+        tourkit.require_markers(rep, tourkit.TENSOR_CORE_MARKERS[spec.family])
+        assert rep.nvcc == "compiled" and not (rep.spill_stores or rep.spill_loads), (arch, rep.name, rep.spills)
+        assert rep.smem_bytes <= spec.smem_per_block_optin, (arch, rep.name)
+
+
+def test_head_dim_256_skips_where_no_tile_fits():
+    """sm_75 (64 KiB a block): no tile holds a 256-wide Q, K and V; the section skips and says why."""
+    ctx = tourkit.TourContext(compile_only=True, arch="sm_75", echo=False, shape=(1, 2, 100, 256))
+    with pytest.raises(tourkit.SectionSkip, match="head dim 256"):
+        FA.run(ctx)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("problem", WIDE[:2] + WIDE[3:], ids=lambda p: p.name)
+def test_head_dim_256_matches_sdpa(problem):
+    device = tourkit.detect_device()
+    cfgs = [plans.choose_config(problem, device.family, device.smem_per_block_optin, device.sm_count)[0]]
+    if (other := plans.runner_up(problem, device.family, device.smem_per_block_optin, device.sm_count)) is not None:
+        cfgs.append(other[0])
+    checks = FA.check_attention(problem, {f"cfg {i}": compile_config(problem, cfg) for i, cfg in enumerate(cfgs)})
+    assert all(check.passed for check in checks), [check.line() for check in checks]

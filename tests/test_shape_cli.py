@@ -25,7 +25,7 @@ REFUSED = [
     (["--only", "softmax", "--shape", "axb"], "positive integers"),
     (["--only", "softmax", "--shape", "1.5x3"], "positive integers"),
     (["--only", "softmax", "--shape", "1024x300000"], "262,144"),
-    (["--only", "flash_attention", "--shape", "1x8x128x96"], "head dims 64, 128"),
+    (["--only", "flash_attention", "--shape", "1x8x128x96"], "head dims 64, 128, 256"),
     (["--only", "flash_attention", "--shape", "1x8x128x64x3"], "multiple of KVH=3"),
     (["--only", "flash_attention", "--shape", "1x8x128"], "BxHxSxD or BxHxSxDxKVH"),
     (["--only", "flash_attention", "--shape", "70000x1x64x64"], "at most 65,535"),
