@@ -426,6 +426,8 @@ def test_every_lesson_schedule_matches_sdpa(causal, cfg):
     if cfg["kind"] == "persistent" and causal and cfg["block_M"] != cfg["block_N"]:
         pytest.skip("the persistent walk takes causal problems in square tiles")
     for dims in SCHEDULE_PROBLEMS:
+        if cfg.get("blocks_per_sm") == 3 and dims[3] != 64:
+            continue  # three blocks an SM is head dim 64's schedule (plans.tripled_blocks): at 128 registers run out
         problem = Problem(*dims[:4], causal, *dims[4:])
         (check,) = FA.check_attention(problem, {"lesson": compile_config(problem, cfg)})
         assert check.passed, check.line()
