@@ -154,9 +154,9 @@ tile. It can take them in pairs: tile i with tile n-1-i walks (i + 1) + (n - i) 
 every pair (with n odd, the longest tile walks its n alone and the rest pair up as i with n-2-i, n each). A
 worker walks pairs, so every block does the same work and no short block waits in the grid's tail.
 
-The rule that takes this kernel is `attention_plans.persistent_walk`, for full attention. Causal problems keep
-the lesson's grid until the pairs are timed ahead of it: `bench/attention_shapes_probe.py --labels persistent`
-times both, and the GPU tests check the pairs at odd lengths.
+The rule that takes this kernel is `attention_plans.persistent_walk`: full attention over short walks; causal
+problems whose pairs keep the SMs busy (the grid's heaviest-first blocks fill a tail that equal pairs cannot) over
+short walks, or longer ones at head dim 128 over a few rounds of pairs.
 """
 
 import tilelang.language as T
@@ -372,6 +372,14 @@ TRIPLED_MAX_TILES = 8
 # (most at 2 to 4, where a block's start and end are most of its time); level at 16, behind the FA3 schedule at 32
 # and behind the grid under one round of tiles.
 PERSISTENT_MAX_WALK = 8
+# Causal problems walked in pairs of query tiles, i with n-1-i, every pair the same n + 1 key steps: ahead of the
+# grid's heaviest-first blocks (and at head dim 128 of the FA3 schedule) wherever the pairs keep the SMs busy and
+# the walk is short (up to 16 query tiles), or at head dim 128 longer (up to 32, timed against the FA3 schedule)
+# over a few rounds of pairs. Behind where a nearly empty last round leaves the SMs idle much of the time (the
+# grid's short blocks fill its tail; every pair is long), and on long walks over many rounds (the FA3 schedule's
+# overlap, or at head dim 64 the grid's deeper pipeline, then counts for more than the blocks' starts and ends).
+PAIRS_MAX_WALK, PAIRS_LONG_WALK, PAIRS_LONG_ROUNDS = 17, 33, 4  # key steps a pair; rounds of pairs over the SMs
+PAIRS_MIN_FILL = 0.8  # of the SMs' time the pairs keep busy: units / (rounds x SMs)
 # Head dim 256: O alone is 128 fp32 registers a thread in a 128-row block of two warpgroups, so key tiles of 64
 # (32 more for the scores); Q, two K/V stages and O (in the K/V buffers after the loop) take 192 KiB. The FA3
 # schedule, whose long GEMMs (d = 256) hide the softmax; its runner-up the compiler's pipeline on 64x64 tiles.
@@ -426,15 +434,28 @@ def paired_blocks(problem: Problem, rows: int, walk: float, smem_budget: int, fo
                 blocks_per_sm=2)
 
 
+def persistent_units(problem: Problem) -> tuple[int, int]:
+    """(units, key steps a unit) of the persistent walk on 128x128 tiles: a query tile each when full; causal,
+    a pair of them (attention_persistent.causal_pair_step), every pair n + 1 steps (n odd: n)."""
+    n = key_tiles(problem.seq_len, 128)
+    if problem.causal:
+        return (n + 1) // 2 * problem.heads * problem.batch, n + 1 - n % 2
+    return n * problem.heads * problem.batch, n
+
+
 def persistent_walk(problem: Problem, sms: int, smem_budget: int) -> dict | None:
-    """The persistent walk (PERSISTENT_MAX_WALK) where it applies: 128x128 tiles, `sms` blocks; else None."""
-    walk = key_tiles(problem.seq_len, 128)
-    tiles = walk * problem.heads * problem.batch
+    """The persistent walk where it applies (full: PERSISTENT_MAX_WALK; causal pairs: PAIRS_*): 128x128 tiles,
+    `sms` blocks, more units than blocks; else None."""
+    units, walk = persistent_units(problem)
     cfg = dict(kind="persistent", block_M=128, block_N=128, num_stages=2, threads=256, workers=sms, fast_math=True)
-    if (problem.causal or problem.seq_len < 128 or tiles <= sms or walk > PERSISTENT_MAX_WALK
-            or config_smem(cfg, problem.dim) > smem_budget):
+    if problem.seq_len < 128 or units <= sms or config_smem(cfg, problem.dim) > smem_budget:
         return None
-    return cfg
+    if not problem.causal:
+        return cfg if walk <= PERSISTENT_MAX_WALK else None
+    rounds = -(-units // sms)
+    short = walk <= PAIRS_MAX_WALK or (problem.dim == 128 and walk <= PAIRS_LONG_WALK
+                                       and rounds <= PAIRS_LONG_ROUNDS)
+    return cfg if short and units >= PAIRS_MIN_FILL * rounds * sms else None
 
 
 def config_smem(cfg: dict, dim: int) -> int:
@@ -464,6 +485,14 @@ def hopper_config(problem: Problem, sms: int, smem_budget: int, closed: frozense
         else:
             why = "head dim 256: the compiler's pipeline, 64x64 tiles, one warpgroup"
             cfg = dict(kind="pipelined", block_M=64, block_N=64, num_stages=2, threads=128, fast_math=True)
+    elif "persistent" not in closed and (cfg := persistent_walk(problem, sms, smem_budget)) is not None:
+        units, steps = persistent_units(problem)
+        what = (f"causal, {units} pairs of 128-row query tiles (i with n-1-i: equal work), {steps} key steps "
+                f"each, {units / (-(-units // sms) * sms):.0%} of the SMs' time busy" if problem.causal
+                else f"full attention, {units} query tiles of 128 rows, each walking {tiles} (at most "
+                f"{PERSISTENT_MAX_WALK})")
+        return cfg, (f"{what}: {sms} blocks walk them persistently, one pipelined loop over their key steps, each "
+                     f"unit's first loads in flight during the last one's store")
     elif problem.dim == 128 and walk >= ASYNC_MIN_WALK and "async" not in closed:
         if problem.causal or rows == 64:  # 64 rows: few, short blocks; 128-wide tiles as validated
             width, widths = 128, ""
@@ -473,11 +502,6 @@ def hopper_config(problem: Problem, sms: int, smem_budget: int, closed: frozense
         why = (f"a query block walks {tiles}, enough for the FA3 schedule (the next Q·Kᵀ in flight "
                f"with P·V) to pay for its extra masked iteration; {width}-wide key tiles{widths}")
         cfg = dict(kind="async", block_M=rows, block_N=width, num_stages=2, threads=2 * rows, fast_math=True)
-    elif "persistent" not in closed and (cfg := persistent_walk(problem, sms, smem_budget)) is not None:
-        why = (f"full attention, {key_tiles(problem.seq_len, 128) * problem.heads * problem.batch} query tiles of "
-               f"128 rows for {sms} SMs, each walking {tiles} (at most {PERSISTENT_MAX_WALK}): {sms} blocks walk "
-               f"them persistently, one pipelined loop over their tiles' key steps, each tile's first loads in "
-               f"flight during the last one's store")
     elif "tripled" not in closed and (cfg := tripled_blocks(problem, smem_budget)) is not None:
         why = (f"causal at head dim 64, {tiles} (at most {TRIPLED_MAX_TILES}): 64x64 tiles, finer along the "
                f"diagonal, and three 64-row blocks an SM ({register_split(3, 128)} registers a consumer thread), "
@@ -1583,7 +1607,7 @@ You will learn:
 * on Hopper, the FA3 schedule: S(k) = Q·K(k)ᵀ and P(k-1)·V(k-1) in flight together, the softmax in between;
   or two blocks per SM (registers capped), one block's softmax, loads and stores beside the other's MMAs;
 * grouped-query attention: KVH key/value heads, each read by H/KVH query heads (an index, not a copy);
-* many short full walks: this kernel walking its tiles persistently (`sections/attention_persistent.py`).
+* many short walks: this kernel walking its tiles persistently (`attention_persistent.py`; causal: in pairs).
 
 The algorithm (scale = log2(e)/√d; per query block m = -inf, l = 0, O = 0):
 

@@ -85,6 +85,8 @@ def candidates(problem):
     appendix = attention_ws.choose_config(problem, "hopper", HOPPER_SMEM, SMS)
     if appendix:
         out["appendix"] = appendix
+    if (other := plans.runner_up(problem, "hopper", HOPPER_SMEM, SMS)) is not None:
+        out["runner-up"] = other[0]  # the rule's next branch, which the tour times beside its pick
     # Shared memory allows two blocks per SM where a block takes at most half of it (head dim 128: 64x64 tiles).
     if problem.dim == 64:
         alts = {"pipe 128x128 s3": P(128, 128, 3, **hf), "pipe 128x192": P(128, 192, **hf),

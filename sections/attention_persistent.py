@@ -19,9 +19,9 @@ tile. It can take them in pairs: tile i with tile n-1-i walks (i + 1) + (n - i) 
 every pair (with n odd, the longest tile walks its n alone and the rest pair up as i with n-2-i, n each). A
 worker walks pairs, so every block does the same work and no short block waits in the grid's tail.
 
-The rule that takes this kernel is `attention_plans.persistent_walk`, for full attention. Causal problems keep
-the lesson's grid until the pairs are timed ahead of it: `bench/attention_shapes_probe.py --labels persistent`
-times both, and the GPU tests check the pairs at odd lengths.
+The rule that takes this kernel is `attention_plans.persistent_walk`: full attention over short walks; causal
+problems whose pairs keep the SMs busy (the grid's heaviest-first blocks fill a tail that equal pairs cannot) over
+short walks, or longer ones at head dim 128 over a few rounds of pairs.
 """
 
 import tilelang.language as T

@@ -65,26 +65,26 @@ def test_hopper_rule_per_problem():
     assert full["kind"] == causal["kind"] == "async" and full["fast_math"] and causal["fast_math"]
     assert (full["block_N"], causal["block_N"]) == (176, 128) and causal["heavy_first"] and not full.get("heavy_first")
     assert hopper(Problem(1, 32, 3000, 128, False))["block_N"] == 144
-    assert hopper(Problem(1, 32, 4096, 128, True, kv_heads=8, dtype="bfloat16"))["kind"] == "async"
+    assert hopper(Problem(2, 32, 4096, 128, True, kv_heads=8, dtype="bfloat16"))["kind"] == "async"
     # head dim 64 up to 64 key tiles a block: two 64-row blocks per SM, 128-wide key tiles; longer: 128 rows, 3 stages
-    for problem in (Problem(2, 8, 8192, 64, False), Problem(4, 16, 2048, 64, True), Problem(1, 8, 1000, 64, False),
+    for problem in (Problem(2, 8, 8192, 64, False), Problem(1, 8, 2048, 64, True), Problem(1, 8, 1000, 64, False),
                     Problem(2, 16, 2048, 64, False, kv_heads=2), Problem(1, 1, 8192, 64, False),
                     Problem(3, 12, 1025, 64, True)):
         cfg = hopper(problem)
         assert cfg["kind"] == "pipelined" and (cfg["block_M"], cfg["block_N"], cfg["threads"]) == (64, 128, 128)
         assert cfg["blocks_per_sm"] == 2 and cfg.get("heavy_first", False) == problem.causal, (problem, cfg)
     # causal at head dim 64 up to 1024 keys: 64x64 tiles, three blocks an SM
-    for problem in (Problem(4, 8, 1000, 64, True), Problem(64, 8, 256, 64, True), Problem(16, 16, 1024, 64, True),
+    for problem in (Problem(4, 8, 1000, 64, True), Problem(16, 8, 256, 64, True), Problem(1, 16, 1024, 64, True),
                     Problem(1, 8, 77, 64, True), Problem(2, 16, 512, 64, True, kv_heads=4)):
         cfg = hopper(problem)
         assert (cfg["kind"], cfg["block_M"], cfg["block_N"], cfg["blocks_per_sm"]) == ("pipelined", 64, 64, 3), cfg
         assert cfg["heavy_first"] and 3 * plans.smem_estimate(64, 64, 64, 2) <= HOPPER
-    assert "three 64-row blocks an SM" in plans.choose_config(Problem(64, 8, 256, 64, True), "hopper", HOPPER)[1]
+    assert "three 64-row blocks an SM" in plans.choose_config(Problem(4, 8, 1000, 64, True), "hopper", HOPPER)[1]
     for problem in (Problem(1, 16, 16384, 64, False), Problem(1, 16, 16384, 64, True)):
         cfg = hopper(problem)
         assert (cfg["kind"], cfg["block_M"], cfg["num_stages"], cfg.get("blocks_per_sm", 1)) == ("pipelined", 128, 3, 1)
     # head dim 128, short walks: 64x64 tiles two per SM (full: up to 4 key tiles; causal: up to the FA3 schedule)
-    for problem in (Problem(1, 32, 512, 128, False), Problem(8, 32, 512, 128, True), Problem(32, 16, 256, 128, True),
+    for problem in (Problem(1, 32, 512, 128, False), Problem(2, 32, 512, 128, True), Problem(8, 16, 256, 128, True),
                     Problem(2, 4, 1536, 128, True), Problem(1, 64, 1, 128, True)):
         cfg = hopper(problem)
         assert (cfg["kind"], cfg["block_M"], cfg["block_N"], cfg["blocks_per_sm"]) == ("pipelined", 64, 64, 2), cfg
@@ -105,14 +105,14 @@ def test_hopper_rule_per_problem():
         cap = 65536 // (n * (threads + 128)) // 8 * 8
         assert threads * plans.register_split(n, threads) + 128 * 24 <= cap * (threads + 128)
     # two blocks must fit shared memory twice over; a smaller budget keeps one 128-row block
-    assert hopper(Problem(8, 32, 512, 128, True))["blocks_per_sm"] == 2
-    assert plans.choose_config(Problem(8, 32, 512, 128, True), "hopper", 150 * 1024)[0].get("blocks_per_sm", 1) == 1
+    assert hopper(Problem(2, 32, 512, 128, True))["blocks_per_sm"] == 2
+    assert plans.choose_config(Problem(2, 32, 512, 128, True), "hopper", 150 * 1024)[0].get("blocks_per_sm", 1) == 1
     # every choice says why
     cfg, why = plans.choose_config(Problem(1, 32, 3000, 128, False), "hopper", HOPPER, 132)
     assert "24 key tiles" in why and "144-wide" in why
     assert "head dim 64" in plans.choose_config(Problem(1, 32, 3000, 64, True), "hopper", HOPPER, 132)[1]
     assert "fill only 64 of 132 SMs" in plans.choose_config(Problem(1, 2, 4096, 128, True), "hopper", HOPPER, 132)[1]
-    assert "two 64-row blocks share each SM" in plans.choose_config(Problem(4, 16, 2048, 64, True), "hopper", HOPPER)[1]
+    assert "two 64-row blocks share each SM" in plans.choose_config(Problem(1, 8, 2048, 64, True), "hopper", HOPPER)[1]
     # a smaller budget (an sm_80-class GPU) falls back to a pipelined configuration that fits
     assert plans.choose_config(Problem(4, 32, 4096, 128, False), "hopper", 160 * 1024)[0]["kind"] == "pipelined"
 
@@ -128,15 +128,37 @@ def test_persistent_walk_rule():
     assert plans.choose_config(Problem(8, 32, 512, 128, False), "hopper", HOPPER, 114)[0]["workers"] == 114
     why = plans.choose_config(Problem(8, 32, 512, 128, False), "hopper", HOPPER, 132)[1]
     assert "1024 query tiles" in why and "persistently" in why and "4 key tiles" in why
-    # it stays off: causal, one round of tiles or fewer, a walk over 8 tiles, fewer than 128 keys, too little
-    # shared memory for two Q stages at head dim 128, and off Hopper
-    for problem in (Problem(8, 32, 512, 128, True), Problem(1, 132, 128, 64, False), Problem(3, 5, 333, 128, False),
+    # it stays off: one round of tiles or fewer, a walk over 8 tiles, fewer than 128 keys, too little shared
+    # memory for two Q stages at head dim 128, and off Hopper
+    for problem in (Problem(1, 132, 128, 64, False), Problem(3, 5, 333, 128, False),
                     Problem(4, 16, 1025, 64, False), Problem(64, 32, 64, 64, False), Problem(4, 32, 4096, 128, False)):
         assert hopper(problem)["kind"] != "persistent", problem
     assert plans.choose_config(Problem(8, 32, 512, 128, False), "hopper", 200 * 1024)[0]["kind"] != "persistent"
     assert plans.choose_config(Problem(8, 32, 512, 64, False), "ampere", 163 * 1024)[0]["kind"] == "pipelined"
     with pytest.raises(ValueError, match="square tiles"):
         FA.build(Problem(8, 32, 512, 128, True), dict(hopper(Problem(8, 32, 512, 128, False)), block_N=64))
+
+
+def test_causal_pairs_rule():
+    """Causal problems walked in pairs of query tiles: more pairs than SMs keeping them at least 80% busy, a walk
+    of up to 17 key steps (head dim 128: up to 33 over at most four rounds); else the grid or the FA3 schedule."""
+    assert plans.persistent_units(Problem(8, 32, 512, 128, True)) == (2 * 256, 5)  # n = 4: pairs of 5 steps
+    assert plans.persistent_units(Problem(1, 3, 777, 128, True)) == (4 * 3, 7)  # n = 7: the last tile alone
+    for problem in (Problem(8, 32, 512, 128, True), Problem(4, 16, 2048, 64, True), Problem(64, 8, 256, 64, True),
+                    Problem(3, 12, 1537, 64, True, dtype="bfloat16"), Problem(1, 32, 3000, 128, True),
+                    Problem(1, 32, 4096, 128, True, kv_heads=8), Problem(2, 16, 2048, 64, True, kv_heads=2)):
+        cfg, why = plans.choose_config(problem, "hopper", HOPPER, 132)
+        assert (cfg["kind"], cfg["block_M"], cfg["block_N"], cfg["workers"]) == ("persistent", 128, 128, 132), problem
+        assert "heavy_first" not in cfg and "pairs of 128-row query tiles" in why, problem
+        assert plans.runner_up(problem, "hopper", HOPPER, 132)[0]["kind"] != "persistent"
+    assert "512 pairs" in plans.choose_config(Problem(8, 32, 512, 128, True), "hopper", HOPPER, 132)[1]
+    # off: 288 pairs on 132 SMs (73% busy), one round or fewer, a long walk at head dim 64, 33 steps over 16 rounds
+    for problem in (Problem(6, 24, 300, 128, True, kv_heads=4), Problem(1, 8, 1024, 128, True),
+                    Problem(2, 8, 8192, 64, True), Problem(1, 32, 4096, 64, True), Problem(4, 32, 4096, 128, True),
+                    Problem(3, 12, 1025, 64, True)):
+        assert hopper(problem)["kind"] != "persistent", problem
+    assert plans.choose_config(Problem(6, 24, 300, 128, True, kv_heads=4), "hopper", HOPPER, 100)[0]["kind"] == \
+        "persistent"  # 288 pairs on 100 SMs: 96% busy
 
 
 @pytest.mark.parametrize("n", range(1, 14))
@@ -229,11 +251,13 @@ def test_the_users_problem_alone_causal_and_full():
 
 @pytest.mark.parametrize("dims,causal,pick,other", [
     ((8, 32, 512, 128), False, "persistent", "64x64 paired"),  # many short full walks: the grid's pair of blocks
-    ((8, 32, 512, 128), True, "64x64 paired", "128x128 grid"),
+    ((8, 32, 512, 128), True, "persistent", "64x64 paired"),  # causal pairs: the grid they replace
     ((1, 32, 4096, 128, 8), False, "128x176 async", "128x128 grid"),  # a long walk: the compiler's pipeline
-    ((1, 32, 4096, 128, 8), True, "128x128 async", "64x64 paired"),
+    ((1, 32, 4096, 128, 8), True, "persistent", "128x128 async"),  # four rounds of pairs: the FA3 schedule
+    ((4, 32, 4096, 128), True, "128x128 async", "64x64 paired"),  # sixteen rounds: the FA3 schedule
     ((4, 16, 2048, 64), False, "64x128 paired", "128x128 grid"),
-    ((64, 8, 256, 64), True, "64x64 tripled", "64x128 paired"),
+    ((64, 8, 256, 64), True, "persistent", "64x64 tripled"),
+    ((6, 24, 300, 128, 4), True, "64x64 paired", "128x128 grid"),  # pairs would keep the SMs 73% busy
     ((2, 8, 16384, 64), False, "128x128 grid", "64x128 paired"),  # the last branch: two 64-row blocks, forced
 ])
 def test_the_runner_up_is_the_rules_next_branch(dims, causal, pick, other):
