@@ -51,6 +51,9 @@ PROBLEMS = [
     ((8, 20, 1000, 64), "bfloat16"),
     ((1, 8, 1024, 128), "float16"),  # few query tiles: causal pairs fill a quarter of the SMs
     ((2, 4, 2048, 64), "float16"),
+    ((4, 16, 300, 128), "float16"),  # ragged short walks: 128-row tiles pad 300 keys to 384, 64-row ones to 320
+    ((8, 8, 700, 128), "float16"),
+    ((2, 32, 333, 64), "float16"),
 ]
 ROUNDS = 4  # turns per contender (two forward/backward pairs)
 
