@@ -233,9 +233,9 @@ _tour_file('sections/attention_plans.py', r'''
 
 A problem is (batch, heads, sequence length, head dim, causal), with grouped-query attention's key/value head
 count and the element type. A configuration is a dict: the kernel kind ("pipelined": T.Pipelined infers the
-pipeline; "async": the FA3 schedule; "persistent": the pipelined kernel walking its tiles, causal ones in pairs, in `workers` blocks;
-"ws": the appendix's hand-written warp specialization), the tile sizes, stages, threads, flags (fast_math,
-heavy_first) and blocks_per_sm (blocks sharing an SM). `choose_config` returns one with the reason it was chosen.
+pipeline; "async": the FA3 schedule; "persistent": the pipelined kernel walking its tiles, causal ones in pairs,
+in `workers` blocks; "ws": the appendix's hand-written warp specialization), the tile sizes, stages, threads,
+flags (fast_math, heavy_first) and blocks_per_sm (blocks sharing an SM). `choose_config` returns one with the reason it was chosen.
 """
 
 from __future__ import annotations
