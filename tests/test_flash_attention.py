@@ -379,11 +379,13 @@ def test_section_compiles_the_users_problem():
 
 
 def test_persistent_walk_compiles_for_hopper():
-    """--compile-only --arch sm_90a with a problem of many short full walks: nvcc builds the persistent walk."""
+    """--compile-only --arch sm_90a with a problem of many short walks: nvcc builds the persistent walk, full and
+    in causal pairs."""
     ctx = tourkit.TourContext(compile_only=True, arch="sm_90a", echo=False, shape=(8, 32, 512, 128))
     FA.run(ctx)
     assert ctx.headlines["kernels"] == 6  # lesson, its runner-up and appendix, full and causal
     assert any("B8 H32 S512 D128 full:" in line and "persistently" in line for line in ctx.report)
+    assert any("B8 H32 S512 D128 causal:" in line and "512 pairs" in line for line in ctx.report)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -392,7 +394,7 @@ def test_persistent_walk_compiles_for_hopper():
 
 PROBLEMS = [(2, 4, 1000, 64), (1, 3, 777, 128), (2, 4, 1024, 64), (1, 2, 129, 128), (1, 2, 5, 64), (1, 16, 1, 128),
             (1, 8, 333, 64, 2), (2, 8, 1000, 128, 4, "bfloat16"), (3, 4, 1537, 64, 1, "bfloat16"), (8, 4, 300, 128),
-            (1, 2, 4100, 128), (6, 24, 300, 128, 4), (8, 20, 1000, 64, 1, "bfloat16")]
+            (1, 2, 4100, 128), (6, 24, 300, 128, 4), (8, 20, 1000, 64, 1, "bfloat16"), (4, 16, 777, 128)]
 
 
 @pytest.mark.gpu
