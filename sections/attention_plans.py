@@ -4,7 +4,8 @@ A problem is (batch, heads, sequence length, head dim, causal), with grouped-que
 count and the element type. A configuration is a dict: the kernel kind ("pipelined": T.Pipelined infers the
 pipeline; "async": the FA3 schedule; "persistent": the pipelined kernel walking its tiles, causal ones in pairs,
 in `workers` blocks; "ws": the appendix's hand-written warp specialization), the tile sizes, stages, threads,
-flags (fast_math, heavy_first) and blocks_per_sm (blocks sharing an SM). `choose_config` returns one with the reason it was chosen.
+flags (fast_math, heavy_first) and blocks_per_sm (blocks sharing an SM). `choose_config` returns one with the
+reason it was chosen.
 """
 
 from __future__ import annotations
@@ -143,8 +144,8 @@ TRIPLED_MAX_TILES = 8
 PERSISTENT_MAX_WALK = 8
 # Causal problems walked in pairs of query tiles, i with n-1-i, every pair the same n + 1 key steps: ahead of the
 # grid's heaviest-first blocks (and at head dim 128 of the FA3 schedule) wherever the pairs keep the SMs busy and
-# the walk is short (up to 16 query tiles), or at head dim 128 longer (up to 32, timed against the FA3 schedule)
-# over a few rounds of pairs. Behind where a nearly empty last round leaves the SMs idle much of the time (the
+# the walk is short (up to 17 key steps a pair), or at head dim 128 longer (up to 33, timed against the FA3
+# schedule) over a few rounds of pairs. Behind where a nearly empty last round leaves the SMs idle much of the time (the
 # grid's short blocks fill its tail; every pair is long), and on long walks over many rounds (the FA3 schedule's
 # overlap, or at head dim 64 the grid's deeper pipeline, then counts for more than the blocks' starts and ends).
 PAIRS_MAX_WALK, PAIRS_LONG_WALK, PAIRS_LONG_ROUNDS = 17, 33, 4  # key steps a pair; rounds of pairs over the SMs
@@ -212,6 +213,11 @@ def persistent_units(problem: Problem) -> tuple[int, int]:
     return n * problem.heads * problem.batch, n
 
 
+def busy_share(units: int, sms: int) -> float:
+    """The share of the SMs' time that `units` equal units keep busy: units / (rounds x SMs)."""
+    return units / (-(-units // sms) * sms)
+
+
 def persistent_walk(problem: Problem, sms: int, smem_budget: int) -> dict | None:
     """The persistent walk where it applies (full: PERSISTENT_MAX_WALK; causal pairs: PAIRS_*): 128x128 tiles,
     `sms` blocks, more units than blocks; else None."""
@@ -221,10 +227,9 @@ def persistent_walk(problem: Problem, sms: int, smem_budget: int) -> dict | None
         return None
     if not problem.causal:
         return cfg if walk <= PERSISTENT_MAX_WALK else None
-    rounds = -(-units // sms)
     short = walk <= PAIRS_MAX_WALK or (problem.dim == 128 and walk <= PAIRS_LONG_WALK
-                                       and rounds <= PAIRS_LONG_ROUNDS)
-    return cfg if short and units >= PAIRS_MIN_FILL * rounds * sms else None
+                                       and -(-units // sms) <= PAIRS_LONG_ROUNDS)
+    return cfg if short and busy_share(units, sms) >= PAIRS_MIN_FILL else None
 
 
 def config_smem(cfg: dict, dim: int) -> int:
@@ -257,7 +262,7 @@ def hopper_config(problem: Problem, sms: int, smem_budget: int, closed: frozense
     elif "persistent" not in closed and (cfg := persistent_walk(problem, sms, smem_budget)) is not None:
         units, steps = persistent_units(problem)
         what = (f"causal, {units} pairs of 128-row query tiles (i with n-1-i: equal work), {steps} key steps "
-                f"each, {units / (-(-units // sms) * sms):.0%} of the SMs' time busy" if problem.causal
+                f"each, {busy_share(units, sms):.0%} of the SMs' time busy" if problem.causal
                 else f"full attention, {units} query tiles of 128 rows, each walking {tiles} (at most "
                 f"{PERSISTENT_MAX_WALK})")
         return cfg, (f"{what}: {sms} blocks walk them persistently, one pipelined loop over their key steps, each "

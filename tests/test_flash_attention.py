@@ -83,7 +83,8 @@ def test_hopper_rule_per_problem():
     for problem in (Problem(1, 16, 16384, 64, False), Problem(1, 16, 16384, 64, True)):
         cfg = hopper(problem)
         assert (cfg["kind"], cfg["block_M"], cfg["num_stages"], cfg.get("blocks_per_sm", 1)) == ("pipelined", 128, 3, 1)
-    # head dim 128, short walks: 64x64 tiles two per SM (full: up to 4 key tiles; causal: up to the FA3 schedule)
+    # head dim 128, short walks: 64x64 tiles two per SM (full: up to 4 key tiles; causal, where the pairs do not
+    # take them: up to the FA3 schedule)
     for problem in (Problem(1, 32, 512, 128, False), Problem(2, 32, 512, 128, True), Problem(8, 16, 256, 128, True),
                     Problem(2, 4, 1536, 128, True), Problem(1, 64, 1, 128, True)):
         cfg = hopper(problem)
@@ -144,6 +145,7 @@ def test_causal_pairs_rule():
     of up to 17 key steps (head dim 128: up to 33 over at most four rounds); else the grid or the FA3 schedule."""
     assert plans.persistent_units(Problem(8, 32, 512, 128, True)) == (2 * 256, 5)  # n = 4: pairs of 5 steps
     assert plans.persistent_units(Problem(1, 3, 777, 128, True)) == (4 * 3, 7)  # n = 7: the last tile alone
+    assert plans.busy_share(288, 132) == 288 / 396 and plans.busy_share(512, 132) == 512 / 528
     for problem in (Problem(8, 32, 512, 128, True), Problem(4, 16, 2048, 64, True), Problem(64, 8, 256, 64, True),
                     Problem(3, 12, 1537, 64, True, dtype="bfloat16"), Problem(1, 32, 3000, 128, True),
                     Problem(1, 32, 4096, 128, True, kv_heads=8), Problem(2, 16, 2048, 64, True, kv_heads=2)):
