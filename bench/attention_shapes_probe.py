@@ -112,6 +112,8 @@ def candidates(problem):
         cfg = PW(bm, bn, per_sm)
         if per_sm * plans.config_smem(cfg, problem.dim) <= HOPPER_SMEM:
             alts[f"persistent {bm}x{bn}" + (f" x{per_sm}" if per_sm > 1 else "")] = cfg
+    # the walk with the FA3 schedule (one extra step a worker, not a tile)
+    alts["pwalk async 128x128"] = dict(PW(128, 128, 1), kind="persistent_async")
     for label, cfg in alts.items():
         if cfg not in out.values() and (not LABELS or any(word in label for word in LABELS)):
             out[label] = cfg
@@ -138,6 +140,7 @@ def check_jobs():
                     cands["pipe 64x64 x3"] = P(64, 64, blocks_per_sm=3)
             if causal:  # the persistent walk's pairs of query tiles, at every odd length
                 cands.update({"persistent 128x128": PW(128, 128, 1), "persistent 64x64 x2": PW(64, 64, 2)})
+            cands["pwalk async 128x128"] = dict(PW(128, 128, 1), kind="persistent_async")
             yield problem, cands, ""
 
 

@@ -234,7 +234,7 @@ def persistent_walk(problem: Problem, sms: int, smem_budget: int) -> dict | None
 
 def config_smem(cfg: dict, dim: int) -> int:
     """smem_estimate of a configuration; the persistent walk's pipeline also keeps a Q tile for each stage."""
-    q_stages = cfg["num_stages"] - 1 if cfg["kind"] == "persistent" else 0
+    q_stages = cfg["num_stages"] - 1 if cfg["kind"].startswith("persistent") else 0
     return (smem_estimate(dim, cfg["block_M"], cfg["block_N"], cfg["num_stages"], cfg["kind"] == "async")
             + 2 * dim * cfg["block_M"] * q_stages)
 
@@ -365,7 +365,7 @@ def pass_configs(cfg: dict) -> dict:
 
 
 WORDS = {"pipelined": "compiler pipeline", "async": "FA3 async wgmma", "ws": "hand-written warp specialization",
-         "persistent": "persistent", "split_tail": "last wave split along the keys", "heavy_first": "heaviest first",
+         "persistent": "persistent", "persistent_async": "persistent, FA3 async wgmma", "split_tail": "last wave split along the keys", "heavy_first": "heaviest first",
          "stage_output": "O stored by TMA", "fast_math": "fast math"}
 
 

@@ -440,6 +440,8 @@ LESSON_SCHEDULES = [
     dict(kind="persistent", block_M=128, block_N=64, num_stages=2, threads=256, workers=5, fast_math=True),
     dict(kind="persistent", block_M=64, block_N=64, num_stages=2, threads=128, workers=7, fast_math=True,
          blocks_per_sm=2),
+    dict(kind="persistent_async", block_M=128, block_N=128, num_stages=2, threads=256, workers=132, fast_math=True),
+    dict(kind="persistent_async", block_M=128, block_N=128, num_stages=2, threads=256, workers=5, fast_math=True),
 ]
 SCHEDULE_PROBLEMS = ((1, 3, 777, 128), (2, 4, 1000, 64, 2, "bfloat16"))
 
@@ -449,9 +451,9 @@ SCHEDULE_PROBLEMS = ((1, 3, 777, 128), (2, 4, 1000, 64, 2, "bfloat16"))
 @pytest.mark.parametrize("cfg", LESSON_SCHEDULES, ids=lambda cfg: " ".join(map(str, plans.describe(cfg))))
 def test_every_lesson_schedule_matches_sdpa(causal, cfg):
     device = tourkit.detect_device()
-    if (cfg["kind"] in ("async", "persistent") or cfg["block_M"] == 64) and device.family != "hopper":
+    if (cfg["kind"] in ("async", "persistent", "persistent_async") or cfg["block_M"] == 64) and device.family != "hopper":
         pytest.skip("wgmma is Hopper-only")
-    if cfg["kind"] == "persistent" and causal and cfg["block_M"] != cfg["block_N"]:
+    if cfg["kind"].startswith("persistent") and causal and cfg["block_M"] != cfg["block_N"]:
         pytest.skip("the persistent walk takes causal problems in square tiles")
     for dims in SCHEDULE_PROBLEMS:
         if cfg.get("blocks_per_sm") == 3 and dims[3] != 64:
