@@ -54,6 +54,14 @@ PROBLEMS = [
     ((4, 16, 300, 128), "float16"),  # ragged short walks: 128-row tiles pad 300 keys to 384, 64-row ones to 320
     ((8, 8, 700, 128), "float16"),
     ((2, 32, 333, 64), "float16"),
+    ((2, 32, 1500, 128), "float16"),  # head dim 128 at more lengths and batches: the walks' rule between 4 and 64
+    ((1, 16, 6000, 128), "float16"),  # key steps, grouped-query or not, ragged or not
+    ((1, 32, 3000, 128, 8), "float16"),
+    ((16, 16, 640, 128), "float16"),
+    ((2, 40, 2048, 128), "float16"),
+    ((1, 32, 4096, 128), "float16"),
+    ((4, 32, 2048, 128), "float16"),
+    ((1, 64, 8192, 128, 8), "float16"),
 ]
 ROUNDS = 4  # turns per contender (two forward/backward pairs)
 
