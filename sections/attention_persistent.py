@@ -19,9 +19,14 @@ tile. It can take them in pairs: tile i with tile n-1-i walks (i + 1) + (n - i) 
 every pair (with n odd, the longest tile walks its n alone and the rest pair up as i with n-2-i, n each). A
 worker walks pairs, so every block does the same work and no short block waits in the grid's tail.
 
-The rule that takes this kernel is `attention_plans.persistent_walk`: full attention over short walks; causal
-problems whose pairs keep the SMs busy (the grid's heaviest-first blocks fill a tail that equal pairs cannot) over
-short walks, or longer ones at head dim 128 over a few rounds of pairs.
+At head dim 128 the walk also takes the lesson's FA3 schedule (`flash_attention_persistent_async`): a step's
+Q·Kᵀ in flight with the last step's P·V. The grid's async kernel pays an extra iteration a tile for its last
+P·V; walking, that P·V runs in the next tile's first step, and a worker pays one extra step in all.
+
+The rule that takes these kernels is `attention_plans.persistent_walk`: full attention over short walks (at head
+dim 128 longer ones too, in the FA3 schedule); causal problems whose pairs keep the SMs busy (the grid's
+heaviest-first blocks fill a tail that equal pairs cannot) over short walks, or longer ones at head dim 128 over
+a few rounds of pairs.
 """
 
 import tilelang.language as T
@@ -157,3 +162,6 @@ def flash_attention_persistent_async(batch: int, heads: int, seq_len: int, dim: 
                 T.copy(scores, probs)
 
     return flash_attention_persistent_async
+
+
+BUILDERS = {"persistent": flash_attention_persistent, "persistent_async": flash_attention_persistent_async}

@@ -197,8 +197,7 @@ def build(problem: Problem, cfg: dict):
     if cfg["kind"] == "ws":
         return attention_ws.build(problem, cfg)
     builder = {"pipelined": flash_attention_forward, "async": flash_attention_forward_async,
-               "persistent": attention_persistent.flash_attention_persistent,
-               "persistent_async": attention_persistent.flash_attention_persistent_async}[cfg["kind"]]
+               **attention_persistent.BUILDERS}[cfg["kind"]]
     kwargs = {k: v for k, v in cfg.items() if k not in ("kind", "fast_math")}
     return builder(*problem.kernel_args(), **problem.kernel_kwargs(), **kwargs)
 
