@@ -3,7 +3,8 @@
 A problem is (batch, heads, sequence length, head dim, causal), with grouped-query attention's key/value head
 count and the element type. A configuration is a dict: the kernel kind ("pipelined": T.Pipelined infers the
 pipeline; "async": the FA3 schedule; "persistent": the pipelined kernel walking its tiles, causal ones in pairs,
-in `workers` blocks; "ws": the appendix's hand-written warp specialization), the tile sizes, stages, threads,
+in `workers` blocks; "persistent_async": that walk in the FA3 schedule; "ws": the appendix's hand-written warp
+specialization), the tile sizes, stages, threads,
 flags (fast_math, heavy_first) and blocks_per_sm (blocks sharing an SM). `choose_config` returns one with the
 reason it was chosen.
 """
@@ -398,7 +399,8 @@ def pass_configs(cfg: dict) -> dict:
 
 
 WORDS = {"pipelined": "compiler pipeline", "async": "FA3 async wgmma", "ws": "hand-written warp specialization",
-         "persistent": "persistent", "persistent_async": "persistent, FA3 async wgmma", "split_tail": "last wave split along the keys", "heavy_first": "heaviest first",
+         "persistent": "persistent", "persistent_async": "persistent, FA3 async wgmma",
+         "split_tail": "last wave split along the keys", "heavy_first": "heaviest first",
          "stage_output": "O stored by TMA", "fast_math": "fast math"}
 
 

@@ -10,7 +10,7 @@ You will learn:
 * on Hopper, the FA3 schedule: S(k) = Q·K(k)ᵀ and P(k-1)·V(k-1) in flight together, the softmax in between;
   or two blocks per SM (registers capped), one block's softmax, loads and stores beside the other's MMAs;
 * grouped-query attention: KVH key/value heads, each read by H/KVH query heads (an index, not a copy);
-* many short walks: this kernel walking its tiles persistently (`attention_persistent.py`; causal: in pairs).
+* many walks: this kernel walking its tiles persistently (`attention_persistent.py`; causal in pairs; d=128: FA3).
 
 The algorithm (scale = log2(e)/√d; per query block m = -inf, l = 0, O = 0):
 
