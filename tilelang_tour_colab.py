@@ -154,9 +154,14 @@ tile. It can take them in pairs: tile i with tile n-1-i walks (i + 1) + (n - i) 
 every pair (with n odd, the longest tile walks its n alone and the rest pair up as i with n-2-i, n each). A
 worker walks pairs, so every block does the same work and no short block waits in the grid's tail.
 
-The rule that takes this kernel is `attention_plans.persistent_walk`: full attention over short walks; causal
-problems whose pairs keep the SMs busy (the grid's heaviest-first blocks fill a tail that equal pairs cannot) over
-short walks, or longer ones at head dim 128 over a few rounds of pairs.
+At head dim 128 the walk also takes the lesson's FA3 schedule (`flash_attention_persistent_async`): a step's
+Q·Kᵀ in flight with the last step's P·V. The grid's async kernel pays an extra iteration a tile for its last
+P·V; walking, that P·V runs in the next tile's first step, and a worker pays one extra step in all.
+
+The rule that takes these kernels is `attention_plans.persistent_walk`: full attention over short walks (at head
+dim 128 longer ones too, in the FA3 schedule); causal problems whose pairs keep the SMs busy (the grid's
+heaviest-first blocks fill a tail that equal pairs cannot) over short walks, or longer ones at head dim 128 over
+a few rounds of pairs.
 """
 
 import tilelang.language as T
@@ -226,6 +231,75 @@ def flash_attention_persistent(batch: int, heads: int, seq_len: int, dim: int, c
                     finish(O, O_s, acc_o, l, bx, by, bz)
 
     return flash_attention_persistent
+
+
+def flash_attention_persistent_async(batch: int, heads: int, seq_len: int, dim: int, causal: bool = False, *,
+                                     block_M: int = 128, block_N: int = 128, num_stages: int = 2,
+                                     threads: int = 256, workers: int = plans.DEFAULT_SMS, dtype: str = "float16",
+                                     kv_heads: int | None = None):
+    """The walk above with the FA3 schedule of the lesson's async kernel: step j issues S(j) = Q·K(j)ᵀ and
+    O += P(j-1)·V(j-1) together, the softmax of S(j) running while P·V does. The async kernel pays one extra
+    iteration a tile for its last P·V; walking, a tile's last P·V runs in the next tile's first step, and a
+    worker pays one extra step in all. At a tile's first step the row state restarts (m = -inf, so the
+    rescale is 0 and O clears) once the last tile's O, completed by that P·V, is divided by its l and stored."""
+    if causal and block_M != block_N:
+        raise ValueError("flash_attention_persistent: causal pairs need square tiles (block_M == block_N)")
+    shape, kv_shape, groups = plans.shapes(batch, heads, seq_len, dim, kv_heads)
+    n_tiles, n, _, online_softmax, finish = lesson.kernel_steps(seq_len, dim, block_M, block_N, causal,
+                                                                seq_len % block_N != 0)
+    per_head = (n + 1) // 2 if causal else n
+    walk = n + 1 - n % 2 if causal else n_tiles
+    units = per_head * heads * batch
+    workers = min(workers, units)
+
+    def tile_of(w, j):
+        """(bx, by, bz, k) of this worker's step j: query tile, head, batch, key tile."""
+        t = j // walk * workers + w
+        by, bz = t // per_head % heads, t // (per_head * heads)
+        bx, k = (causal_pair_step(n, t % per_head, j % walk, T.if_then_else) if causal
+                 else (t % per_head, j % walk))
+        return bx, by, bz, k
+
+    @T.prim_func
+    def flash_attention_persistent_async(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype),
+                                         V: T.Tensor(kv_shape, dtype), O: T.Tensor(shape, dtype)):
+        with T.Kernel(workers, threads=threads) as w:
+            Q_s, K_s, V_s, O_s, scores, probs, acc_o, m, m_prev, rescale, row_sum, l = lesson.alloc_buffers(
+                block_M, block_N, dim, dtype)
+            l_done = T.alloc_fragment((block_M,), lesson.ACCUM)  # the finished tile's row sums
+            touch = T.alloc_local((1,), dtype)
+            steps = T.ceildiv(units - w, workers) * walk
+            T.fill(acc_o, 0)
+            T.fill(probs, 0)
+            T.fill(l, 0)
+            for j in T.Pipelined(steps + 1, num_stages=num_stages):
+                # step `steps` only completes the last tile: it recomputes the last step's scores, unused
+                bx, by, bz, k = tile_of(w, T.min(j, steps - 1))
+                pbx, pby, pbz, pk = tile_of(w, T.max(j, 1) - 1)  # the step whose P is in `probs` (j = 0: P = 0)
+                T.copy(Q[bz, bx * block_M:(bx + 1) * block_M, by, :], Q_s)
+                T.copy(K[bz, k * block_N:(k + 1) * block_N, by // groups, :], K_s)
+                T.copy(V[pbz, pk * block_N:(pk + 1) * block_N, pby // groups, :], V_s)
+                T.wgmma_gemm(Q_s, K_s, scores, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                T.wgmma_gemm(probs, V_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
+                T.wait_wgmma(1)  # S(j) is ready; P(j-1)·V(j-1) may still run
+                if k == 0 or j == steps:  # a new tile: keep the last one's l, restart the row state
+                    T.copy(l, l_done)
+                    T.fill(l, 0)
+                    T.fill(m, -T.infinity(lesson.ACCUM))
+                online_softmax(scores, k, bx, m, m_prev, rescale, row_sum, l)
+                T.wait_wgmma(0)
+                # Q_s, K_s, V_s are in use until the wait: a read after it keeps their refills behind it
+                touch[0] = Q_s[0, 0] + K_s[0, 0] + V_s[0, 0]
+                if (k == 0 and j > 0) or j == steps:  # the last tile's O is complete
+                    finish(O, O_s, acc_o, l_done, pbx, pby, pbz)
+                for i, jj in T.Parallel(block_M, dim):
+                    acc_o[i, jj] *= rescale[i]  # 0 at a tile's first step: O restarts
+                T.copy(scores, probs)
+
+    return flash_attention_persistent_async
+
+
+BUILDERS = {"persistent": flash_attention_persistent, "persistent_async": flash_attention_persistent_async}
 ''')
 
 _tour_file('sections/attention_plans.py', r'''
@@ -234,7 +308,8 @@ _tour_file('sections/attention_plans.py', r'''
 A problem is (batch, heads, sequence length, head dim, causal), with grouped-query attention's key/value head
 count and the element type. A configuration is a dict: the kernel kind ("pipelined": T.Pipelined infers the
 pipeline; "async": the FA3 schedule; "persistent": the pipelined kernel walking its tiles, causal ones in pairs,
-in `workers` blocks; "ws": the appendix's hand-written warp specialization), the tile sizes, stages, threads,
+in `workers` blocks; "persistent_async": that walk in the FA3 schedule; "ws": the appendix's hand-written warp
+specialization), the tile sizes, stages, threads,
 flags (fast_math, heavy_first) and blocks_per_sm (blocks sharing an SM). `choose_config` returns one with the
 reason it was chosen.
 """
@@ -381,6 +456,16 @@ PERSISTENT_MAX_WALK = 8
 # overlap, or at head dim 64 the grid's deeper pipeline, then counts for more than the blocks' starts and ends).
 PAIRS_MAX_WALK, PAIRS_LONG_WALK, PAIRS_LONG_ROUNDS = 17, 33, 4  # key steps a pair; rounds of pairs over the SMs
 PAIRS_MIN_FILL = 0.8  # of the SMs' time the pairs keep busy: units / (rounds x SMs)
+# Full attention at head dim 128 walks in the FA3 schedule (attention_persistent.flash_attention_persistent_async:
+# Q·Kᵀ of one step in flight with P·V of the one before, one extra step a worker rather than a tile) over
+# OVERLAP_MIN_STEPS to OVERLAP_MAX_FULL key tiles. Ahead of the pipelined walk from 5 tiles (level at 4 and 6), and
+# of the grid's FA3 kernel up to 16; from 24 to 32 either wins by a few percent (the grid's wider key tiles against
+# the walk's single extra step; the tour times the two side by side); past 32 the grid. Causal pairs keep the
+# pipelined walk: the two schedules were level there, each ahead on some problems.
+OVERLAP_MIN_STEPS, OVERLAP_MAX_FULL = 4, 32
+# Full attention at head dim 128 over at most PAIRED_MAX_WALK key tiles whose 128-wide tiles pad the keys by more
+# than this over 64-wide ones (300 keys: 384 against 320): two 64x64 blocks an SM, not the persistent walk.
+RAGGED_PADDING = 1.125
 # Head dim 256: O alone is 128 fp32 registers a thread in a 128-row block of two warpgroups, so key tiles of 64
 # (32 more for the scores); Q, two K/V stages and O (in the K/V buffers after the loop) take 192 KiB. The FA3
 # schedule, whose long GEMMs (d = 256) hide the softmax; its runner-up the compiler's pipeline on 64x64 tiles.
@@ -449,23 +534,39 @@ def busy_share(units: int, sms: int) -> float:
     return units / (-(-units // sms) * sms)
 
 
-def persistent_walk(problem: Problem, sms: int, smem_budget: int) -> dict | None:
-    """The persistent walk where it applies (full: PERSISTENT_MAX_WALK; causal pairs: PAIRS_*): 128x128 tiles,
-    `sms` blocks, more units than blocks; else None."""
+def persistent_walk(problem: Problem, sms: int, smem_budget: int, overlap: bool = True) -> dict | None:
+    """The persistent walk where it applies (full: PERSISTENT_MAX_WALK, or OVERLAP_MAX_FULL in the FA3
+    schedule; causal pairs: PAIRS_*): 128x128 tiles, `sms` blocks, more units than blocks; else None. Its key
+    steps take the FA3 schedule where `overlap` and overlapped_walk say so."""
     units, walk = persistent_units(problem)
-    cfg = dict(kind="persistent", block_M=128, block_N=128, num_stages=2, threads=256, workers=sms, fast_math=True)
+    kind = "persistent_async" if overlap and overlapped_walk(problem) else "persistent"
+    cfg = dict(kind=kind, block_M=128, block_N=128, num_stages=2, threads=256, workers=sms, fast_math=True)
     if problem.seq_len < 128 or units <= sms or config_smem(cfg, problem.dim) > smem_budget:
         return None
     if not problem.causal:
-        return cfg if walk <= PERSISTENT_MAX_WALK else None
+        return cfg if walk <= PERSISTENT_MAX_WALK or kind == "persistent_async" else None
     short = walk <= PAIRS_MAX_WALK or (problem.dim == 128 and walk <= PAIRS_LONG_WALK
                                        and -(-units // sms) <= PAIRS_LONG_ROUNDS)
     return cfg if short and busy_share(units, sms) >= PAIRS_MIN_FILL else None
 
 
+def overlapped_walk(problem: Problem) -> bool:
+    """Whether the persistent walk's key steps take the FA3 schedule (OVERLAP_*)."""
+    walk = persistent_units(problem)[1]
+    return problem.dim == 128 and not problem.causal and OVERLAP_MIN_STEPS <= walk <= OVERLAP_MAX_FULL
+
+
+def ragged_short_walk(problem: Problem) -> bool:
+    """Full attention at head dim 128 over a few key tiles whose last 128-wide one is mostly padding
+    (RAGGED_PADDING): 64-wide tiles waste less of it."""
+    if problem.causal or problem.dim != 128 or key_walk(problem) > PAIRED_MAX_WALK[128]:
+        return False
+    return key_tiles(problem.seq_len, 128) * 128 > RAGGED_PADDING * key_tiles(problem.seq_len, 64) * 64
+
+
 def config_smem(cfg: dict, dim: int) -> int:
     """smem_estimate of a configuration; the persistent walk's pipeline also keeps a Q tile for each stage."""
-    q_stages = cfg["num_stages"] - 1 if cfg["kind"] == "persistent" else 0
+    q_stages = cfg["num_stages"] - 1 if cfg["kind"].startswith("persistent") else 0
     return (smem_estimate(dim, cfg["block_M"], cfg["block_N"], cfg["num_stages"], cfg["kind"] == "async")
             + 2 * dim * cfg["block_M"] * q_stages)
 
@@ -490,14 +591,18 @@ def hopper_config(problem: Problem, sms: int, smem_budget: int, closed: frozense
         else:
             why = "head dim 256: the compiler's pipeline, 64x64 tiles, one warpgroup"
             cfg = dict(kind="pipelined", block_M=64, block_N=64, num_stages=2, threads=128, fast_math=True)
-    elif "persistent" not in closed and (cfg := persistent_walk(problem, sms, smem_budget)) is not None:
+    elif ("persistent" not in closed and (not ragged_short_walk(problem) or "paired" in closed)
+          and (cfg := persistent_walk(problem, sms, smem_budget, "persistent_async" not in closed)) is not None):
         units, steps = persistent_units(problem)
         what = (f"causal, {units} pairs of 128-row query tiles (i with n-1-i: equal work), {steps} key steps "
                 f"each, {busy_share(units, sms):.0%} of the SMs' time busy" if problem.causal
-                else f"full attention, {units} query tiles of 128 rows, each walking {tiles} (at most "
-                f"{PERSISTENT_MAX_WALK})")
-        return cfg, (f"{what}: {sms} blocks walk them persistently, one pipelined loop over their key steps, each "
-                     f"unit's first loads in flight during the last one's store")
+                else f"full attention, {units} query tiles of 128 rows, each walking {tiles}")
+        how = f"one pipelined loop over their key steps (a walk of at most {PERSISTENT_MAX_WALK})"
+        if cfg["kind"] == "persistent_async":
+            how = (f"one loop over their key steps in the FA3 schedule (a walk of {OVERLAP_MIN_STEPS} to "
+                   f"{OVERLAP_MAX_FULL}), each tile's last P·V in the next one's first step")
+        return cfg, (f"{what}: {sms} blocks walk them persistently, {how}, each unit's first loads in flight "
+                     f"during the last one's store")
     elif problem.dim == 128 and walk >= ASYNC_MIN_WALK and "async" not in closed:
         if problem.causal or rows == 64:  # 64 rows: few, short blocks; 128-wide tiles as validated
             width, widths = 128, ""
@@ -518,6 +623,9 @@ def hopper_config(problem: Problem, sms: int, smem_budget: int, closed: frozense
                f"one's loads, stores and "
                f"softmax beside the other's MMAs; {cfg['block_N']}-wide key tiles"
                + (", so that two blocks fit shared memory" if problem.dim == 128 else ""))
+        if ragged_short_walk(problem) and "persistent" not in closed:
+            why += (f", and {problem.seq_len} keys pad to {key_tiles(problem.seq_len, 64) * 64} in them "
+                    f"({key_tiles(problem.seq_len, 128) * 128} in 128-wide ones, the persistent walk's)")
     else:
         stages = 3 if problem.dim == 64 else 2
         why = (f"head dim 64, a long walk ({tiles}): 128-row blocks, each K/V tile read once per 128 queries, "
@@ -536,7 +644,7 @@ def hopper_config(problem: Problem, sms: int, smem_budget: int, closed: frozense
 
 def branch(cfg: dict) -> str:
     """Which of hopper_config's branches a configuration comes from."""
-    if cfg["kind"] in ("async", "persistent"):
+    if cfg["kind"] in ("async", "persistent", "persistent_async"):
         return cfg["kind"]
     return {3: "tripled", 2: "paired"}.get(cfg.get("blocks_per_sm", 1), "grid")
 
@@ -596,7 +704,8 @@ def pass_configs(cfg: dict) -> dict:
 
 
 WORDS = {"pipelined": "compiler pipeline", "async": "FA3 async wgmma", "ws": "hand-written warp specialization",
-         "persistent": "persistent", "split_tail": "last wave split along the keys", "heavy_first": "heaviest first",
+         "persistent": "persistent", "persistent_async": "persistent, FA3 async wgmma",
+         "split_tail": "last wave split along the keys", "heavy_first": "heaviest first",
          "stage_output": "O stored by TMA", "fast_math": "fast math"}
 
 
@@ -1612,7 +1721,7 @@ You will learn:
 * on Hopper, the FA3 schedule: S(k) = Q·K(k)ᵀ and P(k-1)·V(k-1) in flight together, the softmax in between;
   or two blocks per SM (registers capped), one block's softmax, loads and stores beside the other's MMAs;
 * grouped-query attention: KVH key/value heads, each read by H/KVH query heads (an index, not a copy);
-* many short walks: this kernel walking its tiles persistently (`attention_persistent.py`; causal: in pairs).
+* many walks: this kernel walking its tiles persistently (`attention_persistent.py`; causal in pairs; d=128: FA3).
 
 The algorithm (scale = log2(e)/√d; per query block m = -inf, l = 0, O = 0):
 
@@ -1799,7 +1908,7 @@ def build(problem: Problem, cfg: dict):
     if cfg["kind"] == "ws":
         return attention_ws.build(problem, cfg)
     builder = {"pipelined": flash_attention_forward, "async": flash_attention_forward_async,
-               "persistent": attention_persistent.flash_attention_persistent}[cfg["kind"]]
+               **attention_persistent.BUILDERS}[cfg["kind"]]
     kwargs = {k: v for k, v in cfg.items() if k not in ("kind", "fast_math")}
     return builder(*problem.kernel_args(), **problem.kernel_kwargs(), **kwargs)
 

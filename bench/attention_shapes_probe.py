@@ -54,6 +54,14 @@ PROBLEMS = [
     ((4, 16, 300, 128), "float16"),  # ragged short walks: 128-row tiles pad 300 keys to 384, 64-row ones to 320
     ((8, 8, 700, 128), "float16"),
     ((2, 32, 333, 64), "float16"),
+    ((2, 32, 1500, 128), "float16"),  # head dim 128 at more lengths and batches: the walks' rule between 4 and 64
+    ((1, 16, 6000, 128), "float16"),  # key steps, grouped-query or not, ragged or not
+    ((1, 32, 3000, 128, 8), "float16"),
+    ((16, 16, 640, 128), "float16"),
+    ((2, 40, 2048, 128), "float16"),
+    ((1, 32, 4096, 128), "float16"),
+    ((4, 32, 2048, 128), "float16"),
+    ((1, 64, 8192, 128, 8), "float16"),
 ]
 ROUNDS = 4  # turns per contender (two forward/backward pairs)
 
@@ -112,6 +120,8 @@ def candidates(problem):
         cfg = PW(bm, bn, per_sm)
         if per_sm * plans.config_smem(cfg, problem.dim) <= HOPPER_SMEM:
             alts[f"persistent {bm}x{bn}" + (f" x{per_sm}" if per_sm > 1 else "")] = cfg
+    # the walk with the FA3 schedule (one extra step a worker, not a tile)
+    alts["pwalk async 128x128"] = dict(PW(128, 128, 1), kind="persistent_async")
     for label, cfg in alts.items():
         if cfg not in out.values() and (not LABELS or any(word in label for word in LABELS)):
             out[label] = cfg
@@ -138,6 +148,7 @@ def check_jobs():
                     cands["pipe 64x64 x3"] = P(64, 64, blocks_per_sm=3)
             if causal:  # the persistent walk's pairs of query tiles, at every odd length
                 cands.update({"persistent 128x128": PW(128, 128, 1), "persistent 64x64 x2": PW(64, 64, 2)})
+            cands["pwalk async 128x128"] = dict(PW(128, 128, 1), kind="persistent_async")
             yield problem, cands, ""
 
 

@@ -19,9 +19,14 @@ tile. It can take them in pairs: tile i with tile n-1-i walks (i + 1) + (n - i) 
 every pair (with n odd, the longest tile walks its n alone and the rest pair up as i with n-2-i, n each). A
 worker walks pairs, so every block does the same work and no short block waits in the grid's tail.
 
-The rule that takes this kernel is `attention_plans.persistent_walk`: full attention over short walks; causal
-problems whose pairs keep the SMs busy (the grid's heaviest-first blocks fill a tail that equal pairs cannot) over
-short walks, or longer ones at head dim 128 over a few rounds of pairs.
+At head dim 128 the walk also takes the lesson's FA3 schedule (`flash_attention_persistent_async`): a step's
+Q·Kᵀ in flight with the last step's P·V. The grid's async kernel pays an extra iteration a tile for its last
+P·V; walking, that P·V runs in the next tile's first step, and a worker pays one extra step in all.
+
+The rule that takes these kernels is `attention_plans.persistent_walk`: full attention over short walks (at head
+dim 128 longer ones too, in the FA3 schedule); causal problems whose pairs keep the SMs busy (the grid's
+heaviest-first blocks fill a tail that equal pairs cannot) over short walks, or longer ones at head dim 128 over
+a few rounds of pairs.
 """
 
 import tilelang.language as T
@@ -91,3 +96,72 @@ def flash_attention_persistent(batch: int, heads: int, seq_len: int, dim: int, c
                     finish(O, O_s, acc_o, l, bx, by, bz)
 
     return flash_attention_persistent
+
+
+def flash_attention_persistent_async(batch: int, heads: int, seq_len: int, dim: int, causal: bool = False, *,
+                                     block_M: int = 128, block_N: int = 128, num_stages: int = 2,
+                                     threads: int = 256, workers: int = plans.DEFAULT_SMS, dtype: str = "float16",
+                                     kv_heads: int | None = None):
+    """The walk above with the FA3 schedule of the lesson's async kernel: step j issues S(j) = Q·K(j)ᵀ and
+    O += P(j-1)·V(j-1) together, the softmax of S(j) running while P·V does. The async kernel pays one extra
+    iteration a tile for its last P·V; walking, a tile's last P·V runs in the next tile's first step, and a
+    worker pays one extra step in all. At a tile's first step the row state restarts (m = -inf, so the
+    rescale is 0 and O clears) once the last tile's O, completed by that P·V, is divided by its l and stored."""
+    if causal and block_M != block_N:
+        raise ValueError("flash_attention_persistent: causal pairs need square tiles (block_M == block_N)")
+    shape, kv_shape, groups = plans.shapes(batch, heads, seq_len, dim, kv_heads)
+    n_tiles, n, _, online_softmax, finish = lesson.kernel_steps(seq_len, dim, block_M, block_N, causal,
+                                                                seq_len % block_N != 0)
+    per_head = (n + 1) // 2 if causal else n
+    walk = n + 1 - n % 2 if causal else n_tiles
+    units = per_head * heads * batch
+    workers = min(workers, units)
+
+    def tile_of(w, j):
+        """(bx, by, bz, k) of this worker's step j: query tile, head, batch, key tile."""
+        t = j // walk * workers + w
+        by, bz = t // per_head % heads, t // (per_head * heads)
+        bx, k = (causal_pair_step(n, t % per_head, j % walk, T.if_then_else) if causal
+                 else (t % per_head, j % walk))
+        return bx, by, bz, k
+
+    @T.prim_func
+    def flash_attention_persistent_async(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype),
+                                         V: T.Tensor(kv_shape, dtype), O: T.Tensor(shape, dtype)):
+        with T.Kernel(workers, threads=threads) as w:
+            Q_s, K_s, V_s, O_s, scores, probs, acc_o, m, m_prev, rescale, row_sum, l = lesson.alloc_buffers(
+                block_M, block_N, dim, dtype)
+            l_done = T.alloc_fragment((block_M,), lesson.ACCUM)  # the finished tile's row sums
+            touch = T.alloc_local((1,), dtype)
+            steps = T.ceildiv(units - w, workers) * walk
+            T.fill(acc_o, 0)
+            T.fill(probs, 0)
+            T.fill(l, 0)
+            for j in T.Pipelined(steps + 1, num_stages=num_stages):
+                # step `steps` only completes the last tile: it recomputes the last step's scores, unused
+                bx, by, bz, k = tile_of(w, T.min(j, steps - 1))
+                pbx, pby, pbz, pk = tile_of(w, T.max(j, 1) - 1)  # the step whose P is in `probs` (j = 0: P = 0)
+                T.copy(Q[bz, bx * block_M:(bx + 1) * block_M, by, :], Q_s)
+                T.copy(K[bz, k * block_N:(k + 1) * block_N, by // groups, :], K_s)
+                T.copy(V[pbz, pk * block_N:(pk + 1) * block_N, pby // groups, :], V_s)
+                T.wgmma_gemm(Q_s, K_s, scores, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                T.wgmma_gemm(probs, V_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
+                T.wait_wgmma(1)  # S(j) is ready; P(j-1)·V(j-1) may still run
+                if k == 0 or j == steps:  # a new tile: keep the last one's l, restart the row state
+                    T.copy(l, l_done)
+                    T.fill(l, 0)
+                    T.fill(m, -T.infinity(lesson.ACCUM))
+                online_softmax(scores, k, bx, m, m_prev, rescale, row_sum, l)
+                T.wait_wgmma(0)
+                # Q_s, K_s, V_s are in use until the wait: a read after it keeps their refills behind it
+                touch[0] = Q_s[0, 0] + K_s[0, 0] + V_s[0, 0]
+                if (k == 0 and j > 0) or j == steps:  # the last tile's O is complete
+                    finish(O, O_s, acc_o, l_done, pbx, pby, pbz)
+                for i, jj in T.Parallel(block_M, dim):
+                    acc_o[i, jj] *= rescale[i]  # 0 at a tile's first step: O restarts
+                T.copy(scores, probs)
+
+    return flash_attention_persistent_async
+
+
+BUILDERS = {"persistent": flash_attention_persistent, "persistent_async": flash_attention_persistent_async}

@@ -10,7 +10,7 @@ You will learn:
 * on Hopper, the FA3 schedule: S(k) = Q·K(k)ᵀ and P(k-1)·V(k-1) in flight together, the softmax in between;
   or two blocks per SM (registers capped), one block's softmax, loads and stores beside the other's MMAs;
 * grouped-query attention: KVH key/value heads, each read by H/KVH query heads (an index, not a copy);
-* many short walks: this kernel walking its tiles persistently (`attention_persistent.py`; causal: in pairs).
+* many walks: this kernel walking its tiles persistently (`attention_persistent.py`; causal in pairs; d=128: FA3).
 
 The algorithm (scale = log2(e)/√d; per query block m = -inf, l = 0, O = 0):
 
@@ -197,7 +197,7 @@ def build(problem: Problem, cfg: dict):
     if cfg["kind"] == "ws":
         return attention_ws.build(problem, cfg)
     builder = {"pipelined": flash_attention_forward, "async": flash_attention_forward_async,
-               "persistent": attention_persistent.flash_attention_persistent}[cfg["kind"]]
+               **attention_persistent.BUILDERS}[cfg["kind"]]
     kwargs = {k: v for k, v in cfg.items() if k not in ("kind", "fast_math")}
     return builder(*problem.kernel_args(), **problem.kernel_kwargs(), **kwargs)
 

@@ -60,11 +60,12 @@ def test_key_tile_width_pays_for_the_ragged_tail():
 
 
 def test_hopper_rule_per_problem():
-    # long walks at head dim 128: the FA3 schedule; full attention's tile width by the ragged tail
-    full, causal = hopper(Problem(4, 32, 4096, 128, False)), hopper(Problem(4, 32, 4096, 128, True))
+    # long walks at head dim 128 (full: past the walk in the FA3 schedule, or one round of tiles): the FA3
+    # schedule; full attention's tile width by the ragged tail
+    full, causal = hopper(Problem(1, 32, 6000, 128, False)), hopper(Problem(4, 32, 4096, 128, True))
     assert full["kind"] == causal["kind"] == "async" and full["fast_math"] and causal["fast_math"]
     assert (full["block_N"], causal["block_N"]) == (176, 128) and causal["heavy_first"] and not full.get("heavy_first")
-    assert hopper(Problem(1, 32, 3000, 128, False))["block_N"] == 144
+    assert hopper(Problem(1, 4, 3000, 128, False))["block_N"] == 144
     assert hopper(Problem(2, 32, 4096, 128, True, kv_heads=8, dtype="bfloat16"))["kind"] == "async"
     # head dim 64 up to 64 key tiles a block: two 64-row blocks per SM, 128-wide key tiles; longer: 128 rows, 3 stages
     for problem in (Problem(2, 8, 8192, 64, False), Problem(1, 8, 2048, 64, True), Problem(1, 8, 1000, 64, False),
@@ -92,7 +93,7 @@ def test_hopper_rule_per_problem():
     cfg = hopper(Problem(1, 16, 1024, 128, False))  # full, 8 key tiles, under one round of tiles: 128-row blocks
     assert (cfg["kind"], cfg["block_M"], cfg["block_N"], cfg.get("blocks_per_sm", 1)) == ("pipelined", 128, 128, 1)
     assert plans.key_walk(Problem(1, 1, 1536, 128, False)) == 12 == plans.ASYNC_MIN_WALK
-    assert hopper(Problem(1, 32, 1536, 128, False))["kind"] == "async"
+    assert hopper(Problem(1, 8, 1536, 128, False))["kind"] == "async"
     # a grid that would leave most SMs idle: 64-row query blocks (one warp group)
     for problem in (Problem(1, 64, 1, 128, True), Problem(1, 8, 128, 64, False), Problem(1, 4, 7, 64, False),
                     Problem(1, 1, 4096, 128, False), Problem(1, 4, 1024, 128, False)):
@@ -109,7 +110,7 @@ def test_hopper_rule_per_problem():
     assert hopper(Problem(2, 32, 512, 128, True))["blocks_per_sm"] == 2
     assert plans.choose_config(Problem(2, 32, 512, 128, True), "hopper", 150 * 1024)[0].get("blocks_per_sm", 1) == 1
     # every choice says why
-    cfg, why = plans.choose_config(Problem(1, 32, 3000, 128, False), "hopper", HOPPER, 132)
+    cfg, why = plans.choose_config(Problem(1, 4, 3000, 128, False), "hopper", HOPPER, 132)
     assert "24 key tiles" in why and "144-wide" in why
     assert "head dim 64" in plans.choose_config(Problem(1, 32, 3000, 64, True), "hopper", HOPPER, 132)[1]
     assert "fill only 64 of 132 SMs" in plans.choose_config(Problem(1, 2, 4096, 128, True), "hopper", HOPPER, 132)[1]
@@ -119,25 +120,54 @@ def test_hopper_rule_per_problem():
 
 
 def test_persistent_walk_rule():
-    # full attention, more 128-row query tiles than SMs, at most 8 key tiles each: the persistent walk
+    # full attention, more 128-row query tiles than SMs, at most 8 key tiles each: the persistent walk (head dim
+    # 128 from 4 key tiles: in the FA3 schedule, test_overlapped_walk_rule)
     for problem in (Problem(8, 32, 512, 128, False), Problem(32, 16, 256, 128, False), Problem(4, 8, 1000, 64, False),
                     Problem(64, 8, 256, 64, False), Problem(2, 32, 512, 128, False, kv_heads=8, dtype="bfloat16"),
                     Problem(1, 133, 128, 64, False), Problem(4, 16, 1024, 128, False)):
         cfg = hopper(problem)
-        assert (cfg["kind"], cfg["block_M"], cfg["block_N"], cfg["workers"]) == ("persistent", 128, 128, 132), problem
+        kind = "persistent_async" if problem.dim == 128 and problem.seq_len >= 512 else "persistent"
+        assert (cfg["kind"], cfg["block_M"], cfg["block_N"], cfg["workers"]) == (kind, 128, 128, 132), problem
         assert plans.config_smem(cfg, problem.dim) <= HOPPER
     assert plans.choose_config(Problem(8, 32, 512, 128, False), "hopper", HOPPER, 114)[0]["workers"] == 114
     why = plans.choose_config(Problem(8, 32, 512, 128, False), "hopper", HOPPER, 132)[1]
     assert "1024 query tiles" in why and "persistently" in why and "4 key tiles" in why
-    # it stays off: one round of tiles or fewer, a walk over 8 tiles, fewer than 128 keys, too little shared
-    # memory for two Q stages at head dim 128, and off Hopper
+    # it stays off: one round of tiles or fewer, a walk over 8 tiles (head dim 128: 32), fewer than 128 keys, too
+    # little shared memory for two Q stages at head dim 128, and off Hopper
     for problem in (Problem(1, 132, 128, 64, False), Problem(3, 5, 333, 128, False),
-                    Problem(4, 16, 1025, 64, False), Problem(64, 32, 64, 64, False), Problem(4, 32, 4096, 128, False)):
-        assert hopper(problem)["kind"] != "persistent", problem
-    assert plans.choose_config(Problem(8, 32, 512, 128, False), "hopper", 200 * 1024)[0]["kind"] != "persistent"
+                    Problem(4, 16, 1025, 64, False), Problem(64, 32, 64, 64, False), Problem(4, 32, 4097, 128, False)):
+        assert not hopper(problem)["kind"].startswith("persistent"), problem
+    assert not plans.choose_config(Problem(8, 32, 512, 128, False), "hopper", 200 * 1024)[0]["kind"].startswith(
+        "persistent")
     assert plans.choose_config(Problem(8, 32, 512, 64, False), "ampere", 163 * 1024)[0]["kind"] == "pipelined"
     with pytest.raises(ValueError, match="square tiles"):
         FA.build(Problem(8, 32, 512, 128, True), dict(hopper(Problem(8, 32, 512, 128, False)), block_N=64))
+
+
+def test_overlapped_walk_rule():
+    """Full attention at head dim 128 walks in the FA3 schedule over 4 to 32 key tiles; its runner-up is the
+    pipelined walk (up to 8 tiles) or the grid's FA3 kernel; short walks that 128-wide tiles mostly pad take two
+    64x64 blocks an SM."""
+    for seq_len, walk in ((512, 4), (700, 6), (1024, 8), (1500, 12), (2048, 16), (3000, 24), (4096, 32)):
+        problem = Problem(2, 32, seq_len, 128, False, kv_heads=8)
+        assert plans.persistent_units(problem)[1] == walk and plans.overlapped_walk(problem)
+        cfg, why = plans.choose_config(problem, "hopper", HOPPER, 132)
+        assert cfg["kind"] == "persistent_async" and (cfg["block_M"], cfg["block_N"]) == (128, 128), problem
+        assert "FA3 schedule (a walk of 4 to 32)" in why and "last P·V in the next one's first step" in why
+        other = plans.runner_up(problem, "hopper", HOPPER, 132)[0]
+        assert other["kind"] == ("persistent" if walk <= 8 else "async" if walk >= 12 else "pipelined"), problem
+    for problem in (Problem(32, 16, 384, 128, False), Problem(8, 32, 512, 128, True), Problem(8, 32, 512, 64, False),
+                    Problem(1, 16, 4224, 128, False)):  # 3 key tiles; causal; head dim 64; 33 key tiles
+        assert not plans.overlapped_walk(problem) and hopper(problem)["kind"] != "persistent_async", problem
+    # 300 keys: 384 in 128-wide tiles, 320 in 64-wide ones: two 64x64 blocks an SM, the walk its runner-up
+    problem = Problem(4, 16, 300, 128, False)
+    cfg, why = plans.choose_config(problem, "hopper", HOPPER, 132)
+    assert plans.ragged_short_walk(problem)
+    assert (cfg["kind"], cfg["block_M"], cfg["blocks_per_sm"]) == ("pipelined", 64, 2)
+    assert "300 keys pad to 320 in them (384 in 128-wide ones" in why
+    assert plans.runner_up(problem, "hopper", HOPPER, 132)[0]["kind"] == "persistent"
+    for seq_len in (256, 330, 512):  # little or no padding either way
+        assert not plans.ragged_short_walk(Problem(4, 16, seq_len, 128, False)), seq_len
 
 
 def test_causal_pairs_rule():
@@ -252,9 +282,12 @@ def test_the_users_problem_alone_causal_and_full():
 
 
 @pytest.mark.parametrize("dims,causal,pick,other", [
-    ((8, 32, 512, 128), False, "persistent", "64x64 paired"),  # many short full walks: the grid's pair of blocks
+    ((8, 32, 512, 128), False, "async walk", "persistent"),  # many short full walks: the FA3 schedule, or not
+    ((32, 16, 256, 128), False, "persistent", "64x64 paired"),  # shorter ones: the grid's pair of blocks
+    ((4, 16, 300, 128), False, "64x64 paired", "persistent"),  # mostly padding in 128-wide tiles
     ((8, 32, 512, 128), True, "persistent", "64x64 paired"),  # causal pairs: the grid they replace
-    ((1, 32, 4096, 128, 8), False, "128x176 async", "128x128 grid"),  # a long walk: the compiler's pipeline
+    ((1, 32, 4096, 128, 8), False, "async walk", "128x176 async"),  # a long walk: the grid's FA3 kernel
+    ((1, 32, 6000, 128, 8), False, "128x176 async", "128x128 grid"),  # longer: the compiler's pipeline
     ((1, 32, 4096, 128, 8), True, "persistent", "128x128 async"),  # four rounds of pairs: the FA3 schedule
     ((4, 32, 4096, 128), True, "128x128 async", "64x64 paired"),  # sixteen rounds: the FA3 schedule
     ((4, 16, 2048, 64), False, "64x128 paired", "128x128 grid"),
@@ -264,8 +297,9 @@ def test_the_users_problem_alone_causal_and_full():
 ])
 def test_the_runner_up_is_the_rules_next_branch(dims, causal, pick, other):
     def words(cfg):
-        kind = {"async": "async", "persistent": "persistent"}.get(cfg["kind"]) or plans.branch(cfg)
-        return kind if kind == "persistent" else f"{cfg['block_M']}x{cfg['block_N']} {kind}"
+        kind = {"async": "async", "persistent": "persistent", "persistent_async": "async walk"}.get(
+            cfg["kind"]) or plans.branch(cfg)
+        return kind if kind.startswith(("persistent", "async walk")) else f"{cfg['block_M']}x{cfg['block_N']} {kind}"
 
     problem = plans.from_shape(dims, causal)
     cfg, why = plans.runner_up(problem, "hopper", HOPPER, 132)
@@ -302,11 +336,11 @@ def test_elsewhere_the_lesson_kernel_alone():
 
 # full and causal at head dim 128 (the FA3 schedule on Hopper), grouped-query attention in bf16 and head dim 64
 # (the compiler's pipeline, two blocks per SM on Hopper), 64-row blocks for a short problem, a short causal walk;
-# many short full walks, ragged and grouped-query at head dim 128, bf16 at 64 (the persistent walk on Hopper)
+# many full walks, ragged and grouped-query at head dim 128 (in the FA3 schedule), bf16 at 64 (the persistent walk)
 LOWERED = [Problem(2, 4, 1600, 128, False, kv_heads=2), Problem(2, 4, 3000, 128, True),
            Problem(1, 8, 333, 64, True, kv_heads=2, dtype="bfloat16"), Problem(3, 4, 1537, 64, False, kv_heads=1),
            Problem(1, 1, 5000, 128, False), Problem(3, 4, 300, 128, True),
-           Problem(6, 24, 300, 128, False, kv_heads=4), Problem(8, 20, 1000, 64, False, dtype="bfloat16")]
+           Problem(2, 24, 1500, 128, False, kv_heads=4), Problem(8, 20, 1000, 64, False, dtype="bfloat16")]
 
 
 @pytest.fixture(scope="module")
@@ -328,8 +362,10 @@ def test_expected_instructions_and_exp2(reports):
         assert "exp2f" in rep.source
         assert ("bfloat16_t" in rep.source) == (problem.dtype == "bfloat16"), (arch, problem)
     hopper = {problem: rep for arch, problem, _, rep in reports if arch == "sm_90a"}
+    hopper_cfgs = {problem: cfg for arch, problem, cfg, _ in reports if arch == "sm_90a"}
     for problem, rep in hopper.items():  # the FA3 schedule: one MMA left in flight (long walks at head dim 128)
         assert ("wait_wgmma<1>" in rep.source) == (problem.dim == 128 and problem.seq_len > 1000), problem
+        assert ("wait_wgmma<1>" in rep.source) == (hopper_cfgs[problem]["kind"] in ("async", "persistent_async"))
     assert hopper[LOWERED[4]].threads == 256  # 64 query rows: one consumer warp group and TileLang's producer
     for problem in (LOWERED[3], LOWERED[5]):  # two blocks per SM: 128 registers a thread at launch
         source = hopper[problem].source
@@ -340,7 +376,7 @@ def test_expected_instructions_and_exp2(reports):
     for problem in LOWERED[6:]:  # the persistent walk: 132 blocks, one loop over their tiles' key steps
         source = hopper[problem].source
         tiles = -(-problem.seq_len // 128) * problem.heads * problem.batch
-        assert re.search(rf"for \(int step\w* = 0; step\w* < \(\(\({tiles - 1 + 132} - \(\(int\)blockIdx\.x\)\) / 132\)",
+        assert re.search(rf"for \(int (step|j)\w* = 0; \w+ < \(+{tiles - 1 + 132} - \(\(int\)blockIdx\.x\)\) / 132\)",
                          source), problem
         assert "tma_store" in source and "__launch_bounds__(384, 1)" in source
 
@@ -349,7 +385,8 @@ def test_shared_memory_estimates_bound_the_lowered_kernels(reports):
     for arch, problem, cfg, rep in reports:
         estimate = plans.config_smem(cfg, problem.dim)
         assert rep.smem_bytes <= estimate + 1024, (arch, problem, rep.smem_bytes, estimate)  # + barriers
-        if cfg["kind"] in ("async", "persistent"):  # exact: async's O reuses K/V; persistent's Q has one a stage
+        if cfg["kind"] in ("async", "persistent", "persistent_async"):  # exact: async's O reuses K/V; a walk's Q
+            # has one a stage
             assert rep.smem_bytes >= estimate, (arch, problem, rep.smem_bytes, estimate)
 
 
@@ -396,7 +433,8 @@ def test_persistent_walk_compiles_for_hopper():
 
 PROBLEMS = [(2, 4, 1000, 64), (1, 3, 777, 128), (2, 4, 1024, 64), (1, 2, 129, 128), (1, 2, 5, 64), (1, 16, 1, 128),
             (1, 8, 333, 64, 2), (2, 8, 1000, 128, 4, "bfloat16"), (3, 4, 1537, 64, 1, "bfloat16"), (8, 4, 300, 128),
-            (1, 2, 4100, 128), (6, 24, 300, 128, 4), (8, 20, 1000, 64, 1, "bfloat16"), (4, 16, 777, 128)]
+            (1, 2, 4100, 128), (6, 24, 300, 128, 4), (8, 20, 1000, 64, 1, "bfloat16"), (4, 16, 777, 128),
+            (2, 12, 1500, 128, 4), (4, 16, 300, 128)]
 
 
 @pytest.mark.gpu
@@ -440,6 +478,8 @@ LESSON_SCHEDULES = [
     dict(kind="persistent", block_M=128, block_N=64, num_stages=2, threads=256, workers=5, fast_math=True),
     dict(kind="persistent", block_M=64, block_N=64, num_stages=2, threads=128, workers=7, fast_math=True,
          blocks_per_sm=2),
+    dict(kind="persistent_async", block_M=128, block_N=128, num_stages=2, threads=256, workers=132, fast_math=True),
+    dict(kind="persistent_async", block_M=128, block_N=128, num_stages=2, threads=256, workers=5, fast_math=True),
 ]
 SCHEDULE_PROBLEMS = ((1, 3, 777, 128), (2, 4, 1000, 64, 2, "bfloat16"))
 
@@ -449,9 +489,9 @@ SCHEDULE_PROBLEMS = ((1, 3, 777, 128), (2, 4, 1000, 64, 2, "bfloat16"))
 @pytest.mark.parametrize("cfg", LESSON_SCHEDULES, ids=lambda cfg: " ".join(map(str, plans.describe(cfg))))
 def test_every_lesson_schedule_matches_sdpa(causal, cfg):
     device = tourkit.detect_device()
-    if (cfg["kind"] in ("async", "persistent") or cfg["block_M"] == 64) and device.family != "hopper":
+    if (cfg["kind"] != "pipelined" or cfg["block_M"] == 64) and device.family != "hopper":
         pytest.skip("wgmma is Hopper-only")
-    if cfg["kind"] == "persistent" and causal and cfg["block_M"] != cfg["block_N"]:
+    if cfg["kind"].startswith("persistent") and causal and cfg["block_M"] != cfg["block_N"]:
         pytest.skip("the persistent walk takes causal problems in square tiles")
     for dims in SCHEDULE_PROBLEMS:
         if cfg.get("blocks_per_sm") == 3 and dims[3] != 64:
