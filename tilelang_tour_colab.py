@@ -164,6 +164,8 @@ heaviest-first blocks fill a tail that equal pairs cannot) over short walks, or 
 a few rounds of pairs.
 """
 
+from types import SimpleNamespace
+
 import tilelang.language as T
 
 from sections import attention_plans as plans
@@ -179,39 +181,55 @@ def causal_pair_step(n: int, unit, step, select):
     return select(in_first, first - 1, n - 1 - unit), select(in_first, step, step - first)
 
 
-def flash_attention_persistent(batch: int, heads: int, seq_len: int, dim: int, causal: bool = False, *,
-                               block_M: int = 128, block_N: int = 128, num_stages: int = 2, threads: int = 256,
-                               workers: int = plans.DEFAULT_SMS, dtype: str = "float16", kv_heads: int | None = None,
-                               blocks_per_sm: int = 1):
-    """`workers` blocks take units w, w + workers, ... (full: one query tile of block_M rows of one batch and
-    head; causal: a pair of them, block_M == block_N), all their key steps in one T.Pipelined loop."""
+def walk_layout(batch: int, heads: int, seq_len: int, dim: int, causal: bool, block_M: int, block_N: int,
+                workers: int, kv_heads: int | None):
+    """What both walks derive from the problem: the tensors' shapes, the lesson's key-step macros, the units
+    (full: one query tile of block_M rows of one batch and head; causal: a pair of them, block_M == block_N),
+    the key steps of one unit, the workers, and tile_of(w, step): (query tile, head, batch, key tile) of a
+    worker's step."""
     if causal and block_M != block_N:
         raise ValueError("flash_attention_persistent: causal pairs need square tiles (block_M == block_N)")
     shape, kv_shape, groups = plans.shapes(batch, heads, seq_len, dim, kv_heads)
-    n_tiles, n_query_blocks, _, online_softmax, finish = lesson.kernel_steps(seq_len, dim, block_M, block_N, causal,
-                                                                             seq_len % block_N != 0)
-    n = n_query_blocks
+    n_tiles, n, _, online_softmax, finish = lesson.kernel_steps(seq_len, dim, block_M, block_N, causal,
+                                                                seq_len % block_N != 0)
     per_head = (n + 1) // 2 if causal else n  # units of one (batch, head)
     walk = n + 1 - n % 2 if causal else n_tiles  # key steps of one unit
     units = per_head * heads * batch
     workers = min(workers, units)
 
+    def tile_of(w, step):
+        t = step // walk * workers + w  # worker w takes units w, w + workers, ...
+        # neighbouring blocks take neighbouring units of one head: its K and V stay in L2
+        by, bz = t // per_head % heads, t // (per_head * heads)
+        bx, k = (causal_pair_step(n, t % per_head, step % walk, T.if_then_else) if causal
+                 else (t % per_head, step % walk))
+        return bx, by, bz, k
+
+    return SimpleNamespace(shape=shape, kv_shape=kv_shape, groups=groups, n_tiles=n_tiles, units=units, walk=walk,
+                           workers=workers, online_softmax=online_softmax, finish=finish, tile_of=tile_of)
+
+
+def flash_attention_persistent(batch: int, heads: int, seq_len: int, dim: int, causal: bool = False, *,
+                               block_M: int = 128, block_N: int = 128, num_stages: int = 2, threads: int = 256,
+                               workers: int = plans.DEFAULT_SMS, dtype: str = "float16", kv_heads: int | None = None,
+                               blocks_per_sm: int = 1):
+    """`workers` blocks take units w, w + workers, ... (walk_layout), all their key steps in one T.Pipelined
+    loop."""
+    plan = walk_layout(batch, heads, seq_len, dim, causal, block_M, block_N, workers, kv_heads)
+    online_softmax, finish, groups = plan.online_softmax, plan.finish, plan.groups
+
     @T.prim_func
-    def flash_attention_persistent(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype),
-                                   V: T.Tensor(kv_shape, dtype), O: T.Tensor(shape, dtype)):
-        with T.Kernel(workers, threads=threads) as w:
+    def flash_attention_persistent(Q: T.Tensor(plan.shape, dtype), K: T.Tensor(plan.kv_shape, dtype),
+                                   V: T.Tensor(plan.kv_shape, dtype), O: T.Tensor(plan.shape, dtype)):
+        with T.Kernel(plan.workers, threads=threads) as w:
             Q_s, K_s, V_s, O_s, scores, probs, acc_o, m, m_prev, rescale, row_sum, l = lesson.alloc_buffers(
                 block_M, block_N, dim, dtype)
             if blocks_per_sm > 1:  # as in the lesson's grid: registers split between the blocks of an SM
                 T.annotate_min_blocks_per_sm(blocks_per_sm)
                 T.annotate_producer_reg_dealloc(24)
                 T.annotate_consumer_reg_alloc(plans.register_split(blocks_per_sm, threads))
-            for step in T.Pipelined(T.ceildiv(units - w, workers) * walk, num_stages=num_stages):
-                t = step // walk * workers + w
-                # neighbouring blocks take neighbouring units of one head: its K and V stay in L2
-                by, bz = t // per_head % heads, t // (per_head * heads)
-                bx, k = (causal_pair_step(n, t % per_head, step % walk, T.if_then_else) if causal
-                         else (t % per_head, step % walk))
+            for step in T.Pipelined(T.ceildiv(plan.units - w, plan.workers) * plan.walk, num_stages=num_stages):
+                bx, by, bz, k = plan.tile_of(w, step)
                 # Q at every step (from L2 after the first): the pipeline stages unconditional copies only; one
                 # under `if k == 0` would be the consumers' own, outside the pipeline's barriers, and races.
                 T.copy(Q[bz, bx * block_M:(bx + 1) * block_M, by, :], Q_s)
@@ -227,7 +245,7 @@ def flash_attention_persistent(batch: int, heads: int, seq_len: int, dim: int, c
                     acc_o[i, j] *= rescale[i]
                 T.copy(V[bz, k * block_N:(k + 1) * block_N, by // groups, :], V_s)
                 T.gemm(probs, V_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
-                if k == (bx if causal else n_tiles - 1):  # a tile's last key step
+                if k == (bx if causal else plan.n_tiles - 1):  # a tile's last key step
                     finish(O, O_s, acc_o, l, bx, by, bz)
 
     return flash_attention_persistent
@@ -242,33 +260,18 @@ def flash_attention_persistent_async(batch: int, heads: int, seq_len: int, dim: 
     iteration a tile for its last P·V; walking, a tile's last P·V runs in the next tile's first step, and a
     worker pays one extra step in all. At a tile's first step the row state restarts (m = -inf, so the
     rescale is 0 and O clears) once the last tile's O, completed by that P·V, is divided by its l and stored."""
-    if causal and block_M != block_N:
-        raise ValueError("flash_attention_persistent: causal pairs need square tiles (block_M == block_N)")
-    shape, kv_shape, groups = plans.shapes(batch, heads, seq_len, dim, kv_heads)
-    n_tiles, n, _, online_softmax, finish = lesson.kernel_steps(seq_len, dim, block_M, block_N, causal,
-                                                                seq_len % block_N != 0)
-    per_head = (n + 1) // 2 if causal else n
-    walk = n + 1 - n % 2 if causal else n_tiles
-    units = per_head * heads * batch
-    workers = min(workers, units)
-
-    def tile_of(w, j):
-        """(bx, by, bz, k) of this worker's step j: query tile, head, batch, key tile."""
-        t = j // walk * workers + w
-        by, bz = t // per_head % heads, t // (per_head * heads)
-        bx, k = (causal_pair_step(n, t % per_head, j % walk, T.if_then_else) if causal
-                 else (t % per_head, j % walk))
-        return bx, by, bz, k
+    plan = walk_layout(batch, heads, seq_len, dim, causal, block_M, block_N, workers, kv_heads)
+    online_softmax, finish, groups, tile_of = plan.online_softmax, plan.finish, plan.groups, plan.tile_of
 
     @T.prim_func
-    def flash_attention_persistent_async(Q: T.Tensor(shape, dtype), K: T.Tensor(kv_shape, dtype),
-                                         V: T.Tensor(kv_shape, dtype), O: T.Tensor(shape, dtype)):
-        with T.Kernel(workers, threads=threads) as w:
+    def flash_attention_persistent_async(Q: T.Tensor(plan.shape, dtype), K: T.Tensor(plan.kv_shape, dtype),
+                                         V: T.Tensor(plan.kv_shape, dtype), O: T.Tensor(plan.shape, dtype)):
+        with T.Kernel(plan.workers, threads=threads) as w:
             Q_s, K_s, V_s, O_s, scores, probs, acc_o, m, m_prev, rescale, row_sum, l = lesson.alloc_buffers(
                 block_M, block_N, dim, dtype)
             l_done = T.alloc_fragment((block_M,), lesson.ACCUM)  # the finished tile's row sums
             touch = T.alloc_local((1,), dtype)
-            steps = T.ceildiv(units - w, workers) * walk
+            steps = T.ceildiv(plan.units - w, plan.workers) * plan.walk
             T.fill(acc_o, 0)
             T.fill(probs, 0)
             T.fill(l, 0)
