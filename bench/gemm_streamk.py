@@ -1,5 +1,6 @@
-"""An experiment: stream-K, the lesson's GEMM for problems whose tiles leave SMs idle (bench/gemm_streamk_probe.py
-times it; BENCHMARKS.md has why the rule does not take it: correct, but slower than the rule's pick so far).
+"""An experiment: stream-K, the lesson's GEMM for problems whose tiles leave SMs idle
+(bench/gemm_experiments_probe.py times it; BENCHMARKS.md has why the rule does not take it: correct, but slower
+than the rule's pick so far).
 
 2500x1000x3000 in 128x256 tiles is 80 blocks on 132 SMs: 52 SMs idle for the whole kernel. Smaller tiles make
 more blocks but do less work per byte loaded; a split K makes whole extra waves. Stream-K cuts the problem along

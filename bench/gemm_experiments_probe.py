@@ -1,11 +1,14 @@
-"""Probe: a stream-K GEMM (bench/gemm_streamk.py) beside the rule's pick and cuBLAS.
+"""Probe: the GEMM experiments (bench/gemm_streamk.py, bench/gemm_multicast.py) beside the rule's pick and cuBLAS.
 
-For each shape: compile stream-K at a few tiles and the rule's pick (gemm_plans.plan_problem), validate each
-against a float32 reference after several calls (the arrival counters must reset themselves), then time them
-in turns with cuBLAS (torch.matmul). Prints one table per shape.
+For each shape: compile the kernels named by --kernels and the rule's pick (gemm_plans.plan_problem), validate
+each against a float32 reference after several calls (stream-K's arrival counters must reset themselves), then
+time them in turns with cuBLAS (torch.matmul). Prints one table per shape.
 
-    python bench/gemm_streamk_probe.py [--shapes 2500x1000x3000,1000x1000x1000] [--tiles 128x256:3,128x128:5]
-    (on the device: bash .device/run python bench/gemm_streamk_probe.py)
+    --kernels sk:128x256:3         stream-K, 128x256 tiles, 3 stages
+              mc:128x192:4:A       2-block clusters sharing A (B: along M, sharing B) by TMA multicast
+              ws:128x192:4         the appendix's hand-written kernel, one tile a block (the same ring, no cluster)
+    python bench/gemm_experiments_probe.py [--shapes 2500x1000x3000] [--kernels mc:128x192:4:A,ws:128x192:4]
+    (on the device: bash .device/run python bench/gemm_experiments_probe.py)
 """
 
 import argparse
@@ -24,21 +27,33 @@ from sections import gemm_plans as P  # noqa: E402
 SHAPES = ["2500x1000x3000", "1000x1000x1000", "1200x1200x1200", "640x5120x5120", "2304x4608x2304",
           "512x4096x8192", "1536x1536x1536", "2048x2048x2048", "3000x3000x3000", "2000x3000x4000",
           "128x4096x11008", "4096x4096x1024", "1920x1280x2560"]
-TILES = "128x256:3,128x128:5,128x192:4"
+KERNELS = "mc:128x192:4:A,ws:128x192:4,sk:128x128:5"
 
 
-def streamk_config(text: str, sms: int) -> P.GemmConfig:
-    """BMxBN:STAGES (FullRow warps below 256 columns, as the rule's 128x128 tile)."""
-    dims, stages = text.split(":")
+def parse_kernel(text: str, sms: int):
+    """(label, kind, config or arguments) of one --kernels item."""
+    kind, dims, stages, *rest = text.split(":")
     bm, bn = (int(v) for v in dims.split("x"))
-    return P.GemmConfig(bm, bn, 64, int(stages), 256, True, policy="Square" if bn == 256 else "FullRow",
-                        persistent=sms)
+    if kind == "sk":  # FullRow warps below 256 columns, as the rule's 128x128 tile
+        config = P.GemmConfig(bm, bn, 64, int(stages), 256, True, policy="Square" if bn == 256 else "FullRow",
+                              persistent=sms)
+        return f"stream-K {bm}x{bn}, {stages} stages", kind, config
+    if kind == "mc":
+        share = rest[0] if rest else "A"
+        return (f"multicast {bm}x{bn}, {stages} stages, sharing {share}", kind,
+                dict(block_M=bm, block_N=bn, num_stages=int(stages), share=share))
+    if kind == "ws":
+        from sections.hopper.gemm_ws import WsConfig
+
+        return (f"appendix ws {bm}x{bn}, {stages} stages, a tile a block", kind,
+                WsConfig(bm, bn, 64, int(stages), 256, True, store_buffers=bn // 64))
+    raise ValueError(f"unknown kernel kind {kind!r} in {text!r} (sk, mc, ws)")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=",".join(SHAPES))
-    parser.add_argument("--tiles", default=TILES)
+    parser.add_argument("--kernels", default=KERNELS)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--budget-s", type=float, default=400)
     parser.add_argument("--no-handoff", action="store_true",
@@ -50,6 +65,7 @@ def main():
 
     import tourkit
     from sections import gemm_schedules as G
+    import gemm_multicast as MC
     import gemm_streamk as S
 
     start = time.time()
@@ -57,15 +73,15 @@ def main():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     smem = 227 * 1024
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    configs = [streamk_config(t, sms) for t in args.tiles.split(",")]
+    kernels = [parse_kernel(t, sms) for t in args.kernels.split(",")]
 
     def build(M, N, K):
         plan = P.plan_problem(M, N, K, "hopper", sms, smem)
         jobs = {f"rule: {plan.config.label()}": ("plan", plan)}
-        for c in configs:
-            jobs[f"stream-K {c.block_M}x{c.block_N}, {c.num_stages} stages"] = ("sk", c)
-            if args.no_handoff:
-                jobs[f"stream-K {c.block_M}x{c.block_N}, no hand-off (wrong sums)"] = ("skx", c)
+        for label, kind, what in kernels:
+            jobs[label] = (kind, what)
+            if kind == "sk" and args.no_handoff:
+                jobs[label + ", no hand-off (wrong sums)"] = ("skx", what)
 
         def one(item):
             label, (kind, what) = item
@@ -73,6 +89,17 @@ def main():
                 return label, G.launcher({G.kernel_name(what, part): tilelang.compile(
                     prog, out_idx=None, target="cuda", pass_configs=what.pass_configs(part))
                     for part, prog in what.programs().items()}, what)
+            if kind == "mc":
+                try:
+                    program = MC.multicast_program(M, N, K, **what)
+                except ValueError as exc:  # no pairs of tiles along that axis: not a contender here
+                    print(f"{M}x{N}x{K}: {label}: {exc}", flush=True)
+                    return label, None
+                return label, tilelang.compile(program, out_idx=None, target="cuda")
+            if kind == "ws":
+                from sections.hopper.gemm_ws import compile_appendix
+
+                return label, compile_appendix(M, N, K, what)
             kernel = tilelang.compile(S.streamk_program(M, N, K, what, handoff=kind == "sk"), out_idx=None,
                                       target="cuda")
             shapes_ = S.workspace_shapes(M, N, K, what)
@@ -81,7 +108,7 @@ def main():
             return label, (lambda a, b, c: kernel(a, b, c, partials, counters))
 
         with ThreadPoolExecutor(8) as pool:
-            return plan, dict(pool.map(one, jobs.items()))
+            return plan, {label: fn for label, fn in pool.map(one, jobs.items()) if fn is not None}
 
     with ThreadPoolExecutor(1) as ahead:
         futures = [ahead.submit(build, *s) for s in shapes]
