@@ -24,7 +24,7 @@ No block waits on another (the last to arrive does the sum), so the kernel canno
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
 import tilelang.language as T
 
-from sections.gemm_plans import PRODUCER_REGISTERS, consumer_registers, epilogue_macro
+from sections.gemm_schedules import tile_of
 
 
 def units_of(M: int, N: int, K: int, config) -> tuple[int, int, int, int]:
@@ -70,45 +70,40 @@ def segments(M: int, N: int, K: int, config) -> list[tuple[int, int, int, int]]:
     return out
 
 
-def streamk_program(M: int, N: int, K: int, config, *, bias: bool = False, activation: str | None = None,
-                    dtype: str = "float16", accum_dtype: str = "float32", handoff: bool = True):
-    """C = activation(A @ B + Bias), `config.persistent` blocks walking equal runs of (tile, K step) units.
+def streamk_program(M: int, N: int, K: int, config, *, dtype: str = "float16", accum_dtype: str = "float32",
+                    handoff: bool = True):
+    """C = A @ B, `config.persistent` blocks walking equal runs of (tile, K step) units (two consumer warpgroups).
     handoff=False: every piece stores its own sum as the tile (wrong where tiles are shared): the walk's speed
     without the partials' round trip, for the probe."""
     bM, bN, bK = config.block_M, config.block_N, config.block_K
     policy = getattr(T.GemmWarpPolicy, config.policy)
     m_tiles, n_tiles = -(-M // bM), -(-N // bN)
     tiles, steps, units, workers = units_of(M, N, K, config)
-    epilogue = epilogue_macro(bM, bN, bias, activation)
     panel = min(config.panel if config.swizzle else 1, m_tiles)
     workspace = workspace_shapes(M, N, K, config)
     partials_shape, counters_shape = workspace["partials"], workspace["counters"]
 
     @T.macro
-    def body(A, B, Bias, C, Partials, Counters):
+    def body(A, B, C, Partials, Counters):
         with T.Kernel(workers, threads=config.threads) as w:
             A_shared = T.alloc_shared((bM, bK), dtype)
             B_shared = T.alloc_shared((bK, bN), dtype)
             C_local = T.alloc_fragment((bM, bN), accum_dtype)
             C_shared = T.alloc_shared((bM, bN), dtype)
-            Bias_shared = T.alloc_shared((bN,), dtype) if bias else None
             last = T.alloc_shared((1,), "int32")
             slot = T.alloc_local((1,), "int32")  # a workspace index worked out once, not per element
-            if config.threads > 256:
-                T.annotate_producer_reg_dealloc(PRODUCER_REGISTERS)
-                T.annotate_consumer_reg_alloc(consumer_registers(config.threads))
             tx = T.get_thread_binding()
             begin, end = run_begin(w, units, workers), run_begin(w + 1, units, workers)
             # One pipelined loop over the run's units, as the persistent walk: the next tile's loads fly
             # while this one is handed in.
             for step in T.Pipelined(end - begin, num_stages=config.num_stages):
                 t, k = (begin + step) // steps, (begin + step) % steps
-                by, bx = tile_rows_cols(t, m_tiles, n_tiles, panel)
+                by, bx = tile_of(t, m_tiles, n_tiles, panel, T.min, T.max)
                 T.copy(A[by * bM, k * bK], A_shared)
                 T.copy(B[k * bK, bx * bN], B_shared)
                 T.gemm(A_shared, B_shared, C_local, policy=policy, clear_accum=k == 0 or step == 0)
                 if k == steps - 1 or step == end - begin - 1:  # the end of this block's part of tile t
-                    whole = begin + step - k >= begin and k == steps - 1
+                    whole = begin + step - k >= begin and k == steps - 1  # the run holds the tile's first K step too
                     if handoff and not whole:  # a shared tile: hand in this block's part, and see who is last
                         slot[0] = partial_slot(w, t, steps, units, workers, T.if_then_else)
                         T.copy(C_local, Partials[slot[0], 0, 0])
@@ -129,31 +124,12 @@ def streamk_program(M: int, N: int, K: int, config, *, bias: bool = False, activ
                             if tx == 0:
                                 Counters[t] = 0  # ready for the next call
                     if not handoff or whole or last[0] == 1:  # the whole K loop was this block's, or it arrived last
-                        if bias:
-                            T.copy(Bias[bx * bN], Bias_shared)
-                        epilogue(C_local, Bias_shared)
                         T.copy(C_local, C_shared)
                         T.copy(C_shared, C[by * bM, bx * bN])
-
-    if bias:
-        @T.prim_func
-        def streamk_bias(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), Bias: T.Tensor((N,), dtype),
-                         C: T.Tensor((M, N), dtype), Partials: T.Tensor(partials_shape, accum_dtype),
-                         Counters: T.Tensor(counters_shape, "int32")):
-            body(A, B, Bias, C, Partials, Counters)
-
-        return streamk_bias
 
     @T.prim_func
     def streamk(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype),
                 Partials: T.Tensor(partials_shape, accum_dtype), Counters: T.Tensor(counters_shape, "int32")):
-        body(A, B, None, C, Partials, Counters)
+        body(A, B, C, Partials, Counters)
 
     return streamk
-
-
-def tile_rows_cols(t, m_tiles: int, n_tiles: int, panel: int):
-    """(tile row, tile column) of tile t, down panels of `panel` tile rows (the persistent walk's order)."""
-    from sections.gemm_schedules import tile_of
-
-    return tile_of(t, m_tiles, n_tiles, panel, T.min, T.max)
