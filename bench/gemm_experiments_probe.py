@@ -7,6 +7,9 @@ time them in turns with cuBLAS (torch.matmul). Prints one table per shape.
     --kernels sk:128x256:3         stream-K, 128x256 tiles, 3 stages
               mc:128x192:4:A       2-block clusters sharing A (B: along M, sharing B) by TMA multicast
               ws:128x192:4         the appendix's hand-written kernel, one tile a block (the same ring, no cluster)
+              ws:128x192:4:pairs   ... in clusters of two blocks along M sharing B (WsConfig.pairs)
+              appendix             the appendix's schedule for the shape (gemm_ws.appendix_schedule)
+              appendix:pairs       that schedule's tile in clusters of two sharing B, one tile a block
     python bench/gemm_experiments_probe.py [--shapes 2500x1000x3000] [--kernels mc:128x192:4:A,ws:128x192:4]
     (on the device: bash .device/run python bench/gemm_experiments_probe.py)
 """
@@ -16,6 +19,7 @@ import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 for path in (ROOT, os.path.join(ROOT, "bench")):
@@ -31,7 +35,9 @@ KERNELS = "mc:128x192:4:A,ws:128x192:4,sk:128x128:5"
 
 
 def parse_kernel(text: str, sms: int):
-    """(label, kind, config or arguments) of one --kernels item."""
+    """(label, kind, config or arguments) of one --kernels item; "appendix" items are resolved per shape."""
+    if text.split(":")[0] == "appendix":
+        return text, "appendix", text.endswith(":pairs")
     kind, dims, stages, *rest = text.split(":")
     bm, bn = (int(v) for v in dims.split("x"))
     if kind == "sk":  # FullRow warps below 256 columns, as the rule's 128x128 tile
@@ -45,8 +51,9 @@ def parse_kernel(text: str, sms: int):
     if kind == "ws":
         from sections.hopper.gemm_ws import WsConfig
 
-        return (f"appendix ws {bm}x{bn}, {stages} stages, a tile a block", kind,
-                WsConfig(bm, bn, 64, int(stages), 256, True, store_buffers=bn // 64))
+        pairs = rest == ["pairs"]
+        return (f"appendix ws {bm}x{bn}, {stages} stages, a tile a block{', pairs' if pairs else ''}", kind,
+                WsConfig(bm, bn, 64, int(stages), 256, True, store_buffers=bn // 64, pairs=pairs))
     raise ValueError(f"unknown kernel kind {kind!r} in {text!r} (sk, mc, ws)")
 
 
@@ -96,9 +103,14 @@ def main():
                     print(f"{M}x{N}x{K}: {label}: {exc}", flush=True)
                     return label, None
                 return label, tilelang.compile(program, out_idx=None, target="cuda")
-            if kind == "ws":
-                from sections.hopper.gemm_ws import compile_appendix
+            if kind in ("ws", "appendix"):
+                from sections.hopper.gemm_ws import appendix_schedule, compile_appendix
 
+                if kind == "appendix":
+                    config = appendix_schedule(M, N, K, sms)
+                    if what:  # its tile, one a block, in cluster pairs
+                        config = replace(config, persistent=0, even_rounds=False, pairs=True)
+                    what = config
                 return label, compile_appendix(M, N, K, what)
             kernel = tilelang.compile(S.streamk_program(M, N, K, what, handoff=kind == "sk"), out_idx=None,
                                       target="cuda")

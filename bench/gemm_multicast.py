@@ -47,6 +47,7 @@ def multicast_program(M: int, N: int, K: int, block_M: int = 128, block_N: int =
             full = T.alloc_barrier([PRODUCER] * num_stages)  # the producer's arrivals and the bytes landed
             empty = T.alloc_barrier([2 * CONSUMERS] * num_stages)  # both blocks' consumers released the stage
             partner = 1 - T.block_rank_in_cluster()
+            T.cluster_sync()  # the partner's loads and arrivals reach this block's barriers: both set up first
             tid = T.get_thread_binding()
             if tid >= CONSUMERS:
                 T.set_max_nreg(REGISTERS[0], 0)

@@ -14,7 +14,8 @@ from sections.hopper import gemm_ws
 APPENDIX = gemm_ws.appendix_schedule(8192, 8192, 8192, 132)
 ONE_TILE = gemm_ws.WsConfig(128, 256, 64, 4, 256, True)
 STRIPS2 = gemm_ws.WsConfig(128, 256, 64, 4, 256, True, persistent=132, store_buffers=2, even_rounds=True)
-LOWERED = [(APPENDIX, False), (APPENDIX, True), (ONE_TILE, False), (STRIPS2, True)]
+PAIRS = gemm_ws.WsConfig(128, 192, 64, 4, 256, True, store_buffers=3, pairs=True)
+LOWERED = [(APPENDIX, False), (APPENDIX, True), (ONE_TILE, False), (STRIPS2, True), (PAIRS, True)]
 
 
 @pytest.fixture(scope="module", params=LOWERED, ids=lambda p: f"{p[0].label()}{' +bias+gelu' if p[1] else ''}")
@@ -120,6 +121,33 @@ def test_even_rounds_run_the_fewest_blocks_that_take_no_more_rounds_of_tiles():
     assert report.grid[0] == 128  # the lowered kernel launches that grid
 
 
+def test_pair_tiles_cover_every_tile_once_and_a_cluster_shares_its_column():
+    for m_tiles, n_tiles, panel in ((20, 6, 8), (9, 5, 8), (1, 3, 8), (7, 1, 1), (13, 11, 10)):
+        rows = 2 * -(-m_tiles // 2)  # the grid's tile rows: odd counts get one row past the end
+        tiles = {(bx, by): gemm_ws.pair_tile(bx, by, m_tiles, n_tiles, panel) for by in range(rows)
+                 for bx in range(n_tiles)}
+        assert sorted(tiles.values()) == [(m, n) for m in range(rows) for n in range(n_tiles)]
+        for (bx, by), (m, n) in tiles.items():
+            if by % 2 == 0:  # the cluster's first block: its partner takes the next row of the same column
+                assert tiles[(bx, by + 1)] == (m + 1, n) and m % 2 == 0
+    # panel order: the first panel's pairs run down a column before moving right
+    assert [gemm_ws.pair_tile(bx, 0, 20, 6, 8) for bx in range(5)] == [(0, 0), (2, 0), (4, 0), (6, 0), (0, 1)]
+
+
+def test_pairs_multicast_b_and_free_each_stage_in_both_blocks():
+    report = tourkit.inspect_kernel("ws", gemm_ws.appendix_program(1100, 1032, 1000, PAIRS), "sm_90a", nvcc=False)
+    source = report.source
+    assert tuple(report.grid) == (6, 10, 1)  # 9 tile rows: 5 pairs, the last one's second row past the end
+    assert source.count("tma_load_multicast(B_desc") == 1 and "tma_load_multicast(A_desc" not in source
+    assert all(f"empty[{s}].init(512)" in source for s in range(4))  # both blocks' 256 consumers free a stage
+    assert source.count(".arrive((1 - tl::block_rank_in_cluster()))") == 2  # in the loop, and the last stage
+    # the blocks meet after their barriers are set up (the partner's loads land in them) and before they exit
+    assert source.count("tl::cluster_sync()") == 2
+    assert source.index("fence_barrier_init") < source.index("tl::cluster_sync()") < source.index("reg_dealloc")
+    with pytest.raises(ValueError, match="one tile a block"):
+        gemm_ws.appendix_program(1024, 1024, 1024, dataclasses.replace(PAIRS, persistent=132))
+
+
 # GPU: the ring's phases across tiles need blocks that walk many tiles: 5 blocks on the 32 tiles of 1000^3; even
 # rounds that shrink the grid: 12 blocks take 3 rounds, so 11 run (10 of them 3 tiles, one 2).
 ODD_SIZES = [(1000, 1000, 1000), (1001, 1032, 1000)]
@@ -171,3 +199,23 @@ def check_on_odd_size(kernel, M: int, N: int, K: int, activation, name: str) -> 
         launch, ref = (lambda: kernel(a, b, c)), reference(a, b)
     check = tourkit.validate(f"{name} {M}x{N}x{K}", launch, c, ref, 5e-3)
     assert check.passed, check.line()
+
+
+# Cluster pairs: an odd number of tile rows (the last pair's second block past the end) and a long K over
+# one wave of pairs.
+PAIR_SIZES = [(1100, 1032, 1000), (2500, 1000, 3000)]
+PAIR_KERNELS = [PAIRS, gemm_ws.WsConfig(128, 128, 64, 4, 256, True, store_buffers=2, pairs=True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", PAIR_KERNELS, ids=lambda c: c.label())
+@pytest.mark.parametrize("M,N,K", PAIR_SIZES)
+@pytest.mark.parametrize("epilogue", [False, True])
+def test_cluster_pairs_validate_on_odd_sizes(config, M, N, K, epilogue):
+    device = tourkit.detect_device()
+    if device.arch != "sm_90a":
+        pytest.skip("the hand-written warp-specialized kernel is Hopper-only")
+    activation = "gelu" if epilogue else None
+    kernel = gemm_ws.compile_appendix(M, N, K, config, bias=epilogue, activation=activation)
+    for _ in range(3):  # a stage freed in one block only would show as a race over repeated calls
+        check_on_odd_size(kernel, M, N, K, activation, config.label())

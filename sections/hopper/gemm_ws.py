@@ -16,7 +16,12 @@ the tensor cores idle between K steps. Here the same roles are written out, as C
   panel order, the ring's phases carrying on across tiles, so the producer loads the next tile while the
   consumers run the epilogue; with even rounds, on the fewest blocks that need no more rounds (`persistent_grid`);
 * the store staged through shared memory in block_M x 64 strips by TMA, or the whole tile at once, which
-  TileLang writes with stmatrix (`store_buffers`).
+  TileLang writes with stmatrix (`store_buffers`);
+* or, one tile a block, clusters of two blocks on neighbouring tile rows (`pairs`): both need the same B tile at
+  every K step, so the cluster's first block loads it once into both blocks' shared memory (TMA multicast,
+  `cluster_mask`), and a stage is free again only when the consumers of both blocks are done with it: each
+  consumer thread arrives on its own `empty` barrier and on its partner's (`T.ptx_arrive_cluster_barrier`).
+  Half of B's traffic from L2 is gone, which counts where that stream, not the tensor cores, sets the pace.
 
 The epilogue (bias, GELU) is the lesson's: sections/gemm_epilogue.py.
 """
@@ -39,7 +44,8 @@ class WsConfig:
     """One schedule of the hand-written kernel: threads / 128 consumer warpgroups, each owning block_M /
     warpgroups full rows of the tile (policy FullRow), plus a 128-thread producer warpgroup.
     persistent > 0: a persistent grid of that many blocks (one per SM), fewer with even_rounds.
-    store_buffers: shared block_M x 64 strips staging the store (block_N / 64: the whole tile)."""
+    store_buffers: shared block_M x 64 strips staging the store (block_N / 64: the whole tile).
+    pairs: one tile a block, blocks in clusters of two along M sharing each B tile by TMA multicast."""
 
     block_M: int
     block_N: int
@@ -52,6 +58,7 @@ class WsConfig:
     persistent: int = 0
     store_buffers: int = 1
     even_rounds: bool = False
+    pairs: bool = False
 
     @property
     def block_threads(self) -> int:
@@ -70,9 +77,14 @@ class WsConfig:
         strips = self.store_buffers * self.block_M * WS_STORE_BLOCK_N * dtype_bytes
         return pipeline + strips + 2 * stages * 8 + 1024 + self.block_N * dtype_bytes
 
-    def columns(self) -> dict:
-        grid = (f", persistent on {self.persistent} SMs" + (", even rounds" if self.even_rounds else "")
+    def grid_words(self) -> str:
+        if self.pairs:
+            return ", clusters of 2 sharing B"
+        return (f", persistent on {self.persistent} SMs" + (", even rounds" if self.even_rounds else "")
                 if self.persistent else "")
+
+    def columns(self) -> dict:
+        grid = self.grid_words()
         store = "whole-tile" if self.stages_whole_tile else f"{self.store_buffers}-strip"
         return {"kernel": f"hand-written ws{grid}", "tile": f"{self.block_M}x{self.block_N}x{self.block_K}",
                 "stages": self.num_stages, "threads": f"{self.threads}+128",
@@ -80,8 +92,7 @@ class WsConfig:
                 "policy": f"{self.policy}, {store} store"}
 
     def label(self) -> str:
-        grid = (f", persistent on {self.persistent} SMs" + (", even rounds" if self.even_rounds else "")
-                if self.persistent else "")
+        grid = self.grid_words()
         c = self.columns()
         return (f"hand-written ws {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}, "
                 f"{c['policy']}{grid}")
@@ -121,6 +132,8 @@ def check_ws(config: WsConfig) -> None:
         problems.append(f"policy={config.policy!r} must be 'FullRow' (each warpgroup owns full rows)")
     if config.even_rounds and config.persistent <= 0:
         problems.append("even_rounds is for the persistent kernel only")
+    if config.pairs and config.persistent:
+        problems.append("pairs (clusters of two blocks) take one tile a block, not a persistent grid")
     if config.block_N % WS_STORE_BLOCK_N:
         problems.append(f"block_N={config.block_N} must be a multiple of the {WS_STORE_BLOCK_N}-column store strips")
     strips = max(1, config.block_N // WS_STORE_BLOCK_N)
@@ -140,14 +153,16 @@ def ws_register_split(consumers: int, persistent: bool) -> tuple[int, int]:
     return producer, consumer
 
 
-def ws_pipeline(block_M: int, block_N: int, block_K: int, k_steps, num_stages: int):
+def ws_pipeline(block_M: int, block_N: int, block_K: int, k_steps, num_stages: int, pairs: bool = False):
     """The ring of the hand-written kernels: (stage_of, produce_tile, consume_tile).
 
     stage_of(step): a k-step's slot in the ring and the parity of its round (the n-th completion of a
     stage's barrier is phase n, parity n & 1). produce_tile: the producer's TMA loads of one output tile.
     consume_tile: the consumers' wgmma batches of one tile, one batch kept in flight. `first_step` counts
-    the k-steps this block went through before the tile, so the ring's phases carry on across tiles."""
+    the k-steps this block went through before the tile, so the ring's phases carry on across tiles.
+    With `pairs` the B tile is multicast to both blocks of a 2-block cluster and a stage goes back in both."""
     policy = T.GemmWarpPolicy.FullRow  # one m64nN wgmma per 16 of K per warpgroup: shared memory read least
+    b_mask = 0b11 if pairs else None  # the cluster's first block issues one load for both; each expects the bytes
 
     def stage_of(step):
         return step % num_stages, (step // num_stages) & 1
@@ -155,6 +170,8 @@ def ws_pipeline(block_M: int, block_N: int, block_K: int, k_steps, num_stages: i
     @T.macro
     def give_back(empty, step):
         T.mbarrier_arrive(empty[stage_of(step)[0]])
+        if pairs:  # the partner's copy of B in this stage came from the same load: it waits for us too
+            T.ptx_arrive_cluster_barrier(empty[stage_of(step)[0]], 1 - T.block_rank_in_cluster())
 
     @T.macro
     def produce_tile(A, B, A_s, B_s, full, empty, m, n, first_step):
@@ -168,7 +185,7 @@ def ws_pipeline(block_M: int, block_N: int, block_K: int, k_steps, num_stages: i
             T.tma_copy(A[m * block_M:(m + 1) * block_M, k * block_K:(k + 1) * block_K], A_s[stage, :, :],
                        barrier=full[stage])
             T.tma_copy(B[k * block_K:(k + 1) * block_K, n * block_N:(n + 1) * block_N], B_s[stage, :, :],
-                       barrier=full[stage])
+                       barrier=full[stage], cluster_mask=b_mask)
             T.mbarrier_arrive(full[stage])
 
     @T.macro
@@ -206,6 +223,19 @@ def persistent_grid(config, tiles: int) -> int:
     return -(-tiles // rounds)
 
 
+def pair_tile(bx, by, m_tiles, n_tiles, panel: int, minimum=min):
+    """(m, n) of block (bx, by) of a grid of cluster pairs (WsConfig.pairs): the pairs, two tile rows by one
+    column, go in panel order (panel / 2 pair rows a panel, down a column then to the next), and the cluster's
+    two blocks (by even, odd) take the pair's two rows. With an odd number of tile rows the last pair's second
+    row is past the end: it loads zeros and stores nothing (TMA clips both). `minimum`: T.min in a kernel."""
+    m_pairs, rows = (m_tiles + 1) // 2, max(1, panel // 2)
+    pair = (by // 2) * n_tiles + bx
+    first_row = pair // (rows * n_tiles) * rows
+    height = minimum(rows, m_pairs - first_row)
+    within = pair % (rows * n_tiles)
+    return 2 * (first_row + within % height) + by % 2, within // height
+
+
 def tile_scheduler(m_tiles, n_tiles, config, workers: int):
     """The persistent kernels' tile order: `workers` blocks take every workers-th tile of a linear order that
     sweeps panels of `panel` tile rows for L2 reuse (the lesson's T.use_swizzle order)."""
@@ -226,8 +256,9 @@ def gemm_ws_body(M: int, N: int, K: int, config: WsConfig, bias: bool, activate,
     strips, store_buffers = bN // WS_STORE_BLOCK_N, config.store_buffers
     whole_tile = config.stages_whole_tile  # C staged as one block_M x block_N tile
     panel = config.panel if config.swizzle else 1
-    _, produce_tile, consume_tile = ws_pipeline(bM, bN, bK, k_steps, num_stages)
+    _, produce_tile, consume_tile = ws_pipeline(bM, bN, bK, k_steps, num_stages, config.pairs)
     producer_threads = 128  # those that run the producer loop and arrive on `full`
+    releasing = consumer_threads * (2 if config.pairs else 1)  # arrivals that free a stage: both blocks' in pairs
 
     @T.macro
     def produce_bias(Bias, Bias_s, bias_full, bias_empty, n, tile):
@@ -282,7 +313,7 @@ def gemm_ws_body(M: int, N: int, K: int, config: WsConfig, bias: bool, activate,
                 # full[s]: the producer threads' arrivals plus the TMA bytes; empty[s]: every consumer
                 # thread's arrival after its wgmma batch reading stage s is known finished.
                 T.alloc_barrier([producer_threads] * num_stages),
-                T.alloc_barrier([consumer_threads] * num_stages),
+                T.alloc_barrier([releasing] * num_stages),
                 # the bias tile: full when the producer's 128 arrived and its bytes landed; empty when every
                 # consumer thread has added it
                 T.alloc_shared((bN,), dtype), T.alloc_barrier([producer_threads]), T.alloc_barrier([consumer_threads]))
@@ -317,6 +348,26 @@ def gemm_ws_body(M: int, N: int, K: int, config: WsConfig, bias: bool, activate,
                 T.tma_store_wait(0)  # shared memory must outlive the stores reading it
 
     @T.macro
+    def cluster_pairs(A, B, Bias, C):
+        with T.Kernel(n_tiles, 2 * T.ceildiv(m_tiles, 2), threads=consumer_threads + 128,
+                      cluster_dims=(1, 2, 1)) as (bx, by):
+            A_s, B_s, C_s, C_local, full, empty, Bias_s, bias_full, bias_empty = buffers()
+            m, n = pair_tile(bx, by, m_tiles, n_tiles, panel, T.min)
+            # The partner's loads and arrivals reach this block's barriers: both blocks' barriers must be set up
+            # before either block starts.
+            T.cluster_sync()
+            tid = T.get_thread_binding()
+            if tid >= consumer_threads:
+                T.set_max_nreg(producer_regs, 0)
+                produce_one_tile(A, B, Bias, A_s, B_s, full, empty, Bias_s, bias_full, bias_empty, n, m)
+            else:
+                T.set_max_nreg(consumer_regs, 1)
+                consume_tile(A_s, B_s, C_local, full, empty, 0)
+                finish_tile(C, C_local, C_s, Bias_s, bias_full, bias_empty, m, n, 0)
+                T.tma_store_wait(0)
+            T.cluster_sync()  # neither block exits while its partner may still arrive on its barriers
+
+    @T.macro
     def persistent_blocks(A, B, Bias, C):
         with T.Kernel(blocks, threads=consumer_threads + 128) as block_id:
             A_s, B_s, C_s, C_local, full, empty, Bias_s, bias_full, bias_empty = buffers()
@@ -337,7 +388,7 @@ def gemm_ws_body(M: int, N: int, K: int, config: WsConfig, bias: bool, activate,
                     tiles.next_tile()
                 T.tma_store_wait(0)  # shared memory must outlive the stores reading it
 
-    return persistent_blocks if persistent else one_tile_per_block
+    return persistent_blocks if persistent else cluster_pairs if config.pairs else one_tile_per_block
 
 
 def appendix_program(M: int, N: int, K: int, config: WsConfig, *, bias: bool = False, activation: str | None = None,
