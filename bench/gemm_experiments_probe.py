@@ -9,7 +9,8 @@ time them in turns with cuBLAS (torch.matmul). Prints one table per shape.
               ws:128x192:4         the appendix's hand-written kernel, one tile a block (the same ring, no cluster)
               ws:128x192:4:pairs   ... in clusters of two blocks along M sharing B (WsConfig.pairs)
               appendix             the appendix's schedule for the shape (gemm_ws.appendix_schedule)
-              appendix:pairs       that schedule's tile in clusters of two sharing B, one tile a block
+              appendix:pairs       that schedule in clusters of two blocks sharing B (persistent pairs of tiles)
+              appendix:pairs1      that schedule's tile in clusters of two sharing B, one tile a block
     python bench/gemm_experiments_probe.py [--shapes 2500x1000x3000] [--kernels mc:128x192:4:A,ws:128x192:4]
     (on the device: bash .device/run python bench/gemm_experiments_probe.py)
 """
@@ -37,7 +38,7 @@ KERNELS = "mc:128x192:4:A,ws:128x192:4,sk:128x128:5"
 def parse_kernel(text: str, sms: int):
     """(label, kind, config or arguments) of one --kernels item; "appendix" items are resolved per shape."""
     if text.split(":")[0] == "appendix":
-        return text, "appendix", text.endswith(":pairs")
+        return text, "appendix", text.split(":")[1:]
     kind, dims, stages, *rest = text.split(":")
     bm, bn = (int(v) for v in dims.split("x"))
     if kind == "sk":  # FullRow warps below 256 columns, as the rule's 128x128 tile
@@ -108,7 +109,9 @@ def main():
 
                 if kind == "appendix":
                     config = appendix_schedule(M, N, K, sms)
-                    if what:  # its tile, one a block, in cluster pairs
+                    if what == ["pairs"]:
+                        config = replace(config, pairs=True, persistent=sms - sms % 2)
+                    elif what == ["pairs1"]:  # its tile, one a block, in cluster pairs
                         config = replace(config, persistent=0, even_rounds=False, pairs=True)
                     what = config
                 return label, compile_appendix(M, N, K, what)

@@ -144,8 +144,22 @@ def test_pairs_multicast_b_and_free_each_stage_in_both_blocks():
     # the blocks meet after their barriers are set up (the partner's loads land in them) and before they exit
     assert source.count("tl::cluster_sync()") == 2
     assert source.index("fence_barrier_init") < source.index("tl::cluster_sync()") < source.index("reg_dealloc")
-    with pytest.raises(ValueError, match="one tile a block"):
-        gemm_ws.appendix_program(1024, 1024, 1024, dataclasses.replace(PAIRS, persistent=132))
+    with pytest.raises(ValueError, match="even persistent grid"):
+        gemm_ws.appendix_program(1024, 1024, 1024, dataclasses.replace(PAIRS, persistent=131))
+
+
+def test_persistent_pairs_walk_pairs_of_tile_rows_in_clusters():
+    config = dataclasses.replace(PAIRS, persistent=132, even_rounds=True)
+    # 2500x1000x3000: 20 x 6 tiles, 60 pairs: one round of 60 clusters; 1100 rows: 9 tile rows, 5 pairs a column
+    assert gemm_ws.persistent_blocks_for(2500, 1000, config) == 120
+    assert gemm_ws.persistent_blocks_for(1100, 1032, config) == 60
+    # 4096^2: 16 pairs of tile rows x 22 columns, 352 pairs: 6 rounds on 66 clusters, so 59 clusters take them
+    assert gemm_ws.persistent_blocks_for(4096, 4096, config) == 2 * 59
+    report = tourkit.inspect_kernel("ws", gemm_ws.appendix_program(4096, 4096, 1024, config), "sm_90a", nvcc=False)
+    source = report.source
+    assert tuple(report.grid) == (118, 1, 1) and source.count("tl::cluster_sync()") == 2
+    assert source.count("tma_load_multicast(B_desc") == 1 and "empty[0].init(512)" in source
+    assert len(re.findall(r"\+ 59\);", source)) == 2  # producer and consumers stride by the 59 clusters
 
 
 # GPU: the ring's phases across tiles need blocks that walk many tiles: 5 blocks on the 32 tiles of 1000^3; even
@@ -204,7 +218,8 @@ def check_on_odd_size(kernel, M: int, N: int, K: int, activation, name: str) -> 
 # Cluster pairs: an odd number of tile rows (the last pair's second block past the end) and a long K over
 # one wave of pairs.
 PAIR_SIZES = [(1100, 1032, 1000), (2500, 1000, 3000)]
-PAIR_KERNELS = [PAIRS, gemm_ws.WsConfig(128, 128, 64, 4, 256, True, store_buffers=2, pairs=True)]
+PAIR_KERNELS = [PAIRS, gemm_ws.WsConfig(128, 128, 64, 4, 256, True, store_buffers=2, pairs=True),
+                dataclasses.replace(PAIRS, persistent=132, even_rounds=True), dataclasses.replace(PAIRS, persistent=6)]
 
 
 @pytest.mark.gpu

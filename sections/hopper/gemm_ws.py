@@ -27,7 +27,7 @@ The epilogue (bias, GELU) is the lesson's: sections/gemm_epilogue.py.
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import tilelang
 import tilelang.language as T
@@ -132,8 +132,8 @@ def check_ws(config: WsConfig) -> None:
         problems.append(f"policy={config.policy!r} must be 'FullRow' (each warpgroup owns full rows)")
     if config.even_rounds and config.persistent <= 0:
         problems.append("even_rounds is for the persistent kernel only")
-    if config.pairs and config.persistent:
-        problems.append("pairs (clusters of two blocks) take one tile a block, not a persistent grid")
+    if config.pairs and config.persistent % 2:
+        problems.append(f"pairs (clusters of two blocks) need an even persistent grid, not {config.persistent}")
     if config.block_N % WS_STORE_BLOCK_N:
         problems.append(f"block_N={config.block_N} must be a multiple of the {WS_STORE_BLOCK_N}-column store strips")
     strips = max(1, config.block_N // WS_STORE_BLOCK_N)
@@ -238,10 +238,20 @@ def pair_tile(bx, by, m_tiles, n_tiles, panel: int, minimum=min):
 
 def tile_scheduler(m_tiles, n_tiles, config, workers: int):
     """The persistent kernels' tile order: `workers` blocks take every workers-th tile of a linear order that
-    sweeps panels of `panel` tile rows for L2 reuse (the lesson's T.use_swizzle order)."""
-    return T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=workers,
-                                     swizzle_size=config.panel if config.swizzle else 1,
-                                     column_major=False)
+    sweeps panels of `panel` tile rows for L2 reuse (the lesson's T.use_swizzle order). With pairs the order is
+    over pairs of tile rows (m_idx: a pair; each worker a cluster of two blocks, one a row)."""
+    pairs = 2 if config.pairs else 1
+    return T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=workers // pairs,
+                                     swizzle_size=max(1, config.panel // pairs) if config.swizzle else 1,
+                                     column_major=False, cluster_size=pairs)
+
+
+def persistent_blocks_for(M: int, N: int, config) -> int:
+    """The persistent grid (persistent_grid) for a problem; with pairs, twice that of clusters over pairs of tiles."""
+    if not config.pairs:
+        return persistent_grid(config, tile_count(M, N, config))
+    units = -(-M // (2 * config.block_M)) * -(-N // config.block_N)
+    return 2 * persistent_grid(replace(config, persistent=config.persistent // 2), units)
 
 
 def gemm_ws_body(M: int, N: int, K: int, config: WsConfig, bias: bool, activate, dtype: str, accum_dtype: str):
@@ -252,12 +262,13 @@ def gemm_ws_body(M: int, N: int, K: int, config: WsConfig, bias: bool, activate,
     persistent = config.persistent > 0
     producer_regs, consumer_regs = ws_register_split(consumer_threads // 128, persistent)
     m_tiles, n_tiles, k_steps = T.ceildiv(M, bM), T.ceildiv(N, bN), T.ceildiv(K, bK)
-    blocks = persistent_grid(config, tile_count(M, N, config))  # when persistent
+    blocks = persistent_blocks_for(M, N, config)  # when persistent
     strips, store_buffers = bN // WS_STORE_BLOCK_N, config.store_buffers
     whole_tile = config.stages_whole_tile  # C staged as one block_M x block_N tile
     panel = config.panel if config.swizzle else 1
     _, produce_tile, consume_tile = ws_pipeline(bM, bN, bK, k_steps, num_stages, config.pairs)
     producer_threads = 128  # those that run the producer loop and arrive on `full`
+    cluster = 2 if config.pairs else 1  # blocks a worker of the persistent grid
     releasing = consumer_threads * (2 if config.pairs else 1)  # arrivals that free a stage: both blocks' in pairs
 
     @T.macro
@@ -326,10 +337,11 @@ def gemm_ws_body(M: int, N: int, K: int, config: WsConfig, bias: bool, activate,
     @T.macro
     def produce_block_tiles(A, B, Bias, A_s, B_s, full, empty, Bias_s, bias_full, bias_empty, block_id):
         tiles = tile_scheduler(m_tiles, n_tiles, config, blocks)
-        tiles.init(block_id)
+        tiles.init(block_id // cluster)
         while tiles.valid():
             produce_bias(Bias, Bias_s, bias_full, bias_empty, tiles.n_idx, tiles.current_iter)
-            produce_tile(A, B, A_s, B_s, full, empty, tiles.m_idx, tiles.n_idx, tiles.current_iter * k_steps)
+            produce_tile(A, B, A_s, B_s, full, empty, tiles.m_idx * cluster + block_id % cluster, tiles.n_idx,
+                         tiles.current_iter * k_steps)
             tiles.next_tile()
 
     @T.macro
@@ -369,8 +381,10 @@ def gemm_ws_body(M: int, N: int, K: int, config: WsConfig, bias: bool, activate,
 
     @T.macro
     def persistent_blocks(A, B, Bias, C):
-        with T.Kernel(blocks, threads=consumer_threads + 128) as block_id:
+        with T.Kernel(blocks, threads=consumer_threads + 128, cluster_dims=(2, 1, 1) if config.pairs else None) as block_id:
             A_s, B_s, C_s, C_local, full, empty, Bias_s, bias_full, bias_empty = buffers()
+            if config.pairs:
+                T.cluster_sync()  # both blocks' barriers set up before the partner's loads and arrivals reach them
             tid = T.get_thread_binding()
             # Both roles walk the same tiles in the same order, each with its own scheduler (the grid stride
             # is `blocks`); `current_iter` counts this block's tiles.
@@ -380,13 +394,15 @@ def gemm_ws_body(M: int, N: int, K: int, config: WsConfig, bias: bool, activate,
             else:
                 T.set_max_nreg(consumer_regs, 1)
                 tiles = tile_scheduler(m_tiles, n_tiles, config, blocks)
-                tiles.init(block_id)
+                tiles.init(block_id // cluster)
                 while tiles.valid():
                     consume_tile(A_s, B_s, C_local, full, empty, tiles.current_iter * k_steps)
-                    finish_tile(C, C_local, C_s, Bias_s, bias_full, bias_empty, tiles.m_idx, tiles.n_idx,
-                                tiles.current_iter)
+                    finish_tile(C, C_local, C_s, Bias_s, bias_full, bias_empty,
+                                tiles.m_idx * cluster + block_id % cluster, tiles.n_idx, tiles.current_iter)
                     tiles.next_tile()
                 T.tma_store_wait(0)  # shared memory must outlive the stores reading it
+            if config.pairs:
+                T.cluster_sync()  # neither block exits while its partner may still arrive on its barriers
 
     return persistent_blocks if persistent else cluster_pairs if config.pairs else one_tile_per_block
 
