@@ -10,6 +10,7 @@ time them in turns with cuBLAS (torch.matmul). Prints one table per shape.
               ws:128x192:4:pairs   ... in clusters of two blocks along M sharing B (WsConfig.pairs)
               appendix             the appendix's schedule for the shape (gemm_ws.appendix_schedule)
               appendix:pairs       that schedule in clusters of two blocks sharing B (persistent pairs of tiles)
+              appendix:solo        that schedule without pairs
               appendix:pairs1      that schedule's tile in clusters of two sharing B, one tile a block
     python bench/gemm_experiments_probe.py [--shapes 2500x1000x3000] [--kernels mc:128x192:4:A,ws:128x192:4]
     (on the device: bash .device/run python bench/gemm_experiments_probe.py)
@@ -111,6 +112,8 @@ def main():
                     config = appendix_schedule(M, N, K, sms)
                     if what == ["pairs"]:
                         config = replace(config, pairs=True, persistent=sms - sms % 2)
+                    elif what == ["solo"]:
+                        config = replace(config, pairs=False)
                     elif what == ["pairs1"]:  # its tile, one a block, in cluster pairs
                         config = replace(config, persistent=0, even_rounds=False, pairs=True)
                     what = config

@@ -148,6 +148,17 @@ def test_pairs_multicast_b_and_free_each_stage_in_both_blocks():
         gemm_ws.appendix_program(1024, 1024, 1024, dataclasses.replace(PAIRS, persistent=131))
 
 
+def test_the_appendix_takes_pairs_over_a_partial_last_column_in_few_rounds():
+    for shape in ((2500, 1000, 3000), (3000, 3000, 3000), (2000, 3000, 4000), (2056, 4104, 4096), (1000, 3000, 1000)):
+        config = gemm_ws.appendix_schedule(*shape, 132)
+        assert config.pairs and config.persistent == 132 and shape[1] % config.block_N
+        assert config.label().endswith("persistent on 132 SMs, even rounds, clusters of 2 sharing B")
+    # whole columns; 128-wide tiles; ten rounds of tiles; an odd SM count
+    for shape, sms in (((2048, 2048, 3000), 132), ((1000, 1000, 1000), 132), ((10000, 4000, 3000), 132),
+                       ((2500, 1000, 3000), 133)):
+        assert not gemm_ws.appendix_schedule(*shape, sms).pairs
+
+
 def test_persistent_pairs_walk_pairs_of_tile_rows_in_clusters():
     config = dataclasses.replace(PAIRS, persistent=132, even_rounds=True)
     # 2500x1000x3000: 20 x 6 tiles, 60 pairs: one round of 60 clusters; 1100 rows: 9 tile rows, 5 pairs a column

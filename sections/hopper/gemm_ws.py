@@ -78,10 +78,9 @@ class WsConfig:
         return pipeline + strips + 2 * stages * 8 + 1024 + self.block_N * dtype_bytes
 
     def grid_words(self) -> str:
-        if self.pairs:
-            return ", clusters of 2 sharing B"
+        pairs = ", clusters of 2 sharing B" if self.pairs else ""
         return (f", persistent on {self.persistent} SMs" + (", even rounds" if self.even_rounds else "")
-                if self.persistent else "")
+                if self.persistent else "") + pairs
 
     def columns(self) -> dict:
         grid = self.grid_words()
@@ -108,7 +107,8 @@ def appendix_schedule(M: int, N: int, K: int, sm_count: int, smem_budget: int = 
     same number of tile rounds. Its width (256, 192 or 128 columns) is the one the lesson's cost model
     estimates fastest (gemm_plans.estimate_seconds: the tiles' rounds on the SMs): 128x256 on big problems,
     where it led the shape set of the schedules tried; 128x192 where 128x256 tiles would leave a part-empty
-    last round (2000x3000x4000, 3000^3); 128x128 where wider tiles are too few for the SMs."""
+    last round (2000x3000x4000, 3000^3); 128x128 where wider tiles are too few for the SMs. In cluster pairs
+    sharing B where PAIRS_MAX_ROUNDS says."""
     from sections.gemm_plans import GemmConfig, estimate_seconds
 
     def estimate(block_N: int) -> float:
@@ -117,8 +117,18 @@ def appendix_schedule(M: int, N: int, K: int, sm_count: int, smem_budget: int = 
 
     block_N = min(APPENDIX_TILES, key=estimate)  # ties: the widest
     stages, strips = APPENDIX_TILES[block_N]
+    rounds = -(-tile_count(M, N, WsConfig(128, block_N, 64, stages, 256, True)) // sm_count)
+    pairs = block_N >= 192 and N % block_N != 0 and rounds <= PAIRS_MAX_ROUNDS and sm_count % 2 == 0
     return WsConfig(128, block_N, 64, stages, 256, True, persistent=sm_count, store_buffers=strips,
-                    even_rounds=True)
+                    even_rounds=True, pairs=pairs)
+
+
+# Cluster pairs (WsConfig.pairs) where the last column of 192- or 256-wide tiles is partial and the tiles take
+# at most this many rounds of the SMs. Measured (bench/gemm_experiments_probe.py, 25 problems): there one tile a
+# block without a partner fell furthest behind cuBLAS, and sharing B by multicast won it back on all but one;
+# with whole columns, 128-wide tiles or many rounds, pairs were level or behind (the cluster's blocks wait on
+# each other at every stage).
+PAIRS_MAX_ROUNDS = 3
 
 
 def check_ws(config: WsConfig) -> None:
@@ -240,7 +250,7 @@ def tile_scheduler(m_tiles, n_tiles, config, workers: int):
     """The persistent kernels' tile order: `workers` blocks take every workers-th tile of a linear order that
     sweeps panels of `panel` tile rows for L2 reuse (the lesson's T.use_swizzle order). With pairs the order is
     over pairs of tile rows (m_idx: a pair; each worker a cluster of two blocks, one a row)."""
-    pairs = 2 if config.pairs else 1
+    pairs = 2 if getattr(config, "pairs", False) else 1  # the ping-pong kernel's config has no pairs
     return T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=workers // pairs,
                                      swizzle_size=max(1, config.panel // pairs) if config.swizzle else 1,
                                      column_major=False, cluster_size=pairs)
@@ -248,7 +258,7 @@ def tile_scheduler(m_tiles, n_tiles, config, workers: int):
 
 def persistent_blocks_for(M: int, N: int, config) -> int:
     """The persistent grid (persistent_grid) for a problem; with pairs, twice that of clusters over pairs of tiles."""
-    if not config.pairs:
+    if not getattr(config, "pairs", False):
         return persistent_grid(config, tile_count(M, N, config))
     units = -(-M // (2 * config.block_M)) * -(-N // config.block_N)
     return 2 * persistent_grid(replace(config, persistent=config.persistent // 2), units)
