@@ -149,7 +149,8 @@ def test_pairs_multicast_b_and_free_each_stage_in_both_blocks():
 
 
 def test_the_appendix_takes_pairs_over_a_partial_last_column_in_few_rounds():
-    for shape in ((2500, 1000, 3000), (3000, 3000, 3000), (2000, 3000, 4000), (2056, 4104, 4096), (1000, 3000, 1000)):
+    for shape in ((2500, 1000, 3000), (3000, 3000, 3000), (2000, 3000, 4000), (2056, 4104, 4096), (1000, 3000, 1000),
+                  (7000, 3000, 2000)):  # the last: 660 tiles of 128x256, five rounds
         config = gemm_ws.appendix_schedule(*shape, 132)
         assert config.pairs and config.persistent == 132 and shape[1] % config.block_N
         assert config.label().endswith("persistent on 132 SMs, even rounds, clusters of 2 sharing B")

@@ -108,7 +108,7 @@ def appendix_schedule(M: int, N: int, K: int, sm_count: int, smem_budget: int = 
     estimates fastest (gemm_plans.estimate_seconds: the tiles' rounds on the SMs): 128x256 on big problems,
     where it led the shape set of the schedules tried; 128x192 where 128x256 tiles would leave a part-empty
     last round (2000x3000x4000, 3000^3); 128x128 where wider tiles are too few for the SMs. In cluster pairs
-    sharing B where PAIRS_MAX_ROUNDS says."""
+    sharing B over a partial last column of tiles in few rounds (PAIRS_MAX_ROUNDS)."""
     from sections.gemm_plans import GemmConfig, estimate_seconds
 
     def estimate(block_N: int) -> float:
@@ -124,11 +124,11 @@ def appendix_schedule(M: int, N: int, K: int, sm_count: int, smem_budget: int = 
 
 
 # Cluster pairs (WsConfig.pairs) where the last column of 192- or 256-wide tiles is partial and the tiles take
-# at most this many rounds of the SMs. Measured (bench/gemm_experiments_probe.py, 25 problems): there one tile a
-# block without a partner fell furthest behind cuBLAS, and sharing B by multicast won it back on all but one;
-# with whole columns, 128-wide tiles or many rounds, pairs were level or behind (the cluster's blocks wait on
-# each other at every stage).
-PAIRS_MAX_ROUNDS = 3
+# at most this many rounds of the SMs. Measured (bench/gemm_experiments_probe.py, 39 problems): there one tile a
+# block without a partner fell furthest behind cuBLAS, and sharing B by multicast won most of it back; with whole
+# columns, 128-wide tiles or many rounds, pairs were mostly level or behind (the cluster's two blocks wait on each
+# other at every stage, and a long persistent walk already hides each tile's start and end).
+PAIRS_MAX_ROUNDS = 5
 
 
 def check_ws(config: WsConfig) -> None:
