@@ -4265,13 +4265,18 @@ the tensor cores idle between K steps. Here the same roles are written out, as C
   panel order, the ring's phases carrying on across tiles, so the producer loads the next tile while the
   consumers run the epilogue; with even rounds, on the fewest blocks that need no more rounds (`persistent_grid`);
 * the store staged through shared memory in block_M x 64 strips by TMA, or the whole tile at once, which
-  TileLang writes with stmatrix (`store_buffers`).
+  TileLang writes with stmatrix (`store_buffers`);
+* or, one tile a block, clusters of two blocks on neighbouring tile rows (`pairs`): both need the same B tile at
+  every K step, so the cluster's first block loads it once into both blocks' shared memory (TMA multicast,
+  `cluster_mask`), and a stage is free again only when the consumers of both blocks are done with it: each
+  consumer thread arrives on its own `empty` barrier and on its partner's (`T.ptx_arrive_cluster_barrier`).
+  Half of B's traffic from L2 is gone, which counts where that stream, not the tensor cores, sets the pace.
 
 The epilogue (bias, GELU) is the lesson's: sections/gemm_epilogue.py.
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import tilelang
 import tilelang.language as T
@@ -4288,7 +4293,8 @@ class WsConfig:
     """One schedule of the hand-written kernel: threads / 128 consumer warpgroups, each owning block_M /
     warpgroups full rows of the tile (policy FullRow), plus a 128-thread producer warpgroup.
     persistent > 0: a persistent grid of that many blocks (one per SM), fewer with even_rounds.
-    store_buffers: shared block_M x 64 strips staging the store (block_N / 64: the whole tile)."""
+    store_buffers: shared block_M x 64 strips staging the store (block_N / 64: the whole tile).
+    pairs: one tile a block, blocks in clusters of two along M sharing each B tile by TMA multicast."""
 
     block_M: int
     block_N: int
@@ -4301,6 +4307,7 @@ class WsConfig:
     persistent: int = 0
     store_buffers: int = 1
     even_rounds: bool = False
+    pairs: bool = False
 
     @property
     def block_threads(self) -> int:
@@ -4319,9 +4326,13 @@ class WsConfig:
         strips = self.store_buffers * self.block_M * WS_STORE_BLOCK_N * dtype_bytes
         return pipeline + strips + 2 * stages * 8 + 1024 + self.block_N * dtype_bytes
 
+    def grid_words(self) -> str:
+        pairs = ", clusters of 2 sharing B" if self.pairs else ""
+        return (f", persistent on {self.persistent} SMs" + (", even rounds" if self.even_rounds else "")
+                if self.persistent else "") + pairs
+
     def columns(self) -> dict:
-        grid = (f", persistent on {self.persistent} SMs" + (", even rounds" if self.even_rounds else "")
-                if self.persistent else "")
+        grid = self.grid_words()
         store = "whole-tile" if self.stages_whole_tile else f"{self.store_buffers}-strip"
         return {"kernel": f"hand-written ws{grid}", "tile": f"{self.block_M}x{self.block_N}x{self.block_K}",
                 "stages": self.num_stages, "threads": f"{self.threads}+128",
@@ -4329,8 +4340,7 @@ class WsConfig:
                 "policy": f"{self.policy}, {store} store"}
 
     def label(self) -> str:
-        grid = (f", persistent on {self.persistent} SMs" + (", even rounds" if self.even_rounds else "")
-                if self.persistent else "")
+        grid = self.grid_words()
         c = self.columns()
         return (f"hand-written ws {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}, "
                 f"{c['policy']}{grid}")
@@ -4346,7 +4356,8 @@ def appendix_schedule(M: int, N: int, K: int, sm_count: int, smem_budget: int = 
     same number of tile rounds. Its width (256, 192 or 128 columns) is the one the lesson's cost model
     estimates fastest (gemm_plans.estimate_seconds: the tiles' rounds on the SMs): 128x256 on big problems,
     where it led the shape set of the schedules tried; 128x192 where 128x256 tiles would leave a part-empty
-    last round (2000x3000x4000, 3000^3); 128x128 where wider tiles are too few for the SMs."""
+    last round (2000x3000x4000, 3000^3); 128x128 where wider tiles are too few for the SMs. In cluster pairs
+    sharing B over a partial last column of tiles in few rounds (PAIRS_MAX_ROUNDS)."""
     from sections.gemm_plans import GemmConfig, estimate_seconds
 
     def estimate(block_N: int) -> float:
@@ -4355,8 +4366,18 @@ def appendix_schedule(M: int, N: int, K: int, sm_count: int, smem_budget: int = 
 
     block_N = min(APPENDIX_TILES, key=estimate)  # ties: the widest
     stages, strips = APPENDIX_TILES[block_N]
+    rounds = -(-tile_count(M, N, WsConfig(128, block_N, 64, stages, 256, True)) // sm_count)
+    pairs = block_N >= 192 and N % block_N != 0 and rounds <= PAIRS_MAX_ROUNDS and sm_count % 2 == 0
     return WsConfig(128, block_N, 64, stages, 256, True, persistent=sm_count, store_buffers=strips,
-                    even_rounds=True)
+                    even_rounds=True, pairs=pairs)
+
+
+# Cluster pairs (WsConfig.pairs) where the last column of 192- or 256-wide tiles is partial and the tiles take
+# at most this many rounds of the SMs. Measured (bench/gemm_experiments_probe.py, 39 problems): there one tile a
+# block without a partner fell furthest behind cuBLAS, and sharing B by multicast won most of it back; with whole
+# columns, 128-wide tiles or many rounds, pairs were mostly level or behind (the cluster's two blocks wait on each
+# other at every stage, and a long persistent walk already hides each tile's start and end).
+PAIRS_MAX_ROUNDS = 5
 
 
 def check_ws(config: WsConfig) -> None:
@@ -4370,6 +4391,8 @@ def check_ws(config: WsConfig) -> None:
         problems.append(f"policy={config.policy!r} must be 'FullRow' (each warpgroup owns full rows)")
     if config.even_rounds and config.persistent <= 0:
         problems.append("even_rounds is for the persistent kernel only")
+    if config.pairs and config.persistent % 2:
+        problems.append(f"pairs (clusters of two blocks) need an even persistent grid, not {config.persistent}")
     if config.block_N % WS_STORE_BLOCK_N:
         problems.append(f"block_N={config.block_N} must be a multiple of the {WS_STORE_BLOCK_N}-column store strips")
     strips = max(1, config.block_N // WS_STORE_BLOCK_N)
@@ -4389,14 +4412,16 @@ def ws_register_split(consumers: int, persistent: bool) -> tuple[int, int]:
     return producer, consumer
 
 
-def ws_pipeline(block_M: int, block_N: int, block_K: int, k_steps, num_stages: int):
+def ws_pipeline(block_M: int, block_N: int, block_K: int, k_steps, num_stages: int, pairs: bool = False):
     """The ring of the hand-written kernels: (stage_of, produce_tile, consume_tile).
 
     stage_of(step): a k-step's slot in the ring and the parity of its round (the n-th completion of a
     stage's barrier is phase n, parity n & 1). produce_tile: the producer's TMA loads of one output tile.
     consume_tile: the consumers' wgmma batches of one tile, one batch kept in flight. `first_step` counts
-    the k-steps this block went through before the tile, so the ring's phases carry on across tiles."""
+    the k-steps this block went through before the tile, so the ring's phases carry on across tiles.
+    With `pairs` the B tile is multicast to both blocks of a 2-block cluster and a stage goes back in both."""
     policy = T.GemmWarpPolicy.FullRow  # one m64nN wgmma per 16 of K per warpgroup: shared memory read least
+    b_mask = 0b11 if pairs else None  # the cluster's first block issues one load for both; each expects the bytes
 
     def stage_of(step):
         return step % num_stages, (step // num_stages) & 1
@@ -4404,6 +4429,8 @@ def ws_pipeline(block_M: int, block_N: int, block_K: int, k_steps, num_stages: i
     @T.macro
     def give_back(empty, step):
         T.mbarrier_arrive(empty[stage_of(step)[0]])
+        if pairs:  # the partner's copy of B in this stage came from the same load: it waits for us too
+            T.ptx_arrive_cluster_barrier(empty[stage_of(step)[0]], 1 - T.block_rank_in_cluster())
 
     @T.macro
     def produce_tile(A, B, A_s, B_s, full, empty, m, n, first_step):
@@ -4417,7 +4444,7 @@ def ws_pipeline(block_M: int, block_N: int, block_K: int, k_steps, num_stages: i
             T.tma_copy(A[m * block_M:(m + 1) * block_M, k * block_K:(k + 1) * block_K], A_s[stage, :, :],
                        barrier=full[stage])
             T.tma_copy(B[k * block_K:(k + 1) * block_K, n * block_N:(n + 1) * block_N], B_s[stage, :, :],
-                       barrier=full[stage])
+                       barrier=full[stage], cluster_mask=b_mask)
             T.mbarrier_arrive(full[stage])
 
     @T.macro
@@ -4455,12 +4482,35 @@ def persistent_grid(config, tiles: int) -> int:
     return -(-tiles // rounds)
 
 
+def pair_tile(bx, by, m_tiles, n_tiles, panel: int, minimum=min):
+    """(m, n) of block (bx, by) of a grid of cluster pairs (WsConfig.pairs): the pairs, two tile rows by one
+    column, go in panel order (panel / 2 pair rows a panel, down a column then to the next), and the cluster's
+    two blocks (by even, odd) take the pair's two rows. With an odd number of tile rows the last pair's second
+    row is past the end: it loads zeros and stores nothing (TMA clips both). `minimum`: T.min in a kernel."""
+    m_pairs, rows = (m_tiles + 1) // 2, max(1, panel // 2)
+    pair = (by // 2) * n_tiles + bx
+    first_row = pair // (rows * n_tiles) * rows
+    height = minimum(rows, m_pairs - first_row)
+    within = pair % (rows * n_tiles)
+    return 2 * (first_row + within % height) + by % 2, within // height
+
+
 def tile_scheduler(m_tiles, n_tiles, config, workers: int):
     """The persistent kernels' tile order: `workers` blocks take every workers-th tile of a linear order that
-    sweeps panels of `panel` tile rows for L2 reuse (the lesson's T.use_swizzle order)."""
-    return T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=workers,
-                                     swizzle_size=config.panel if config.swizzle else 1,
-                                     column_major=False)
+    sweeps panels of `panel` tile rows for L2 reuse (the lesson's T.use_swizzle order). With pairs the order is
+    over pairs of tile rows (m_idx: a pair; each worker a cluster of two blocks, one a row)."""
+    pairs = 2 if getattr(config, "pairs", False) else 1  # the ping-pong kernel's config has no pairs
+    return T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=workers // pairs,
+                                     swizzle_size=max(1, config.panel // pairs) if config.swizzle else 1,
+                                     column_major=False, cluster_size=pairs)
+
+
+def persistent_blocks_for(M: int, N: int, config) -> int:
+    """The persistent grid (persistent_grid) for a problem; with pairs, twice that of clusters over pairs of tiles."""
+    if not getattr(config, "pairs", False):
+        return persistent_grid(config, tile_count(M, N, config))
+    units = -(-M // (2 * config.block_M)) * -(-N // config.block_N)
+    return 2 * persistent_grid(replace(config, persistent=config.persistent // 2), units)
 
 
 def gemm_ws_body(M: int, N: int, K: int, config: WsConfig, bias: bool, activate, dtype: str, accum_dtype: str):
@@ -4471,12 +4521,14 @@ def gemm_ws_body(M: int, N: int, K: int, config: WsConfig, bias: bool, activate,
     persistent = config.persistent > 0
     producer_regs, consumer_regs = ws_register_split(consumer_threads // 128, persistent)
     m_tiles, n_tiles, k_steps = T.ceildiv(M, bM), T.ceildiv(N, bN), T.ceildiv(K, bK)
-    blocks = persistent_grid(config, tile_count(M, N, config))  # when persistent
+    blocks = persistent_blocks_for(M, N, config)  # when persistent
     strips, store_buffers = bN // WS_STORE_BLOCK_N, config.store_buffers
     whole_tile = config.stages_whole_tile  # C staged as one block_M x block_N tile
     panel = config.panel if config.swizzle else 1
-    _, produce_tile, consume_tile = ws_pipeline(bM, bN, bK, k_steps, num_stages)
+    _, produce_tile, consume_tile = ws_pipeline(bM, bN, bK, k_steps, num_stages, config.pairs)
     producer_threads = 128  # those that run the producer loop and arrive on `full`
+    cluster = 2 if config.pairs else 1  # blocks a worker of the persistent grid
+    releasing = consumer_threads * (2 if config.pairs else 1)  # arrivals that free a stage: both blocks' in pairs
 
     @T.macro
     def produce_bias(Bias, Bias_s, bias_full, bias_empty, n, tile):
@@ -4531,7 +4583,7 @@ def gemm_ws_body(M: int, N: int, K: int, config: WsConfig, bias: bool, activate,
                 # full[s]: the producer threads' arrivals plus the TMA bytes; empty[s]: every consumer
                 # thread's arrival after its wgmma batch reading stage s is known finished.
                 T.alloc_barrier([producer_threads] * num_stages),
-                T.alloc_barrier([consumer_threads] * num_stages),
+                T.alloc_barrier([releasing] * num_stages),
                 # the bias tile: full when the producer's 128 arrived and its bytes landed; empty when every
                 # consumer thread has added it
                 T.alloc_shared((bN,), dtype), T.alloc_barrier([producer_threads]), T.alloc_barrier([consumer_threads]))
@@ -4544,10 +4596,11 @@ def gemm_ws_body(M: int, N: int, K: int, config: WsConfig, bias: bool, activate,
     @T.macro
     def produce_block_tiles(A, B, Bias, A_s, B_s, full, empty, Bias_s, bias_full, bias_empty, block_id):
         tiles = tile_scheduler(m_tiles, n_tiles, config, blocks)
-        tiles.init(block_id)
+        tiles.init(block_id // cluster)
         while tiles.valid():
             produce_bias(Bias, Bias_s, bias_full, bias_empty, tiles.n_idx, tiles.current_iter)
-            produce_tile(A, B, A_s, B_s, full, empty, tiles.m_idx, tiles.n_idx, tiles.current_iter * k_steps)
+            produce_tile(A, B, A_s, B_s, full, empty, tiles.m_idx * cluster + block_id % cluster, tiles.n_idx,
+                         tiles.current_iter * k_steps)
             tiles.next_tile()
 
     @T.macro
@@ -4566,9 +4619,31 @@ def gemm_ws_body(M: int, N: int, K: int, config: WsConfig, bias: bool, activate,
                 T.tma_store_wait(0)  # shared memory must outlive the stores reading it
 
     @T.macro
-    def persistent_blocks(A, B, Bias, C):
-        with T.Kernel(blocks, threads=consumer_threads + 128) as block_id:
+    def cluster_pairs(A, B, Bias, C):
+        with T.Kernel(n_tiles, 2 * T.ceildiv(m_tiles, 2), threads=consumer_threads + 128,
+                      cluster_dims=(1, 2, 1)) as (bx, by):
             A_s, B_s, C_s, C_local, full, empty, Bias_s, bias_full, bias_empty = buffers()
+            m, n = pair_tile(bx, by, m_tiles, n_tiles, panel, T.min)
+            # The partner's loads and arrivals reach this block's barriers: both blocks' barriers must be set up
+            # before either block starts.
+            T.cluster_sync()
+            tid = T.get_thread_binding()
+            if tid >= consumer_threads:
+                T.set_max_nreg(producer_regs, 0)
+                produce_one_tile(A, B, Bias, A_s, B_s, full, empty, Bias_s, bias_full, bias_empty, n, m)
+            else:
+                T.set_max_nreg(consumer_regs, 1)
+                consume_tile(A_s, B_s, C_local, full, empty, 0)
+                finish_tile(C, C_local, C_s, Bias_s, bias_full, bias_empty, m, n, 0)
+                T.tma_store_wait(0)
+            T.cluster_sync()  # neither block exits while its partner may still arrive on its barriers
+
+    @T.macro
+    def persistent_blocks(A, B, Bias, C):
+        with T.Kernel(blocks, threads=consumer_threads + 128, cluster_dims=(2, 1, 1) if config.pairs else None) as block_id:
+            A_s, B_s, C_s, C_local, full, empty, Bias_s, bias_full, bias_empty = buffers()
+            if config.pairs:
+                T.cluster_sync()  # both blocks' barriers set up before the partner's loads and arrivals reach them
             tid = T.get_thread_binding()
             # Both roles walk the same tiles in the same order, each with its own scheduler (the grid stride
             # is `blocks`); `current_iter` counts this block's tiles.
@@ -4578,15 +4653,17 @@ def gemm_ws_body(M: int, N: int, K: int, config: WsConfig, bias: bool, activate,
             else:
                 T.set_max_nreg(consumer_regs, 1)
                 tiles = tile_scheduler(m_tiles, n_tiles, config, blocks)
-                tiles.init(block_id)
+                tiles.init(block_id // cluster)
                 while tiles.valid():
                     consume_tile(A_s, B_s, C_local, full, empty, tiles.current_iter * k_steps)
-                    finish_tile(C, C_local, C_s, Bias_s, bias_full, bias_empty, tiles.m_idx, tiles.n_idx,
-                                tiles.current_iter)
+                    finish_tile(C, C_local, C_s, Bias_s, bias_full, bias_empty,
+                                tiles.m_idx * cluster + block_id % cluster, tiles.n_idx, tiles.current_iter)
                     tiles.next_tile()
                 T.tma_store_wait(0)  # shared memory must outlive the stores reading it
+            if config.pairs:
+                T.cluster_sync()  # neither block exits while its partner may still arrive on its barriers
 
-    return persistent_blocks if persistent else one_tile_per_block
+    return persistent_blocks if persistent else cluster_pairs if config.pairs else one_tile_per_block
 
 
 def appendix_program(M: int, N: int, K: int, config: WsConfig, *, bias: bool = False, activation: str | None = None,
