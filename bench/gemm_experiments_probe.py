@@ -7,11 +7,9 @@ time them in turns with cuBLAS (torch.matmul). Prints one table per shape.
     --kernels sk:128x256:3         stream-K, 128x256 tiles, 3 stages
               mc:128x192:4:A       2-block clusters sharing A (B: along M, sharing B) by TMA multicast
               ws:128x192:4         the appendix's hand-written kernel, one tile a block (the same ring, no cluster)
-              ws:128x192:4:pairs   ... in clusters of two blocks along M sharing B (WsConfig.pairs)
               appendix             the appendix's schedule for the shape (gemm_ws.appendix_schedule)
               appendix:pairs       that schedule in clusters of two blocks sharing B (persistent pairs of tiles)
               appendix:solo        that schedule without pairs
-              appendix:pairs1      that schedule's tile in clusters of two sharing B, one tile a block
     python bench/gemm_experiments_probe.py [--shapes 2500x1000x3000] [--kernels mc:128x192:4:A,ws:128x192:4]
     (on the device: bash .device/run python bench/gemm_experiments_probe.py)
 """
@@ -53,9 +51,8 @@ def parse_kernel(text: str, sms: int):
     if kind == "ws":
         from sections.hopper.gemm_ws import WsConfig
 
-        pairs = rest == ["pairs"]
-        return (f"appendix ws {bm}x{bn}, {stages} stages, a tile a block{', pairs' if pairs else ''}", kind,
-                WsConfig(bm, bn, 64, int(stages), 256, True, store_buffers=bn // 64, pairs=pairs))
+        return (f"appendix ws {bm}x{bn}, {stages} stages, a tile a block", kind,
+                WsConfig(bm, bn, 64, int(stages), 256, True, store_buffers=bn // 64))
     raise ValueError(f"unknown kernel kind {kind!r} in {text!r} (sk, mc, ws)")
 
 
@@ -114,8 +111,6 @@ def main():
                         config = replace(config, pairs=True, persistent=sms - sms % 2)
                     elif what == ["solo"]:
                         config = replace(config, pairs=False)
-                    elif what == ["pairs1"]:  # its tile, one a block, in cluster pairs
-                        config = replace(config, persistent=0, even_rounds=False, pairs=True)
                     what = config
                 return label, compile_appendix(M, N, K, what)
             kernel = tilelang.compile(S.streamk_program(M, N, K, what, handoff=kind == "sk"), out_idx=None,

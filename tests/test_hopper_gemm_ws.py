@@ -14,7 +14,7 @@ from sections.hopper import gemm_ws
 APPENDIX = gemm_ws.appendix_schedule(8192, 8192, 8192, 132)
 ONE_TILE = gemm_ws.WsConfig(128, 256, 64, 4, 256, True)
 STRIPS2 = gemm_ws.WsConfig(128, 256, 64, 4, 256, True, persistent=132, store_buffers=2, even_rounds=True)
-PAIRS = gemm_ws.WsConfig(128, 192, 64, 4, 256, True, store_buffers=3, pairs=True)
+PAIRS = gemm_ws.WsConfig(128, 192, 64, 4, 256, True, persistent=132, store_buffers=3, even_rounds=True, pairs=True)
 LOWERED = [(APPENDIX, False), (APPENDIX, True), (ONE_TILE, False), (STRIPS2, True), (PAIRS, True)]
 
 
@@ -49,10 +49,12 @@ def test_tma_wgmma_mbarriers_and_one_batch_in_flight(ws_report):
 def test_persistent_loop_strides_by_the_grid_and_splits_the_registers(ws_report):
     config, _, report = ws_report
     if config.persistent:
-        blocks = gemm_ws.persistent_grid(config, gemm_ws.tile_count(1001, 1032, config))
-        assert blocks == 40  # 8 x 5 tiles: one round, so even rounds run 40 blocks
+        blocks = gemm_ws.persistent_blocks_for(1001, 1032, config)
+        # 8 x 5 tiles (8 x 6 of 128x192 in 4 x 6 pairs of rows): one round, so even rounds run 40 (48) blocks
+        assert blocks == (48 if config.pairs else 40)
         assert tuple(report.grid) == (blocks, 1, 1)
-        assert len(re.findall(rf"\+ {blocks}\);", report.source)) == 2  # producer and consumers
+        workers = blocks // 2 if config.pairs else blocks  # a worker of pairs is a cluster of two blocks
+        assert len(re.findall(rf"\+ {workers}\);", report.source)) == 2  # producer and consumers stride by them
         assert "reg_dealloc<40>" in report.source and "reg_alloc<232>" in report.source
     else:
         assert tuple(report.grid) == (-(-1032 // config.block_N), -(-1001 // config.block_M), 1)
@@ -121,31 +123,19 @@ def test_even_rounds_run_the_fewest_blocks_that_take_no_more_rounds_of_tiles():
     assert report.grid[0] == 128  # the lowered kernel launches that grid
 
 
-def test_pair_tiles_cover_every_tile_once_and_a_cluster_shares_its_column():
-    for m_tiles, n_tiles, panel in ((20, 6, 8), (9, 5, 8), (1, 3, 8), (7, 1, 1), (13, 11, 10)):
-        rows = 2 * -(-m_tiles // 2)  # the grid's tile rows: odd counts get one row past the end
-        tiles = {(bx, by): gemm_ws.pair_tile(bx, by, m_tiles, n_tiles, panel) for by in range(rows)
-                 for bx in range(n_tiles)}
-        assert sorted(tiles.values()) == [(m, n) for m in range(rows) for n in range(n_tiles)]
-        for (bx, by), (m, n) in tiles.items():
-            if by % 2 == 0:  # the cluster's first block: its partner takes the next row of the same column
-                assert tiles[(bx, by + 1)] == (m + 1, n) and m % 2 == 0
-    # panel order: the first panel's pairs run down a column before moving right
-    assert [gemm_ws.pair_tile(bx, 0, 20, 6, 8) for bx in range(5)] == [(0, 0), (2, 0), (4, 0), (6, 0), (0, 1)]
-
-
 def test_pairs_multicast_b_and_free_each_stage_in_both_blocks():
     report = tourkit.inspect_kernel("ws", gemm_ws.appendix_program(1100, 1032, 1000, PAIRS), "sm_90a", nvcc=False)
     source = report.source
-    assert tuple(report.grid) == (6, 10, 1)  # 9 tile rows: 5 pairs, the last one's second row past the end
+    assert tuple(report.grid) == (60, 1, 1)  # 9 tile rows: 5 pairs a column, the last one's second row past the end
     assert source.count("tma_load_multicast(B_desc") == 1 and "tma_load_multicast(A_desc" not in source
     assert all(f"empty[{s}].init(512)" in source for s in range(4))  # both blocks' 256 consumers free a stage
     assert source.count(".arrive((1 - tl::block_rank_in_cluster()))") == 2  # in the loop, and the last stage
     # the blocks meet after their barriers are set up (the partner's loads land in them) and before they exit
     assert source.count("tl::cluster_sync()") == 2
     assert source.index("fence_barrier_init") < source.index("tl::cluster_sync()") < source.index("reg_dealloc")
-    with pytest.raises(ValueError, match="even persistent grid"):
-        gemm_ws.appendix_program(1024, 1024, 1024, dataclasses.replace(PAIRS, persistent=131))
+    for grid in (131, 0):
+        with pytest.raises(ValueError, match="even persistent grid"):
+            gemm_ws.appendix_program(1024, 1024, 1024, dataclasses.replace(PAIRS, persistent=grid, even_rounds=False))
 
 
 def test_the_appendix_takes_pairs_over_a_partial_last_column_in_few_rounds():
@@ -161,7 +151,7 @@ def test_the_appendix_takes_pairs_over_a_partial_last_column_in_few_rounds():
 
 
 def test_persistent_pairs_walk_pairs_of_tile_rows_in_clusters():
-    config = dataclasses.replace(PAIRS, persistent=132, even_rounds=True)
+    config = PAIRS
     # 2500x1000x3000: 20 x 6 tiles, 60 pairs: one round of 60 clusters; 1100 rows: 9 tile rows, 5 pairs a column
     assert gemm_ws.persistent_blocks_for(2500, 1000, config) == 120
     assert gemm_ws.persistent_blocks_for(1100, 1032, config) == 60
@@ -230,8 +220,8 @@ def check_on_odd_size(kernel, M: int, N: int, K: int, activation, name: str) -> 
 # Cluster pairs: an odd number of tile rows (the last pair's second block past the end) and a long K over
 # one wave of pairs.
 PAIR_SIZES = [(1100, 1032, 1000), (2500, 1000, 3000)]
-PAIR_KERNELS = [PAIRS, gemm_ws.WsConfig(128, 128, 64, 4, 256, True, store_buffers=2, pairs=True),
-                dataclasses.replace(PAIRS, persistent=132, even_rounds=True), dataclasses.replace(PAIRS, persistent=6)]
+PAIR_KERNELS = [PAIRS, dataclasses.replace(PAIRS, persistent=6, even_rounds=False),
+                gemm_ws.WsConfig(128, 128, 64, 4, 256, True, persistent=6, store_buffers=2, pairs=True)]
 
 
 @pytest.mark.gpu

@@ -17,11 +17,11 @@ the tensor cores idle between K steps. Here the same roles are written out, as C
   consumers run the epilogue; with even rounds, on the fewest blocks that need no more rounds (`persistent_grid`);
 * the store staged through shared memory in block_M x 64 strips by TMA, or the whole tile at once, which
   TileLang writes with stmatrix (`store_buffers`);
-* or, one tile a block, clusters of two blocks on neighbouring tile rows (`pairs`): both need the same B tile at
-  every K step, so the cluster's first block loads it once into both blocks' shared memory (TMA multicast,
-  `cluster_mask`), and a stage is free again only when the consumers of both blocks are done with it: each
-  consumer thread arrives on its own `empty` barrier and on its partner's (`T.ptx_arrive_cluster_barrier`).
-  Half of B's traffic from L2 is gone, which counts where that stream, not the tensor cores, sets the pace.
+* clusters of two blocks walking neighbouring tile rows (`pairs`): both need the same B tile at every K step,
+  so the cluster's first block loads it once into both blocks' shared memory (TMA multicast, `cluster_mask`),
+  and a stage is free again only when the consumers of both blocks are done with it: each consumer thread
+  arrives on its own `empty` barrier and on its partner's (`T.ptx_arrive_cluster_barrier`). Half of B's
+  traffic from L2 is gone (PAIRS_MAX_ROUNDS says where that was measured to pay).
 
 The epilogue (bias, GELU) is the lesson's: sections/gemm_epilogue.py.
 """
@@ -45,7 +45,7 @@ class WsConfig:
     warpgroups full rows of the tile (policy FullRow), plus a 128-thread producer warpgroup.
     persistent > 0: a persistent grid of that many blocks (one per SM), fewer with even_rounds.
     store_buffers: shared block_M x 64 strips staging the store (block_N / 64: the whole tile).
-    pairs: one tile a block, blocks in clusters of two along M sharing each B tile by TMA multicast."""
+    pairs: the persistent blocks in clusters of two on neighbouring tile rows, sharing each B tile by TMA multicast."""
 
     block_M: int
     block_N: int
@@ -142,8 +142,9 @@ def check_ws(config: WsConfig) -> None:
         problems.append(f"policy={config.policy!r} must be 'FullRow' (each warpgroup owns full rows)")
     if config.even_rounds and config.persistent <= 0:
         problems.append("even_rounds is for the persistent kernel only")
-    if config.pairs and config.persistent % 2:
-        problems.append(f"pairs (clusters of two blocks) need an even persistent grid, not {config.persistent}")
+    if config.pairs and (config.persistent <= 0 or config.persistent % 2):
+        problems.append(f"pairs (clusters of two blocks) walk tiles on an even persistent grid, not "
+                        f"{config.persistent}")
     if config.block_N % WS_STORE_BLOCK_N:
         problems.append(f"block_N={config.block_N} must be a multiple of the {WS_STORE_BLOCK_N}-column store strips")
     strips = max(1, config.block_N // WS_STORE_BLOCK_N)
@@ -231,19 +232,6 @@ def persistent_grid(config, tiles: int) -> int:
         return config.persistent
     rounds = -(-tiles // config.persistent)
     return -(-tiles // rounds)
-
-
-def pair_tile(bx, by, m_tiles, n_tiles, panel: int, minimum=min):
-    """(m, n) of block (bx, by) of a grid of cluster pairs (WsConfig.pairs): the pairs, two tile rows by one
-    column, go in panel order (panel / 2 pair rows a panel, down a column then to the next), and the cluster's
-    two blocks (by even, odd) take the pair's two rows. With an odd number of tile rows the last pair's second
-    row is past the end: it loads zeros and stores nothing (TMA clips both). `minimum`: T.min in a kernel."""
-    m_pairs, rows = (m_tiles + 1) // 2, max(1, panel // 2)
-    pair = (by // 2) * n_tiles + bx
-    first_row = pair // (rows * n_tiles) * rows
-    height = minimum(rows, m_pairs - first_row)
-    within = pair % (rows * n_tiles)
-    return 2 * (first_row + within % height) + by % 2, within // height
 
 
 def tile_scheduler(m_tiles, n_tiles, config, workers: int):
@@ -370,28 +358,9 @@ def gemm_ws_body(M: int, N: int, K: int, config: WsConfig, bias: bool, activate,
                 T.tma_store_wait(0)  # shared memory must outlive the stores reading it
 
     @T.macro
-    def cluster_pairs(A, B, Bias, C):
-        with T.Kernel(n_tiles, 2 * T.ceildiv(m_tiles, 2), threads=consumer_threads + 128,
-                      cluster_dims=(1, 2, 1)) as (bx, by):
-            A_s, B_s, C_s, C_local, full, empty, Bias_s, bias_full, bias_empty = buffers()
-            m, n = pair_tile(bx, by, m_tiles, n_tiles, panel, T.min)
-            # The partner's loads and arrivals reach this block's barriers: both blocks' barriers must be set up
-            # before either block starts.
-            T.cluster_sync()
-            tid = T.get_thread_binding()
-            if tid >= consumer_threads:
-                T.set_max_nreg(producer_regs, 0)
-                produce_one_tile(A, B, Bias, A_s, B_s, full, empty, Bias_s, bias_full, bias_empty, n, m)
-            else:
-                T.set_max_nreg(consumer_regs, 1)
-                consume_tile(A_s, B_s, C_local, full, empty, 0)
-                finish_tile(C, C_local, C_s, Bias_s, bias_full, bias_empty, m, n, 0)
-                T.tma_store_wait(0)
-            T.cluster_sync()  # neither block exits while its partner may still arrive on its barriers
-
-    @T.macro
     def persistent_blocks(A, B, Bias, C):
-        with T.Kernel(blocks, threads=consumer_threads + 128, cluster_dims=(2, 1, 1) if config.pairs else None) as block_id:
+        cluster_dims = (2, 1, 1) if config.pairs else None
+        with T.Kernel(blocks, threads=consumer_threads + 128, cluster_dims=cluster_dims) as block_id:
             A_s, B_s, C_s, C_local, full, empty, Bias_s, bias_full, bias_empty = buffers()
             if config.pairs:
                 T.cluster_sync()  # both blocks' barriers set up before the partner's loads and arrivals reach them
@@ -414,7 +383,7 @@ def gemm_ws_body(M: int, N: int, K: int, config: WsConfig, bias: bool, activate,
             if config.pairs:
                 T.cluster_sync()  # neither block exits while its partner may still arrive on its barriers
 
-    return persistent_blocks if persistent else cluster_pairs if config.pairs else one_tile_per_block
+    return persistent_blocks if persistent else one_tile_per_block
 
 
 def appendix_program(M: int, N: int, K: int, config: WsConfig, *, bias: bool = False, activation: str | None = None,
