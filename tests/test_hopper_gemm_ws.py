@@ -138,15 +138,16 @@ def test_pairs_multicast_b_and_free_each_stage_in_both_blocks():
             gemm_ws.appendix_program(1024, 1024, 1024, dataclasses.replace(PAIRS, persistent=grid, even_rounds=False))
 
 
-def test_the_appendix_takes_pairs_over_a_partial_last_column_in_few_rounds():
+def test_the_appendix_takes_pairs_where_b_rows_are_off_128_byte_lines_in_few_rounds():
     for shape in ((2500, 1000, 3000), (3000, 3000, 3000), (2000, 3000, 4000), (2056, 4104, 4096), (1000, 3000, 1000),
                   (7000, 3000, 2000)):  # the last: 660 tiles of 128x256, five rounds
         config = gemm_ws.appendix_schedule(*shape, 132)
-        assert config.pairs and config.persistent == 132 and shape[1] % config.block_N
+        assert config.pairs and config.persistent == 132 and shape[1] % 64
         assert config.label().endswith("persistent on 132 SMs, even rounds, clusters of 2 sharing B")
-    # whole columns; 128-wide tiles; ten rounds of tiles; an odd SM count
-    for shape, sms in (((2048, 2048, 3000), 132), ((1000, 1000, 1000), 132), ((10000, 4000, 3000), 132),
-                       ((2500, 1000, 3000), 133)):
+    # B rows on 128-byte lines (1280 columns, though 128x192 tiles leave the last column partial; only A's rows
+    # off them); 128-wide tiles; ten rounds of tiles; an odd SM count
+    for shape, sms in (((1920, 1280, 2560), 132), ((2048, 2048, 3000), 132), ((1000, 1000, 1000), 132),
+                       ((10000, 4000, 3000), 132), ((2500, 1000, 3000), 133)):
         assert not gemm_ws.appendix_schedule(*shape, sms).pairs
 
 

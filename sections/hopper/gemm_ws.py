@@ -108,7 +108,7 @@ def appendix_schedule(M: int, N: int, K: int, sm_count: int, smem_budget: int = 
     estimates fastest (gemm_plans.estimate_seconds: the tiles' rounds on the SMs): 128x256 on big problems,
     where it led the shape set of the schedules tried; 128x192 where 128x256 tiles would leave a part-empty
     last round (2000x3000x4000, 3000^3); 128x128 where wider tiles are too few for the SMs. In cluster pairs
-    sharing B over a partial last column of tiles in few rounds (PAIRS_MAX_ROUNDS)."""
+    sharing B where B's rows are off 128-byte lines and the tiles take few rounds (PAIRS_MAX_ROUNDS)."""
     from sections.gemm_plans import GemmConfig, estimate_seconds
 
     def estimate(block_N: int) -> float:
@@ -118,16 +118,17 @@ def appendix_schedule(M: int, N: int, K: int, sm_count: int, smem_budget: int = 
     block_N = min(APPENDIX_TILES, key=estimate)  # ties: the widest
     stages, strips = APPENDIX_TILES[block_N]
     rounds = -(-tile_count(M, N, WsConfig(128, block_N, 64, stages, 256, True)) // sm_count)
-    pairs = block_N >= 192 and N % block_N != 0 and rounds <= PAIRS_MAX_ROUNDS and sm_count % 2 == 0
+    pairs = block_N >= 192 and N % 64 != 0 and rounds <= PAIRS_MAX_ROUNDS and sm_count % 2 == 0
     return WsConfig(128, block_N, 64, stages, 256, True, persistent=sm_count, store_buffers=strips,
                     even_rounds=True, pairs=pairs)
 
 
-# Cluster pairs (WsConfig.pairs) where the last column of 192- or 256-wide tiles is partial and the tiles take
-# at most this many rounds of the SMs. Measured (bench/gemm_experiments_probe.py, 39 problems): there one tile a
-# block without a partner fell furthest behind cuBLAS, and sharing B by multicast won most of it back; with whole
-# columns, 128-wide tiles or many rounds, pairs were mostly level or behind (the cluster's two blocks wait on each
-# other at every stage, and a long persistent walk already hides each tile's start and end).
+# Cluster pairs (WsConfig.pairs) with 192- or 256-wide tiles where B's rows do not start on 128-byte lines (N not
+# a multiple of 64 elements) and the tiles take at most this many rounds of the SMs. Then every 64-column row of a
+# B tile the TMA loads straddles two lines of L2, and halving B's loads by multicast paid; measured
+# (bench/gemm_experiments_probe.py, 39 problems), there one tile a block without a partner fell furthest behind
+# cuBLAS. With aligned rows, 128-wide tiles or many rounds, pairs were mostly level or behind (the cluster's two
+# blocks wait on each other at every stage, and a long persistent walk already hides each tile's start and end).
 PAIRS_MAX_ROUNDS = 5
 
 
