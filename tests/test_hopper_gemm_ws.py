@@ -222,7 +222,7 @@ def check_on_odd_size(kernel, M: int, N: int, K: int, activation, name: str) -> 
 # one wave of pairs.
 PAIR_SIZES = [(1100, 1032, 1000), (2500, 1000, 3000)]
 PAIR_KERNELS = [PAIRS, dataclasses.replace(PAIRS, persistent=6, even_rounds=False),
-                gemm_ws.WsConfig(128, 128, 64, 4, 256, True, persistent=6, store_buffers=2, pairs=True)]
+                gemm_ws.WsConfig(128, 256, 64, 3, 256, True, persistent=6, store_buffers=4, pairs=True)]
 
 
 @pytest.mark.gpu
