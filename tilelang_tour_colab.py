@@ -4517,7 +4517,7 @@ def gemm_ws_body(M: int, N: int, K: int, config: WsConfig, bias: bool, activate,
     _, produce_tile, consume_tile = ws_pipeline(bM, bN, bK, k_steps, num_stages, config.pairs)
     producer_threads = 128  # those that run the producer loop and arrive on `full`
     cluster = 2 if config.pairs else 1  # blocks a worker of the persistent grid
-    releasing = consumer_threads * (2 if config.pairs else 1)  # arrivals that free a stage: both blocks' in pairs
+    releasing = consumer_threads * cluster  # arrivals that free a stage: both blocks' consumers in pairs
 
     @T.macro
     def produce_bias(Bias, Bias_s, bias_full, bias_empty, n, tile):

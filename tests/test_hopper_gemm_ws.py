@@ -152,17 +152,15 @@ def test_the_appendix_takes_pairs_where_b_rows_are_off_128_byte_lines_in_few_rou
 
 
 def test_persistent_pairs_walk_pairs_of_tile_rows_in_clusters():
-    config = PAIRS
+    config = PAIRS  # its codegen: test_pairs_multicast_b_and_free_each_stage_in_both_blocks
     # 2500x1000x3000: 20 x 6 tiles, 60 pairs: one round of 60 clusters; 1100 rows: 9 tile rows, 5 pairs a column
     assert gemm_ws.persistent_blocks_for(2500, 1000, config) == 120
     assert gemm_ws.persistent_blocks_for(1100, 1032, config) == 60
     # 4096^2: 16 pairs of tile rows x 22 columns, 352 pairs: 6 rounds on 66 clusters, so 59 clusters take them
     assert gemm_ws.persistent_blocks_for(4096, 4096, config) == 2 * 59
     report = tourkit.inspect_kernel("ws", gemm_ws.appendix_program(4096, 4096, 1024, config), "sm_90a", nvcc=False)
-    source = report.source
-    assert tuple(report.grid) == (118, 1, 1) and source.count("tl::cluster_sync()") == 2
-    assert source.count("tma_load_multicast(B_desc") == 1 and "empty[0].init(512)" in source
-    assert len(re.findall(r"\+ 59\);", source)) == 2  # producer and consumers stride by the 59 clusters
+    assert tuple(report.grid) == (118, 1, 1)
+    assert len(re.findall(r"\+ 59\);", report.source)) == 2  # producer and consumers stride by the 59 clusters
 
 
 # GPU: the ring's phases across tiles need blocks that walk many tiles: 5 blocks on the 32 tiles of 1000^3; even
