@@ -2149,7 +2149,7 @@ from dataclasses import replace
 
 import tourkit
 from sections.gemm_epilogue import gelu_exact  # noqa: F401  (gelu_exact: the formula taught)
-from sections.gemm_plans import GemmConfig, GemmLauncher, GemmPlan, gemm_bytes, neighbours
+from sections.gemm_plans import PART_THREADS, GemmConfig, GemmLauncher, GemmPlan, gemm_bytes, neighbours
 from sections.gemm_schedules import (fits, gemm_flops, gemm_program, lesson_schedules, reference, rule,  # noqa: F401
                                      sm_count, timed_choice)
 from tourkit import KernelDecl, Section, SectionSkip
@@ -2237,7 +2237,7 @@ def appendix_for(ctx):
 
 
 def kernel_name(p: GemmPlan, activation: str, part: str = "gemm") -> str:
-    kernel = p.config.label() if isinstance(p.config, GemmConfig) else p.config.columns()["kernel"]  # the appendix's
+    kernel = p.label() if isinstance(p.config, GemmConfig) else p.config.columns()["kernel"]  # the appendix's
     name = f"{kernel} + bias + {activation} @{p.M}x{p.N}x{p.K}"
     return name + ("" if p.dtype == "float16" else f" {p.dtype}") + ("" if part == "gemm" else f" ({part})")
 
@@ -2256,6 +2256,7 @@ def planned(ctx):
     else:
         others = neighbours(pick, tourkit.ARCH_SPECS[ctx.arch].family, sm_count(ctx), ctx.smem_budget, epilogue=True)
         jobs += [(replace(pick, config=c, reason=""), "gelu", True, False) for c in others]
+        jobs += [(replace(pick, pad_b=False, reason=""), "gelu", True, False)] if pick.pad_b else []
     appendix = appendix_for(ctx)
     if appendix is not None and N % 8 == 0 and K % 8 == 0:
         shapes = [(M, N, K)] + ([ODD] if ctx.shape is None else [])
@@ -2265,14 +2266,16 @@ def planned(ctx):
 
 
 def parts(p: GemmPlan) -> tuple[str, ...]:
-    """The plan's programs: the GEMM, and the reduction (which applies the epilogue) with a split K."""
-    return ("gemm", "reduce") if getattr(p.config, "split_k", 1) > 1 else ("gemm",)
+    """The plan's programs: B's padded copy (pad_b), the GEMM, and with a split K the reduction (which applies
+    the epilogue)."""
+    return p.parts
 
 
 def kernels(ctx) -> list[KernelDecl]:
     markers = tuple(tourkit.tensor_core_markers(ctx.arch))
     return [KernelDecl(kernel_name(p, act, part), (lambda p=p, a=act, part=part: p.programs(True, a)[part]),
-                       pass_configs=p.pass_configs(part, act), threads=p.config.threads, nvcc=nvcc,
+                       pass_configs=p.pass_configs(part, act), nvcc=nvcc,
+                       threads=p.config.threads if part == "gemm" else PART_THREADS[part],
                        markers=p.markers(markers) if part == "gemm" else (), smem_limit=p.config.smem_bytes())
             for p, act, _, nvcc in planned(ctx) for part in parts(p)]
 
@@ -2330,8 +2333,8 @@ def benchmark(ctx, built: dict) -> None:
     fused = [(p, launcher(built, p, act)) for p, act, timed, _ in planned(ctx) if timed]
     lessons = [p for p, _ in fused if isinstance(p.config, GemmConfig)]  # the rest: the appendix's
     if ctx.shape is not None:
-        ctx.log(f"the fused kernel's schedule, by the GEMM rule: {fused[0][0].config.label()}:\n  {fused[0][0].describe()}")
-    contenders = {p.config.label(): (lambda k: lambda: k(a, b, bias, c))(kernel) for p, kernel in fused}
+        ctx.log(f"the fused kernel's schedule, by the GEMM rule: {fused[0][0].label()}:\n  {fused[0][0].describe()}")
+    contenders = {p.label(): (lambda k: lambda: k(a, b, bias, c))(kernel) for p, kernel in fused}
     contenders["eager PyTorch (3 kernels)"] = lambda: eager(a, b, bias)
     mode, compiled = torch_compiled(ctx, a, b, bias)
     compiled_name = f"torch.compile ({mode})"
@@ -2342,20 +2345,21 @@ def benchmark(ctx, built: dict) -> None:
 
     flops, eager_ms, compile_ms = gemm_flops(M, N, K), ms["eager PyTorch (3 kernels)"], ms.get(compiled_name)
     nbytes = gemm_bytes(M, N, K, bias=True)  # the fused kernel's minimum: no intermediate round trips
-    best = min(lessons, key=lambda p: ms[p.config.label()])
+    best = min(lessons, key=lambda p: ms[p.label()])
     if len(lessons) > 1:
-        ctx.log(timed_choice(lessons, best, {p: ms[p.config.label()] for p in lessons}))
+        ctx.log(timed_choice(lessons, best, {p: ms[p.label()] for p in lessons}))
     for p, _ in fused:
-        ctx.timing(f"fused {p.config.label()}", ms[p.config.label()], flops=flops, nbytes=nbytes,
+        ctx.timing(f"fused {p.label()}", ms[p.label()], flops=flops, nbytes=nbytes,
                    kind="lesson" if p in lessons else "appendix", problem=f"{M}x{N}x{K}")
     for name in ("eager PyTorch (3 kernels)", compiled_name):
         if name in ms:
             ctx.timing(name, ms[name], flops=flops, nbytes=nbytes, kind="pytorch", problem=f"{M}x{N}x{K}")
-    marks = {lessons[0].config.label(): "the rule's pick", best.config.label(): "<- fastest"} if len(lessons) > 1 else {}
+    marks = {lessons[0].label(): "the rule's pick", best.label(): "<- fastest"} if len(lessons) > 1 else {}
     rows = []
     for name, t in ms.items():
-        config = next((p.config for p, _ in fused if p.config.label() == name), None)
-        what = f"{config.columns()['kernel']} {config.columns()['tile']}" if config else name
+        plan = next((p for p, _ in fused if p.label() == name), None)
+        what = (f"{plan.config.columns()['kernel']} {plan.config.columns()['tile']}"
+                + (f", B in {plan.b_width}-column rows" if plan.pad_b else "")) if plan else name
         rows.append([what, f"{t:.3f}", f"{tourkit.tflops(flops, t):.0f}", f"{tourkit.speedup(eager_ms, t):.3f}x",
                      f"{tourkit.speedup(compile_ms, t):.3f}x" if compile_ms else "-", marks.get(name, "")])
     ctx.log(f"\ngelu(A @ B + bias), {M}x{N}x{K} {ctx.dtype} (timed in turns after {tourkit.SETTLE_MS / 1e3:.1f} s of "
@@ -2367,11 +2371,11 @@ def benchmark(ctx, built: dict) -> None:
     appendix = next((p for p, _ in fused if p not in lessons), None)
     for who, p in (("lesson", best), ("appendix", appendix)):
         if p is not None:
-            ctx.headline(**{f"{who}_vs_eager": round(tourkit.speedup(eager_ms, ms[p.config.label()]), 3)})
+            ctx.headline(**{f"{who}_vs_eager": round(tourkit.speedup(eager_ms, ms[p.label()]), 3)})
             if compile_ms:
-                ctx.headline(**{f"{who}_vs_compile": round(tourkit.speedup(compile_ms, ms[p.config.label()]), 3)})
-    ctx.metric(size=M if M == N == K else f"{M}x{N}x{K}", dtype=ctx.dtype, lesson=best.config.label(),
-               appendix=appendix.config.label() if appendix else None, saved_bytes=saved,
+                ctx.headline(**{f"{who}_vs_compile": round(tourkit.speedup(compile_ms, ms[p.label()]), 3)})
+    ctx.metric(size=M if M == N == K else f"{M}x{N}x{K}", dtype=ctx.dtype, lesson=best.label(),
+               appendix=appendix.label() if appendix else None, saved_bytes=saved,
                ms={n: round(t, 4) for n, t in ms.items()})
 
 
@@ -2508,6 +2512,7 @@ from sections.gemm_epilogue import ACTIVATIONS, activation_macro, epilogue_pass_
 WARP_POLICIES = ("Square", "FullRow", "FullCol")
 DTYPES = ("float16", "bfloat16")
 ALIGN = 8  # elements of a 16-byte row segment (2-byte types)
+LINE = 64  # elements of a 128-byte line: rows of B that are not whole lines run slower through TMA
 PRODUCER_REGISTERS = 24  # a thread of the TMA producer warpgroup (Hopper warp specialization)
 
 
@@ -2865,6 +2870,25 @@ def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget, family
     return f"{line}; {said(options[other])} would take {times[other] * 1e6:.0f} us ({why})"
 
 
+PART_THREADS = {"reduce": 128, "pad_b": 256}  # threads of a plan's programs besides the GEMM
+PAD_TILE = (16, 512)  # a 256-thread block copies 16 rows x 512 columns: 16-byte vectors, four a thread
+
+
+def pad_rows_program(rows: int, cols: int, rows_to: int, cols_to: int, dtype: str = "float16"):
+    """P[:rows, :cols] = S: the copy of S[rows, cols] into the top left of a P[rows_to, cols_to] whose other
+    elements stay as they are (zeros, written once where the launcher makes P)."""
+    bR, bC = PAD_TILE
+
+    @T.prim_func
+    def pad_rows(S: T.Tensor((rows, cols), dtype), P: T.Tensor((rows_to, cols_to), dtype)):
+        with T.Kernel(T.ceildiv(cols, bC), T.ceildiv(rows, bR), threads=256) as (bx, by):
+            for i, j in T.Parallel(bR, bC):
+                if by * bR + i < rows and bx * bC + j < cols:
+                    P[by * bR + i, bx * bC + j] = S[by * bR + i, bx * bC + j]
+
+    return pad_rows
+
+
 # ---- The problem, padded where its rows are not 16-byte aligned ----------------------------------------
 
 
@@ -2890,20 +2914,21 @@ def check_problem(M: int, N: int, K: int, activation, dtype: str, aligned_rows: 
                          f"{ALIGN}); pad the operands (GemmLauncher does)")
 
 
-def gemm_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str, c_shape=None, c_dtype=None):
+def gemm_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str, c_shape=None, c_dtype=None,
+                   b_cols: int = 0):
     """The prim_func around a kernel body(A, B, Bias, C): with or without the Bias[N] argument; C is last
-    (c_shape/c_dtype: the split-K partials instead of C)."""
-    c_shape, c_dtype = c_shape or (M, N), c_dtype or dtype
+    (c_shape/c_dtype: the split-K partials instead of C; b_cols: B's rows padded to that many columns)."""
+    c_shape, c_dtype, b_shape = c_shape or (M, N), c_dtype or dtype, (K, b_cols or N)
     if bias:
         @T.prim_func
-        def gemm_bias(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), Bias: T.Tensor((N,), dtype),
+        def gemm_bias(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), Bias: T.Tensor((N,), dtype),
                       C: T.Tensor(c_shape, c_dtype)):
             body(A, B, Bias, C)
 
         return gemm_bias
 
     @T.prim_func
-    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor(c_shape, c_dtype)):
+    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), C: T.Tensor(c_shape, c_dtype)):
         body(A, B, None, C)
 
     return gemm
@@ -2975,6 +3000,11 @@ class GemmPlan:
     dtype: str = "float16"
     reason: str = ""
     pad: bool = True  # unaligned rows: run on zero-padded copies (False: the kernel loads them masked)
+    pad_b: bool = False  # B copied into rows of whole 128-byte lines first (`b_width` columns; see LINE)
+
+    def __post_init__(self):
+        if self.pad_b and not self.pad:
+            raise ValueError("pad_b copies B into whole lines: a plan that loads its rows masked (pad=False) has none")
 
     @property
     def padded(self) -> bool:
@@ -2983,6 +3013,22 @@ class GemmPlan:
     @property
     def kernel_shape(self) -> tuple[int, int, int]:
         return (self.M, aligned(self.N), aligned(self.K)) if self.pad else (self.M, self.N, self.K)
+
+    @property
+    def b_width(self) -> int:
+        """Columns of the B the kernel reads: N, or with pad_b N rounded up to whole 128-byte lines."""
+        n = self.kernel_shape[1]
+        return -(-n // LINE) * LINE if self.pad_b else n
+
+    def label(self) -> str:
+        """The schedule's label, and B's padded copy where the plan makes one."""
+        return self.config.label() + (f", B copied into rows of {self.b_width}" if self.pad_b else "")
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The plan's programs, in the order a call runs them: B's padded copy, the GEMM, the split-K sum."""
+        return (("pad_b",) if self.pad_b else ()) + ("gemm",) + (("reduce",) if getattr(
+            self.config, "split_k", 1) > 1 else ())
 
     def markers(self, family_markers) -> tuple:
         """What the GEMM's CUDA must contain: the family's markers; only its tensor-core instruction where the
@@ -3010,8 +3056,9 @@ class GemmPlan:
         from sections.gemm_schedules import gemm_program  # the lesson's kernel (it imports this module)
 
         split = self.config.split_k > 1
-        out = {"gemm": gemm_program(M, N, K, self.config, bias=bias and not split,
-                                    activation=None if split else activation, dtype=self.dtype)}
+        out = {"pad_b": pad_rows_program(self.K, self.N, K, self.b_width, self.dtype)} if self.pad_b else {}
+        out["gemm"] = gemm_program(M, N, K, self.config, bias=bias and not split,
+                                   activation=None if split else activation, dtype=self.dtype, b_cols=self.b_width)
         if split:
             out["reduce"] = splitk_reduce_program(M, N, self.config.split_k, bias=bias, activation=activation,
                                                   dtype=self.dtype)
@@ -3020,6 +3067,9 @@ class GemmPlan:
     def describe(self) -> str:
         pad = (f"; run at {self.M}x{aligned(self.N)}x{aligned(self.K)} on zero-padded copies ("
                f"{unaligned_rows(self.N, self.K)})" if self.padded else "")
+        if self.pad_b:
+            pad += (f"; B copied into rows of {self.b_width} columns first: rows of {self.N} two-byte elements "
+                    f"straddle 128-byte lines, and TMA then fetches two lines a row")
         rows = -(-self.M // self.config.block_M)
         tall = (f"; its {rows} rows of tiles run along the grid's x axis (y takes at most {MAX_GRID_Y})"
                 if rows > MAX_GRID_Y and isinstance(self.config, GemmConfig) else "")
@@ -3040,6 +3090,22 @@ def padding_seconds(M: int, N: int, K: int, family: str) -> float:
     return sum(2 * elements / machine.memory + machine.launch for elements in copies if elements)
 
 
+LINE_PENALTY = 0.2  # what rows of B off 128-byte lines cost a Hopper GEMM, as a share of its time
+
+
+def pads_b(plan: GemmPlan, family: str, gemm_s: float) -> bool:
+    """Copy B into rows of whole 128-byte lines first? On Hopper the kernel's TMA loads of B rows that start off
+    a line run slower (`bench/gemm_alignment_probe.py`): yes where the copy, a read and a write of B and a
+    launch, costs at most half of what the lines are taken to cost (LINE_PENALTY): large problems, whose GEMM
+    time grows with M and the copy's does not. (Where B's rows are not 16-byte aligned it is copied anyway.)"""
+    M, N, K = plan.kernel_shape
+    if family != "hopper" or N % LINE == 0 or not plan.pad or not getattr(plan.config, "warp_specialized", True):
+        return False
+    machine = MACHINES[family]
+    copy_s = 2 * 2 * K * N / machine.memory + machine.launch
+    return copy_s <= LINE_PENALTY / 2 * gemm_s
+
+
 def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int,
                  dtype: str = "float16", epilogue: bool = False) -> GemmPlan:
     """The rule's schedule for a problem, at its aligned sizes. Unaligned rows: zero-padded copies, unless the
@@ -3048,12 +3114,12 @@ def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget
     take to make it up to twice as slow."""
     config, reason = choose_schedule(M, aligned(N), aligned(K), family, sm_count, smem_budget, epilogue)
     plan = GemmPlan(M, N, K, config, dtype, reason)
-    if not plan.padded:
-        return plan
     gemm_s = estimate_seconds(M, aligned(N), aligned(K), config, family, sm_count, smem_budget)
+    if not plan.padded:
+        return replace(plan, pad_b=pads_b(plan, family, gemm_s))
     copies_s = padding_seconds(M, N, K, family)
     if copies_s <= gemm_s or (M == 1 and K % 2):  # one row of odd length: TileLang picks a 2-byte cp.async
-        return plan
+        return replace(plan, pad_b=pads_b(plan, family, gemm_s))
     if config.persistent:  # the walk is for aligned rows (see PERSISTENT): the best plain grid
         config, reason = choose_schedule(M, N, K, family, sm_count, smem_budget, epilogue)
     return replace(plan, config=config, pad=False, reason=f"{reason}; {unaligned_rows(N, K)}: loaded as they are, masked "
@@ -3076,7 +3142,7 @@ class GemmLauncher:
         (M, N, K), (n, k) = self.plan.kernel_shape, (self.plan.N, self.plan.K)
         new = dict(dtype=a.dtype, device=a.device)
         padded = {"a": torch.zeros((M, K), **new) if K != k else None,
-                  "b": torch.zeros((K, N), **new) if self.plan.padded else None,
+                  "b": torch.zeros((K, self.plan.b_width), **new) if self.plan.padded or self.plan.pad_b else None,
                   "bias": torch.zeros((N,), **new) if N != n else None,
                   "c": torch.empty((M, N), **new) if N != n else None}
         views = {"a": (lambda t: t[:, :k]), "b": (lambda t: t[:k, :n]), "bias": (lambda t: t[:n]),
@@ -3092,7 +3158,10 @@ class GemmLauncher:
         padded, views, w = self.buffers["padded"], self.buffers["views"], self.buffers["w"]
         operands = {"a": a, "b": b, "bias": bias}
         for key, tensor in operands.items():
-            if tensor is not None and key in views:
+            if key == "b" and "pad_b" in self.kernels:  # a 16-byte vector copy (torch's copy_ is slower here)
+                self.kernels["pad_b"](tensor.contiguous(), padded["b"])
+                operands["b"] = padded["b"]
+            elif tensor is not None and key in views:
                 views[key].copy_(tensor)
                 operands[key] = padded[key]
         a, b, bias = operands.values()
@@ -3165,7 +3234,7 @@ import tilelang
 import tilelang.language as T
 
 import tourkit
-from sections.gemm_plans import (MAX_GRID_Y, PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher,  # noqa: F401
+from sections.gemm_plans import (MAX_GRID_Y, PART_THREADS, PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher,  # noqa: F401
                                  GemmPlan, check_problem, consumer_registers, epilogue_macro, fits, gemm_bytes,
                                  gemm_flops, gemm_pass_configs, gemm_prim_func, lesson_schedules, neighbours,
                                  persistent_schedule, plan_problem, wave_traffic)
@@ -3174,10 +3243,11 @@ from tourkit import KernelDecl, Section, SectionSkip
 # ---- The schedule: a GemmConfig (sections/gemm_plans.py), chosen per problem by choose_schedule ----------
 
 def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = False, activation: str | None = None,
-                 dtype: str = "float16", accum_dtype: str = "float32"):
+                 dtype: str = "float16", accum_dtype: str = "float32", b_cols: int = 0):
     """C = activation(A @ B + Bias) over A[M, K], B[K, N], (Bias[N],) C[M, N]: T.Pipelined + T.gemm.
     With config.split_k > 1, block z of the grid takes the z-th run of K steps and C is W[split_k, M, N],
-    fp32 partials that gemm_plans.splitk_reduce_program adds up (and applies the epilogue to)."""
+    fp32 partials that gemm_plans.splitk_reduce_program adds up (and applies the epilogue to).
+    b_cols: B arrives in rows padded to b_cols >= N columns (see GemmPlan.pad_b)."""
     check_problem(M, N, K, activation, dtype, aligned_rows=False)
     if config.policy not in WARP_POLICIES:
         raise ValueError(f"warp policy {config.policy!r} is not one of {WARP_POLICIES}")
@@ -3263,7 +3333,8 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
     c_shape = (M, N) if splits == 1 else (splits, M, N)
     if config.persistent and splits > 1:
         raise ValueError("a persistent schedule walks whole K loops: no split K")
-    return gemm_prim_func(M, N, K, persistent_body if config.persistent else body, bias, dtype, c_shape, out_dtype)
+    return gemm_prim_func(M, N, K, persistent_body if config.persistent else body, bias, dtype, c_shape, out_dtype,
+                          b_cols)
 
 
 def tile_of(t, m_tiles: int, n_tiles: int, panel: int, lo=min, hi=max):
@@ -3338,7 +3409,7 @@ def plan(ctx):
     if ctx.shape is not None:
         pick = rule(ctx, *ctx.shape)
         others = neighbours(pick, tourkit.ARCH_SPECS[ctx.arch].family, sm_count(ctx), ctx.smem_budget)
-        rows = [pick] + [replace(pick, config=c, reason="") for c in others]
+        rows = [pick] + [replace(pick, config=c, reason="") for c in others] + [replace(pick, pad_b=False, reason="")] * pick.pad_b
         return list(dict.fromkeys(rows)), appendix_plan(ctx, *ctx.shape), []
     size = 2048 if ctx.quick or ctx.compile_only else 8192
     family = tourkit.ARCH_SPECS[ctx.arch].family
@@ -3352,7 +3423,7 @@ def plan(ctx):
 
 def kernel_name(p: GemmPlan, part: str = "gemm") -> str:
     dtype = "" if p.dtype == "float16" else f" {p.dtype}"
-    return f"{p.config.label()} @{p.M}x{p.N}x{p.K}{dtype}" + ("" if part == "gemm" else f" ({part})")
+    return f"{p.label()} @{p.M}x{p.N}x{p.K}{dtype}" + ("" if part == "gemm" else f" ({part})")
 
 
 def kernels(ctx) -> list[KernelDecl]:
@@ -3365,9 +3436,8 @@ def kernels(ctx) -> list[KernelDecl]:
     return [KernelDecl(kernel_name(p, part), (lambda p=p, part=part: p.programs()[part]), nvcc=nvcc,
                        pass_configs=p.pass_configs(part),
                        markers=p.markers(markers) if part == "gemm" else (), smem_limit=p.config.smem_bytes(),
-                       threads=getattr(p.config, "block_threads", p.config.threads) if part == "gemm" else 128)
-            for p, nvcc in dict.fromkeys(jobs)
-            for part in (("gemm", "reduce") if getattr(p.config, "split_k", 1) > 1 else ("gemm",))]
+                       threads=getattr(p.config, "block_threads", p.config.threads) if part == "gemm" else PART_THREADS[part])
+            for p, nvcc in dict.fromkeys(jobs) for part in p.parts]
 
 
 def timed_choice(rows: list, best: GemmPlan, ms: dict) -> str:
@@ -3375,13 +3445,13 @@ def timed_choice(rows: list, best: GemmPlan, ms: dict) -> str:
     with its runner-up and the lesson's default; the fastest (ms: a median per plan) is the problem's schedule."""
     gain = ms[rows[0]] / ms[best]
     return (f"timed beside {len(rows) - 1} other schedule(s), the rule's pick was the fastest: it stays" if best == rows[0]
-            else f"timed in turns, {best.config.label()} ran {gain:.2f}x the speed of the rule's pick: it is this "
+            else f"timed in turns, {best.label()} ran {gain:.2f}x the speed of the rule's pick: it is this "
                  f"problem's schedule")
 
 
 def launcher(built: dict, p: GemmPlan) -> GemmLauncher:
     """The plan's kernels as one call, launcher(a, b, c): pads, split-K partials and reduction included."""
-    return GemmLauncher(p, {part: built[kernel_name(p, part)] for part in ("gemm", "reduce") if kernel_name(p, part) in built})
+    return GemmLauncher(p, {part: built[kernel_name(p, part)] for part in p.parts if kernel_name(p, part) in built})
 
 
 # ---- The benchmark and the report ----------------------------------------------------------------------
@@ -3390,9 +3460,9 @@ TABLE = ["kernel", "tile (MxNxK)", "stages", "threads", "swizzle", "policy", "sm
 ROUNDS = 6  # three forward/backward pairs (tourkit.bench_interleaved)
 
 
-def table_row(config, ms: float, cublas_ms: float, flops: int) -> list:
-    c = config.columns()
-    return [c["kernel"], c["tile"], c["stages"], c["threads"], c["swizzle"], c["policy"],
+def table_row(p: GemmPlan, ms: float, cublas_ms: float, flops: int) -> list:
+    c, config = p.config.columns(), p.config
+    return [c["kernel"] + (f", B in {p.b_width}-column rows" if p.pad_b else ""), c["tile"], c["stages"], c["threads"], c["swizzle"], c["policy"],
             tourkit.format_bytes(config.smem_bytes()), f"{ms:.3f}", f"{tourkit.tflops(flops, ms):.0f}",
             f"{tourkit.speedup(cublas_ms, ms):.3f}x"]
 
@@ -3419,7 +3489,7 @@ def record_timings(ctx, timed: list, ms: dict, cublas_ms: float, ws) -> None:
     M, N, K = timed[0].M, timed[0].N, timed[0].K
     size = dict(flops=gemm_flops(M, N, K), nbytes=gemm_bytes(M, N, K), problem=f"{M}x{N}x{K}")
     for p in timed:
-        ctx.timing(p.config.label(), ms[kernel_name(p)], kind="appendix" if p == ws else "lesson", **size)
+        ctx.timing(p.label(), ms[kernel_name(p)], kind="appendix" if p == ws else "lesson", **size)
     ctx.timing("cuBLAS", cublas_ms, kind="pytorch", **size)
 
 
@@ -3457,7 +3527,7 @@ def run(ctx) -> None:
         raise SectionSkip(f"no schedule fits the {ctx.smem_budget} B of shared memory a block may use here")
     M, N, K = rows[0].M, rows[0].N, rows[0].K
     if ctx.shape is not None:
-        ctx.log(f"C[{M}x{N}] = A[{M}x{K}] @ B, {ctx.dtype}: the rule's schedule, {rows[0].config.label()}:\n  "
+        ctx.log(f"C[{M}x{N}] = A[{M}x{K}] @ B, {ctx.dtype}: the rule's schedule, {rows[0].label()}:\n  "
                 f"{rows[0].describe()}")
     if ctx.compile_only:  # lower (and nvcc a few), check markers and shared memory, show the K loop
         first = tourkit.inspect_declared(ctx, decls)[decls[0].name]
@@ -3480,9 +3550,9 @@ def run(ctx) -> None:
     record_timings(ctx, timed, ms, cublas_ms, ws)
     ctx.log(f"\nC[{M}x{N}] = A @ B, {ctx.dtype} in, fp32 accumulation, {ctx.dtype} out; timed in turns with cuBLAS "
             f"after {tourkit.SETTLE_MS / 1e3:.1f} s of untimed load ({rounds // 2} forward/backward pairs)"
-            + ("; padding copies included" if rows[0].padded else ""))
+            + ("; padding copies included" if rows[0].padded or rows[0].pad_b else ""))
     marks = {ws: "appendix", rows[0]: "the rule's pick" if ctx.shape is not None else "", best: "<- fastest"}
-    table = [table_row(p.config, ms[kernel_name(p)], cublas_ms, flops) + [tourkit.format_error(errors[kernel_name(p)]),
+    table = [table_row(p, ms[kernel_name(p)], cublas_ms, flops) + [tourkit.format_error(errors[kernel_name(p)]),
              marks.get(p, "")] for p in timed]
     table.append(["cuBLAS (torch.matmul)", "", "", "", "", "", "", f"{cublas_ms:.3f}",
                   f"{tourkit.tflops(flops, cublas_ms):.0f}", "1.000x", tourkit.format_error(errors["cuBLAS"]), ""])
@@ -3496,9 +3566,9 @@ def run(ctx) -> None:
     ctx.headline(lesson_vs_cublas=round(tourkit.speedup(cublas_ms, ms[kernel_name(best)]), 3))  # ratios first:
     if ws is not None:  # the summary shows a headline's first 110 characters
         ctx.headline(appendix_vs_cublas=round(tourkit.speedup(cublas_ms, ms[kernel_name(ws)]), 3))
-    ctx.headline(lesson_tflops=round(tourkit.tflops(flops, ms[kernel_name(best)])), lesson=best.config.label())
+    ctx.headline(lesson_tflops=round(tourkit.tflops(flops, ms[kernel_name(best)])), lesson=best.label())
     ctx.metric(size=M if M == N == K else f"{M}x{N}x{K}", dtype=ctx.dtype, cublas_tflops=round(tourkit.tflops(flops, cublas_ms)),
-               schedules={p.config.label(): round(tourkit.speedup(cublas_ms, ms[kernel_name(p)]), 3) for p in timed},
+               schedules={p.label(): round(tourkit.speedup(cublas_ms, ms[kernel_name(p)]), 3) for p in timed},
                reason=rows[0].describe() if ctx.shape is not None else None)
 
 

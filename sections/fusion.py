@@ -32,7 +32,7 @@ from dataclasses import replace
 
 import tourkit
 from sections.gemm_epilogue import gelu_exact  # noqa: F401  (gelu_exact: the formula taught)
-from sections.gemm_plans import GemmConfig, GemmLauncher, GemmPlan, gemm_bytes, neighbours
+from sections.gemm_plans import PART_THREADS, GemmConfig, GemmLauncher, GemmPlan, gemm_bytes, neighbours
 from sections.gemm_schedules import (fits, gemm_flops, gemm_program, lesson_schedules, reference, rule,  # noqa: F401
                                      sm_count, timed_choice)
 from tourkit import KernelDecl, Section, SectionSkip
@@ -120,7 +120,7 @@ def appendix_for(ctx):
 
 
 def kernel_name(p: GemmPlan, activation: str, part: str = "gemm") -> str:
-    kernel = p.config.label() if isinstance(p.config, GemmConfig) else p.config.columns()["kernel"]  # the appendix's
+    kernel = p.label() if isinstance(p.config, GemmConfig) else p.config.columns()["kernel"]  # the appendix's
     name = f"{kernel} + bias + {activation} @{p.M}x{p.N}x{p.K}"
     return name + ("" if p.dtype == "float16" else f" {p.dtype}") + ("" if part == "gemm" else f" ({part})")
 
@@ -139,6 +139,7 @@ def planned(ctx):
     else:
         others = neighbours(pick, tourkit.ARCH_SPECS[ctx.arch].family, sm_count(ctx), ctx.smem_budget, epilogue=True)
         jobs += [(replace(pick, config=c, reason=""), "gelu", True, False) for c in others]
+        jobs += [(replace(pick, pad_b=False, reason=""), "gelu", True, False)] if pick.pad_b else []
     appendix = appendix_for(ctx)
     if appendix is not None and N % 8 == 0 and K % 8 == 0:
         shapes = [(M, N, K)] + ([ODD] if ctx.shape is None else [])
@@ -148,14 +149,16 @@ def planned(ctx):
 
 
 def parts(p: GemmPlan) -> tuple[str, ...]:
-    """The plan's programs: the GEMM, and the reduction (which applies the epilogue) with a split K."""
-    return ("gemm", "reduce") if getattr(p.config, "split_k", 1) > 1 else ("gemm",)
+    """The plan's programs: B's padded copy (pad_b), the GEMM, and with a split K the reduction (which applies
+    the epilogue)."""
+    return p.parts
 
 
 def kernels(ctx) -> list[KernelDecl]:
     markers = tuple(tourkit.tensor_core_markers(ctx.arch))
     return [KernelDecl(kernel_name(p, act, part), (lambda p=p, a=act, part=part: p.programs(True, a)[part]),
-                       pass_configs=p.pass_configs(part, act), threads=p.config.threads, nvcc=nvcc,
+                       pass_configs=p.pass_configs(part, act), nvcc=nvcc,
+                       threads=p.config.threads if part == "gemm" else PART_THREADS[part],
                        markers=p.markers(markers) if part == "gemm" else (), smem_limit=p.config.smem_bytes())
             for p, act, _, nvcc in planned(ctx) for part in parts(p)]
 
@@ -213,8 +216,8 @@ def benchmark(ctx, built: dict) -> None:
     fused = [(p, launcher(built, p, act)) for p, act, timed, _ in planned(ctx) if timed]
     lessons = [p for p, _ in fused if isinstance(p.config, GemmConfig)]  # the rest: the appendix's
     if ctx.shape is not None:
-        ctx.log(f"the fused kernel's schedule, by the GEMM rule: {fused[0][0].config.label()}:\n  {fused[0][0].describe()}")
-    contenders = {p.config.label(): (lambda k: lambda: k(a, b, bias, c))(kernel) for p, kernel in fused}
+        ctx.log(f"the fused kernel's schedule, by the GEMM rule: {fused[0][0].label()}:\n  {fused[0][0].describe()}")
+    contenders = {p.label(): (lambda k: lambda: k(a, b, bias, c))(kernel) for p, kernel in fused}
     contenders["eager PyTorch (3 kernels)"] = lambda: eager(a, b, bias)
     mode, compiled = torch_compiled(ctx, a, b, bias)
     compiled_name = f"torch.compile ({mode})"
@@ -225,20 +228,21 @@ def benchmark(ctx, built: dict) -> None:
 
     flops, eager_ms, compile_ms = gemm_flops(M, N, K), ms["eager PyTorch (3 kernels)"], ms.get(compiled_name)
     nbytes = gemm_bytes(M, N, K, bias=True)  # the fused kernel's minimum: no intermediate round trips
-    best = min(lessons, key=lambda p: ms[p.config.label()])
+    best = min(lessons, key=lambda p: ms[p.label()])
     if len(lessons) > 1:
-        ctx.log(timed_choice(lessons, best, {p: ms[p.config.label()] for p in lessons}))
+        ctx.log(timed_choice(lessons, best, {p: ms[p.label()] for p in lessons}))
     for p, _ in fused:
-        ctx.timing(f"fused {p.config.label()}", ms[p.config.label()], flops=flops, nbytes=nbytes,
+        ctx.timing(f"fused {p.label()}", ms[p.label()], flops=flops, nbytes=nbytes,
                    kind="lesson" if p in lessons else "appendix", problem=f"{M}x{N}x{K}")
     for name in ("eager PyTorch (3 kernels)", compiled_name):
         if name in ms:
             ctx.timing(name, ms[name], flops=flops, nbytes=nbytes, kind="pytorch", problem=f"{M}x{N}x{K}")
-    marks = {lessons[0].config.label(): "the rule's pick", best.config.label(): "<- fastest"} if len(lessons) > 1 else {}
+    marks = {lessons[0].label(): "the rule's pick", best.label(): "<- fastest"} if len(lessons) > 1 else {}
     rows = []
     for name, t in ms.items():
-        config = next((p.config for p, _ in fused if p.config.label() == name), None)
-        what = f"{config.columns()['kernel']} {config.columns()['tile']}" if config else name
+        plan = next((p for p, _ in fused if p.label() == name), None)
+        what = (f"{plan.config.columns()['kernel']} {plan.config.columns()['tile']}"
+                + (f", B in {plan.b_width}-column rows" if plan.pad_b else "")) if plan else name
         rows.append([what, f"{t:.3f}", f"{tourkit.tflops(flops, t):.0f}", f"{tourkit.speedup(eager_ms, t):.3f}x",
                      f"{tourkit.speedup(compile_ms, t):.3f}x" if compile_ms else "-", marks.get(name, "")])
     ctx.log(f"\ngelu(A @ B + bias), {M}x{N}x{K} {ctx.dtype} (timed in turns after {tourkit.SETTLE_MS / 1e3:.1f} s of "
@@ -250,11 +254,11 @@ def benchmark(ctx, built: dict) -> None:
     appendix = next((p for p, _ in fused if p not in lessons), None)
     for who, p in (("lesson", best), ("appendix", appendix)):
         if p is not None:
-            ctx.headline(**{f"{who}_vs_eager": round(tourkit.speedup(eager_ms, ms[p.config.label()]), 3)})
+            ctx.headline(**{f"{who}_vs_eager": round(tourkit.speedup(eager_ms, ms[p.label()]), 3)})
             if compile_ms:
-                ctx.headline(**{f"{who}_vs_compile": round(tourkit.speedup(compile_ms, ms[p.config.label()]), 3)})
-    ctx.metric(size=M if M == N == K else f"{M}x{N}x{K}", dtype=ctx.dtype, lesson=best.config.label(),
-               appendix=appendix.config.label() if appendix else None, saved_bytes=saved,
+                ctx.headline(**{f"{who}_vs_compile": round(tourkit.speedup(compile_ms, ms[p.label()]), 3)})
+    ctx.metric(size=M if M == N == K else f"{M}x{N}x{K}", dtype=ctx.dtype, lesson=best.label(),
+               appendix=appendix.label() if appendix else None, saved_bytes=saved,
                ms={n: round(t, 4) for n, t in ms.items()})
 
 

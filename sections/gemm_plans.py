@@ -27,6 +27,7 @@ from sections.gemm_epilogue import ACTIVATIONS, activation_macro, epilogue_pass_
 WARP_POLICIES = ("Square", "FullRow", "FullCol")
 DTYPES = ("float16", "bfloat16")
 ALIGN = 8  # elements of a 16-byte row segment (2-byte types)
+LINE = 64  # elements of a 128-byte line: rows of B that are not whole lines run slower through TMA
 PRODUCER_REGISTERS = 24  # a thread of the TMA producer warpgroup (Hopper warp specialization)
 
 
@@ -384,6 +385,25 @@ def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget, family
     return f"{line}; {said(options[other])} would take {times[other] * 1e6:.0f} us ({why})"
 
 
+PART_THREADS = {"reduce": 128, "pad_b": 256}  # threads of a plan's programs besides the GEMM
+PAD_TILE = (16, 512)  # a 256-thread block copies 16 rows x 512 columns: 16-byte vectors, four a thread
+
+
+def pad_rows_program(rows: int, cols: int, rows_to: int, cols_to: int, dtype: str = "float16"):
+    """P[:rows, :cols] = S: the copy of S[rows, cols] into the top left of a P[rows_to, cols_to] whose other
+    elements stay as they are (zeros, written once where the launcher makes P)."""
+    bR, bC = PAD_TILE
+
+    @T.prim_func
+    def pad_rows(S: T.Tensor((rows, cols), dtype), P: T.Tensor((rows_to, cols_to), dtype)):
+        with T.Kernel(T.ceildiv(cols, bC), T.ceildiv(rows, bR), threads=256) as (bx, by):
+            for i, j in T.Parallel(bR, bC):
+                if by * bR + i < rows and bx * bC + j < cols:
+                    P[by * bR + i, bx * bC + j] = S[by * bR + i, bx * bC + j]
+
+    return pad_rows
+
+
 # ---- The problem, padded where its rows are not 16-byte aligned ----------------------------------------
 
 
@@ -409,20 +429,21 @@ def check_problem(M: int, N: int, K: int, activation, dtype: str, aligned_rows: 
                          f"{ALIGN}); pad the operands (GemmLauncher does)")
 
 
-def gemm_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str, c_shape=None, c_dtype=None):
+def gemm_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str, c_shape=None, c_dtype=None,
+                   b_cols: int = 0):
     """The prim_func around a kernel body(A, B, Bias, C): with or without the Bias[N] argument; C is last
-    (c_shape/c_dtype: the split-K partials instead of C)."""
-    c_shape, c_dtype = c_shape or (M, N), c_dtype or dtype
+    (c_shape/c_dtype: the split-K partials instead of C; b_cols: B's rows padded to that many columns)."""
+    c_shape, c_dtype, b_shape = c_shape or (M, N), c_dtype or dtype, (K, b_cols or N)
     if bias:
         @T.prim_func
-        def gemm_bias(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), Bias: T.Tensor((N,), dtype),
+        def gemm_bias(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), Bias: T.Tensor((N,), dtype),
                       C: T.Tensor(c_shape, c_dtype)):
             body(A, B, Bias, C)
 
         return gemm_bias
 
     @T.prim_func
-    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor(c_shape, c_dtype)):
+    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), C: T.Tensor(c_shape, c_dtype)):
         body(A, B, None, C)
 
     return gemm
@@ -494,6 +515,11 @@ class GemmPlan:
     dtype: str = "float16"
     reason: str = ""
     pad: bool = True  # unaligned rows: run on zero-padded copies (False: the kernel loads them masked)
+    pad_b: bool = False  # B copied into rows of whole 128-byte lines first (`b_width` columns; see LINE)
+
+    def __post_init__(self):
+        if self.pad_b and not self.pad:
+            raise ValueError("pad_b copies B into whole lines: a plan that loads its rows masked (pad=False) has none")
 
     @property
     def padded(self) -> bool:
@@ -502,6 +528,22 @@ class GemmPlan:
     @property
     def kernel_shape(self) -> tuple[int, int, int]:
         return (self.M, aligned(self.N), aligned(self.K)) if self.pad else (self.M, self.N, self.K)
+
+    @property
+    def b_width(self) -> int:
+        """Columns of the B the kernel reads: N, or with pad_b N rounded up to whole 128-byte lines."""
+        n = self.kernel_shape[1]
+        return -(-n // LINE) * LINE if self.pad_b else n
+
+    def label(self) -> str:
+        """The schedule's label, and B's padded copy where the plan makes one."""
+        return self.config.label() + (f", B copied into rows of {self.b_width}" if self.pad_b else "")
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The plan's programs, in the order a call runs them: B's padded copy, the GEMM, the split-K sum."""
+        return (("pad_b",) if self.pad_b else ()) + ("gemm",) + (("reduce",) if getattr(
+            self.config, "split_k", 1) > 1 else ())
 
     def markers(self, family_markers) -> tuple:
         """What the GEMM's CUDA must contain: the family's markers; only its tensor-core instruction where the
@@ -529,8 +571,9 @@ class GemmPlan:
         from sections.gemm_schedules import gemm_program  # the lesson's kernel (it imports this module)
 
         split = self.config.split_k > 1
-        out = {"gemm": gemm_program(M, N, K, self.config, bias=bias and not split,
-                                    activation=None if split else activation, dtype=self.dtype)}
+        out = {"pad_b": pad_rows_program(self.K, self.N, K, self.b_width, self.dtype)} if self.pad_b else {}
+        out["gemm"] = gemm_program(M, N, K, self.config, bias=bias and not split,
+                                   activation=None if split else activation, dtype=self.dtype, b_cols=self.b_width)
         if split:
             out["reduce"] = splitk_reduce_program(M, N, self.config.split_k, bias=bias, activation=activation,
                                                   dtype=self.dtype)
@@ -539,6 +582,9 @@ class GemmPlan:
     def describe(self) -> str:
         pad = (f"; run at {self.M}x{aligned(self.N)}x{aligned(self.K)} on zero-padded copies ("
                f"{unaligned_rows(self.N, self.K)})" if self.padded else "")
+        if self.pad_b:
+            pad += (f"; B copied into rows of {self.b_width} columns first: rows of {self.N} two-byte elements "
+                    f"straddle 128-byte lines, and TMA then fetches two lines a row")
         rows = -(-self.M // self.config.block_M)
         tall = (f"; its {rows} rows of tiles run along the grid's x axis (y takes at most {MAX_GRID_Y})"
                 if rows > MAX_GRID_Y and isinstance(self.config, GemmConfig) else "")
@@ -559,6 +605,22 @@ def padding_seconds(M: int, N: int, K: int, family: str) -> float:
     return sum(2 * elements / machine.memory + machine.launch for elements in copies if elements)
 
 
+LINE_PENALTY = 0.2  # what rows of B off 128-byte lines cost a Hopper GEMM, as a share of its time
+
+
+def pads_b(plan: GemmPlan, family: str, gemm_s: float) -> bool:
+    """Copy B into rows of whole 128-byte lines first? On Hopper the kernel's TMA loads of B rows that start off
+    a line run slower (`bench/gemm_alignment_probe.py`): yes where the copy, a read and a write of B and a
+    launch, costs at most half of what the lines are taken to cost (LINE_PENALTY): large problems, whose GEMM
+    time grows with M and the copy's does not. (Where B's rows are not 16-byte aligned it is copied anyway.)"""
+    M, N, K = plan.kernel_shape
+    if family != "hopper" or N % LINE == 0 or not plan.pad or not getattr(plan.config, "warp_specialized", True):
+        return False
+    machine = MACHINES[family]
+    copy_s = 2 * 2 * K * N / machine.memory + machine.launch
+    return copy_s <= LINE_PENALTY / 2 * gemm_s
+
+
 def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int,
                  dtype: str = "float16", epilogue: bool = False) -> GemmPlan:
     """The rule's schedule for a problem, at its aligned sizes. Unaligned rows: zero-padded copies, unless the
@@ -567,12 +629,12 @@ def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget
     take to make it up to twice as slow."""
     config, reason = choose_schedule(M, aligned(N), aligned(K), family, sm_count, smem_budget, epilogue)
     plan = GemmPlan(M, N, K, config, dtype, reason)
-    if not plan.padded:
-        return plan
     gemm_s = estimate_seconds(M, aligned(N), aligned(K), config, family, sm_count, smem_budget)
+    if not plan.padded:
+        return replace(plan, pad_b=pads_b(plan, family, gemm_s))
     copies_s = padding_seconds(M, N, K, family)
     if copies_s <= gemm_s or (M == 1 and K % 2):  # one row of odd length: TileLang picks a 2-byte cp.async
-        return plan
+        return replace(plan, pad_b=pads_b(plan, family, gemm_s))
     if config.persistent:  # the walk is for aligned rows (see PERSISTENT): the best plain grid
         config, reason = choose_schedule(M, N, K, family, sm_count, smem_budget, epilogue)
     return replace(plan, config=config, pad=False, reason=f"{reason}; {unaligned_rows(N, K)}: loaded as they are, masked "
@@ -595,7 +657,7 @@ class GemmLauncher:
         (M, N, K), (n, k) = self.plan.kernel_shape, (self.plan.N, self.plan.K)
         new = dict(dtype=a.dtype, device=a.device)
         padded = {"a": torch.zeros((M, K), **new) if K != k else None,
-                  "b": torch.zeros((K, N), **new) if self.plan.padded else None,
+                  "b": torch.zeros((K, self.plan.b_width), **new) if self.plan.padded or self.plan.pad_b else None,
                   "bias": torch.zeros((N,), **new) if N != n else None,
                   "c": torch.empty((M, N), **new) if N != n else None}
         views = {"a": (lambda t: t[:, :k]), "b": (lambda t: t[:k, :n]), "bias": (lambda t: t[:n]),
@@ -611,7 +673,10 @@ class GemmLauncher:
         padded, views, w = self.buffers["padded"], self.buffers["views"], self.buffers["w"]
         operands = {"a": a, "b": b, "bias": bias}
         for key, tensor in operands.items():
-            if tensor is not None and key in views:
+            if key == "b" and "pad_b" in self.kernels:  # a 16-byte vector copy (torch's copy_ is slower here)
+                self.kernels["pad_b"](tensor.contiguous(), padded["b"])
+                operands["b"] = padded["b"]
+            elif tensor is not None and key in views:
                 views[key].copy_(tensor)
                 operands[key] = padded[key]
         a, b, bias = operands.values()

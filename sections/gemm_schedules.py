@@ -52,7 +52,7 @@ import tilelang
 import tilelang.language as T
 
 import tourkit
-from sections.gemm_plans import (MAX_GRID_Y, PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher,  # noqa: F401
+from sections.gemm_plans import (MAX_GRID_Y, PART_THREADS, PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher,  # noqa: F401
                                  GemmPlan, check_problem, consumer_registers, epilogue_macro, fits, gemm_bytes,
                                  gemm_flops, gemm_pass_configs, gemm_prim_func, lesson_schedules, neighbours,
                                  persistent_schedule, plan_problem, wave_traffic)
@@ -61,10 +61,11 @@ from tourkit import KernelDecl, Section, SectionSkip
 # ---- The schedule: a GemmConfig (sections/gemm_plans.py), chosen per problem by choose_schedule ----------
 
 def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = False, activation: str | None = None,
-                 dtype: str = "float16", accum_dtype: str = "float32"):
+                 dtype: str = "float16", accum_dtype: str = "float32", b_cols: int = 0):
     """C = activation(A @ B + Bias) over A[M, K], B[K, N], (Bias[N],) C[M, N]: T.Pipelined + T.gemm.
     With config.split_k > 1, block z of the grid takes the z-th run of K steps and C is W[split_k, M, N],
-    fp32 partials that gemm_plans.splitk_reduce_program adds up (and applies the epilogue to)."""
+    fp32 partials that gemm_plans.splitk_reduce_program adds up (and applies the epilogue to).
+    b_cols: B arrives in rows padded to b_cols >= N columns (see GemmPlan.pad_b)."""
     check_problem(M, N, K, activation, dtype, aligned_rows=False)
     if config.policy not in WARP_POLICIES:
         raise ValueError(f"warp policy {config.policy!r} is not one of {WARP_POLICIES}")
@@ -150,7 +151,8 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
     c_shape = (M, N) if splits == 1 else (splits, M, N)
     if config.persistent and splits > 1:
         raise ValueError("a persistent schedule walks whole K loops: no split K")
-    return gemm_prim_func(M, N, K, persistent_body if config.persistent else body, bias, dtype, c_shape, out_dtype)
+    return gemm_prim_func(M, N, K, persistent_body if config.persistent else body, bias, dtype, c_shape, out_dtype,
+                          b_cols)
 
 
 def tile_of(t, m_tiles: int, n_tiles: int, panel: int, lo=min, hi=max):
@@ -225,7 +227,7 @@ def plan(ctx):
     if ctx.shape is not None:
         pick = rule(ctx, *ctx.shape)
         others = neighbours(pick, tourkit.ARCH_SPECS[ctx.arch].family, sm_count(ctx), ctx.smem_budget)
-        rows = [pick] + [replace(pick, config=c, reason="") for c in others]
+        rows = [pick] + [replace(pick, config=c, reason="") for c in others] + [replace(pick, pad_b=False, reason="")] * pick.pad_b
         return list(dict.fromkeys(rows)), appendix_plan(ctx, *ctx.shape), []
     size = 2048 if ctx.quick or ctx.compile_only else 8192
     family = tourkit.ARCH_SPECS[ctx.arch].family
@@ -239,7 +241,7 @@ def plan(ctx):
 
 def kernel_name(p: GemmPlan, part: str = "gemm") -> str:
     dtype = "" if p.dtype == "float16" else f" {p.dtype}"
-    return f"{p.config.label()} @{p.M}x{p.N}x{p.K}{dtype}" + ("" if part == "gemm" else f" ({part})")
+    return f"{p.label()} @{p.M}x{p.N}x{p.K}{dtype}" + ("" if part == "gemm" else f" ({part})")
 
 
 def kernels(ctx) -> list[KernelDecl]:
@@ -252,9 +254,8 @@ def kernels(ctx) -> list[KernelDecl]:
     return [KernelDecl(kernel_name(p, part), (lambda p=p, part=part: p.programs()[part]), nvcc=nvcc,
                        pass_configs=p.pass_configs(part),
                        markers=p.markers(markers) if part == "gemm" else (), smem_limit=p.config.smem_bytes(),
-                       threads=getattr(p.config, "block_threads", p.config.threads) if part == "gemm" else 128)
-            for p, nvcc in dict.fromkeys(jobs)
-            for part in (("gemm", "reduce") if getattr(p.config, "split_k", 1) > 1 else ("gemm",))]
+                       threads=getattr(p.config, "block_threads", p.config.threads) if part == "gemm" else PART_THREADS[part])
+            for p, nvcc in dict.fromkeys(jobs) for part in p.parts]
 
 
 def timed_choice(rows: list, best: GemmPlan, ms: dict) -> str:
@@ -262,13 +263,13 @@ def timed_choice(rows: list, best: GemmPlan, ms: dict) -> str:
     with its runner-up and the lesson's default; the fastest (ms: a median per plan) is the problem's schedule."""
     gain = ms[rows[0]] / ms[best]
     return (f"timed beside {len(rows) - 1} other schedule(s), the rule's pick was the fastest: it stays" if best == rows[0]
-            else f"timed in turns, {best.config.label()} ran {gain:.2f}x the speed of the rule's pick: it is this "
+            else f"timed in turns, {best.label()} ran {gain:.2f}x the speed of the rule's pick: it is this "
                  f"problem's schedule")
 
 
 def launcher(built: dict, p: GemmPlan) -> GemmLauncher:
     """The plan's kernels as one call, launcher(a, b, c): pads, split-K partials and reduction included."""
-    return GemmLauncher(p, {part: built[kernel_name(p, part)] for part in ("gemm", "reduce") if kernel_name(p, part) in built})
+    return GemmLauncher(p, {part: built[kernel_name(p, part)] for part in p.parts if kernel_name(p, part) in built})
 
 
 # ---- The benchmark and the report ----------------------------------------------------------------------
@@ -277,9 +278,9 @@ TABLE = ["kernel", "tile (MxNxK)", "stages", "threads", "swizzle", "policy", "sm
 ROUNDS = 6  # three forward/backward pairs (tourkit.bench_interleaved)
 
 
-def table_row(config, ms: float, cublas_ms: float, flops: int) -> list:
-    c = config.columns()
-    return [c["kernel"], c["tile"], c["stages"], c["threads"], c["swizzle"], c["policy"],
+def table_row(p: GemmPlan, ms: float, cublas_ms: float, flops: int) -> list:
+    c, config = p.config.columns(), p.config
+    return [c["kernel"] + (f", B in {p.b_width}-column rows" if p.pad_b else ""), c["tile"], c["stages"], c["threads"], c["swizzle"], c["policy"],
             tourkit.format_bytes(config.smem_bytes()), f"{ms:.3f}", f"{tourkit.tflops(flops, ms):.0f}",
             f"{tourkit.speedup(cublas_ms, ms):.3f}x"]
 
@@ -306,7 +307,7 @@ def record_timings(ctx, timed: list, ms: dict, cublas_ms: float, ws) -> None:
     M, N, K = timed[0].M, timed[0].N, timed[0].K
     size = dict(flops=gemm_flops(M, N, K), nbytes=gemm_bytes(M, N, K), problem=f"{M}x{N}x{K}")
     for p in timed:
-        ctx.timing(p.config.label(), ms[kernel_name(p)], kind="appendix" if p == ws else "lesson", **size)
+        ctx.timing(p.label(), ms[kernel_name(p)], kind="appendix" if p == ws else "lesson", **size)
     ctx.timing("cuBLAS", cublas_ms, kind="pytorch", **size)
 
 
@@ -344,7 +345,7 @@ def run(ctx) -> None:
         raise SectionSkip(f"no schedule fits the {ctx.smem_budget} B of shared memory a block may use here")
     M, N, K = rows[0].M, rows[0].N, rows[0].K
     if ctx.shape is not None:
-        ctx.log(f"C[{M}x{N}] = A[{M}x{K}] @ B, {ctx.dtype}: the rule's schedule, {rows[0].config.label()}:\n  "
+        ctx.log(f"C[{M}x{N}] = A[{M}x{K}] @ B, {ctx.dtype}: the rule's schedule, {rows[0].label()}:\n  "
                 f"{rows[0].describe()}")
     if ctx.compile_only:  # lower (and nvcc a few), check markers and shared memory, show the K loop
         first = tourkit.inspect_declared(ctx, decls)[decls[0].name]
@@ -367,9 +368,9 @@ def run(ctx) -> None:
     record_timings(ctx, timed, ms, cublas_ms, ws)
     ctx.log(f"\nC[{M}x{N}] = A @ B, {ctx.dtype} in, fp32 accumulation, {ctx.dtype} out; timed in turns with cuBLAS "
             f"after {tourkit.SETTLE_MS / 1e3:.1f} s of untimed load ({rounds // 2} forward/backward pairs)"
-            + ("; padding copies included" if rows[0].padded else ""))
+            + ("; padding copies included" if rows[0].padded or rows[0].pad_b else ""))
     marks = {ws: "appendix", rows[0]: "the rule's pick" if ctx.shape is not None else "", best: "<- fastest"}
-    table = [table_row(p.config, ms[kernel_name(p)], cublas_ms, flops) + [tourkit.format_error(errors[kernel_name(p)]),
+    table = [table_row(p, ms[kernel_name(p)], cublas_ms, flops) + [tourkit.format_error(errors[kernel_name(p)]),
              marks.get(p, "")] for p in timed]
     table.append(["cuBLAS (torch.matmul)", "", "", "", "", "", "", f"{cublas_ms:.3f}",
                   f"{tourkit.tflops(flops, cublas_ms):.0f}", "1.000x", tourkit.format_error(errors["cuBLAS"]), ""])
@@ -383,9 +384,9 @@ def run(ctx) -> None:
     ctx.headline(lesson_vs_cublas=round(tourkit.speedup(cublas_ms, ms[kernel_name(best)]), 3))  # ratios first:
     if ws is not None:  # the summary shows a headline's first 110 characters
         ctx.headline(appendix_vs_cublas=round(tourkit.speedup(cublas_ms, ms[kernel_name(ws)]), 3))
-    ctx.headline(lesson_tflops=round(tourkit.tflops(flops, ms[kernel_name(best)])), lesson=best.config.label())
+    ctx.headline(lesson_tflops=round(tourkit.tflops(flops, ms[kernel_name(best)])), lesson=best.label())
     ctx.metric(size=M if M == N == K else f"{M}x{N}x{K}", dtype=ctx.dtype, cublas_tflops=round(tourkit.tflops(flops, cublas_ms)),
-               schedules={p.config.label(): round(tourkit.speedup(cublas_ms, ms[kernel_name(p)]), 3) for p in timed},
+               schedules={p.label(): round(tourkit.speedup(cublas_ms, ms[kernel_name(p)]), 3) for p in timed},
                reason=rows[0].describe() if ctx.shape is not None else None)
 
 
