@@ -2499,6 +2499,8 @@ Rows that are not 16-byte aligned (N or K not a multiple of 8 two-byte elements:
 cp.async need aligned rows) run on zero-padded copies of A and B (`GemmLauncher`, timed with the kernel);
 the zeros add nothing to the sums, and C comes back out of a padded buffer. Where the copies would cost more
 than the GEMM (small problems: a copy is a launch), T.copy loads the rows as they are, masked (`plan_problem`).
+On Hopper, large problems whose rows of B start off 32-byte sectors (N not a multiple of 16) copy B into rows
+of whole 128-byte lines first (`pads_b`): TMA loads such rows slower, and the copy costs less than that.
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
@@ -2508,11 +2510,13 @@ import tilelang
 import tilelang.language as T
 
 from sections.gemm_epilogue import ACTIVATIONS, activation_macro, epilogue_pass_configs
+from sections.gemm_launch import PART_THREADS, GemmLauncher, pad_rows_program  # noqa: F401  (imported from here too)
 
 WARP_POLICIES = ("Square", "FullRow", "FullCol")
 DTYPES = ("float16", "bfloat16")
 ALIGN = 8  # elements of a 16-byte row segment (2-byte types)
-LINE = 64  # elements of a 128-byte line: rows of B that are not whole lines run slower through TMA
+LINE = 64  # elements of a 128-byte line: B's padded copy has rows of whole lines (GemmPlan.pad_b)
+SECTOR = 16  # elements of a 32-byte sector: B's rows starting off sectors (N % 16) load slower through TMA
 PRODUCER_REGISTERS = 24  # a thread of the TMA producer warpgroup (Hopper warp specialization)
 
 
@@ -2870,25 +2874,6 @@ def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget, family
     return f"{line}; {said(options[other])} would take {times[other] * 1e6:.0f} us ({why})"
 
 
-PART_THREADS = {"reduce": 128, "pad_b": 256}  # threads of a plan's programs besides the GEMM
-PAD_TILE = (16, 512)  # a 256-thread block copies 16 rows x 512 columns: 16-byte vectors, four a thread
-
-
-def pad_rows_program(rows: int, cols: int, rows_to: int, cols_to: int, dtype: str = "float16"):
-    """P[:rows, :cols] = S: the copy of S[rows, cols] into the top left of a P[rows_to, cols_to] whose other
-    elements stay as they are (zeros, written once where the launcher makes P)."""
-    bR, bC = PAD_TILE
-
-    @T.prim_func
-    def pad_rows(S: T.Tensor((rows, cols), dtype), P: T.Tensor((rows_to, cols_to), dtype)):
-        with T.Kernel(T.ceildiv(cols, bC), T.ceildiv(rows, bR), threads=256) as (bx, by):
-            for i, j in T.Parallel(bR, bC):
-                if by * bR + i < rows and bx * bC + j < cols:
-                    P[by * bR + i, bx * bC + j] = S[by * bR + i, bx * bC + j]
-
-    return pad_rows
-
-
 # ---- The problem, padded where its rows are not 16-byte aligned ----------------------------------------
 
 
@@ -3045,18 +3030,20 @@ class GemmPlan:
         return gemm_pass_configs(self.config, activation) if part == "gemm" else epilogue_pass_configs(activation)
 
     def programs(self, bias: bool = False, activation=None) -> dict:
-        """{"gemm": prim_func} and, with a split K, {"reduce": prim_func}: what the launcher runs."""
+        """{"gemm": prim_func}; with pad_b, {"pad_b": prim_func} first; with a split K, {"reduce": prim_func}
+        last: what the launcher runs, in that order."""
         M, N, K = self.kernel_shape
+        out = {"pad_b": pad_rows_program(self.K, self.N, K, self.b_width, self.dtype)} if self.pad_b else {}
         if not isinstance(self.config, GemmConfig):  # an appendix kernel (sections/hopper/): its own builder
             from sections.hopper import gemm_pingpong, gemm_ws
 
             module = gemm_ws if isinstance(self.config, gemm_ws.WsConfig) else gemm_pingpong
-            return {"gemm": module.appendix_program(M, N, K, self.config, bias=bias, activation=activation,
-                                                    dtype=self.dtype)}
+            out["gemm"] = module.appendix_program(M, N, K, self.config, bias=bias, activation=activation,
+                                                  dtype=self.dtype, b_cols=self.b_width)
+            return out
         from sections.gemm_schedules import gemm_program  # the lesson's kernel (it imports this module)
 
         split = self.config.split_k > 1
-        out = {"pad_b": pad_rows_program(self.K, self.N, K, self.b_width, self.dtype)} if self.pad_b else {}
         out["gemm"] = gemm_program(M, N, K, self.config, bias=bias and not split,
                                    activation=None if split else activation, dtype=self.dtype, b_cols=self.b_width)
         if split:
@@ -3069,7 +3056,7 @@ class GemmPlan:
                f"{unaligned_rows(self.N, self.K)})" if self.padded else "")
         if self.pad_b:
             pad += (f"; B copied into rows of {self.b_width} columns first: rows of {self.N} two-byte elements "
-                    f"straddle 128-byte lines, and TMA then fetches two lines a row")
+                    f"start off 32-byte sectors, which TMA loads slower")
         rows = -(-self.M // self.config.block_M)
         tall = (f"; its {rows} rows of tiles run along the grid's x axis (y takes at most {MAX_GRID_Y})"
                 if rows > MAX_GRID_Y and isinstance(self.config, GemmConfig) else "")
@@ -3090,16 +3077,17 @@ def padding_seconds(M: int, N: int, K: int, family: str) -> float:
     return sum(2 * elements / machine.memory + machine.launch for elements in copies if elements)
 
 
-LINE_PENALTY = 0.2  # what rows of B off 128-byte lines cost a Hopper GEMM, as a share of its time
+LINE_PENALTY = 0.2  # what rows of B off 32-byte sectors cost a Hopper GEMM, as a share of its time
 
 
 def pads_b(plan: GemmPlan, family: str, gemm_s: float) -> bool:
     """Copy B into rows of whole 128-byte lines first? On Hopper the kernel's TMA loads of B rows that start off
-    a line run slower (`bench/gemm_alignment_probe.py`): yes where the copy, a read and a write of B and a
-    launch, costs at most half of what the lines are taken to cost (LINE_PENALTY): large problems, whose GEMM
-    time grows with M and the copy's does not. (Where B's rows are not 16-byte aligned it is copied anyway.)"""
+    32-byte sectors (N not a multiple of 16; every other row then spans a sector more) run slower
+    (`bench/gemm_alignment_probe.py`): yes where the copy, a read and a write of B and a launch, costs at most
+    half of what that is taken to cost (LINE_PENALTY): large problems, whose GEMM time grows with M and the
+    copy's does not. (Where B's rows are not 16-byte aligned, B is copied anyway.)"""
     M, N, K = plan.kernel_shape
-    if family != "hopper" or N % LINE == 0 or not plan.pad or not getattr(plan.config, "warp_specialized", True):
+    if family != "hopper" or N % SECTOR == 0 or not plan.pad or not getattr(plan.config, "warp_specialized", True):
         return False
     machine = MACHINES[family]
     copy_s = 2 * 2 * K * N / machine.memory + machine.launch
@@ -3124,59 +3112,6 @@ def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget
         config, reason = choose_schedule(M, N, K, family, sm_count, smem_budget, epilogue)
     return replace(plan, config=config, pad=False, reason=f"{reason}; {unaligned_rows(N, K)}: loaded as they are, masked "
                    f"(zero-padded copies would take {copies_s * 1e6:.0f} us)")
-
-
-class GemmLauncher:
-    """Runs a plan's kernels as one call, launcher(a, b, c) or launcher(a, b, bias, c): copies A and B into
-    zero-padded buffers where the problem is not aligned (and C out of one), and with a split K runs the GEMM
-    into fp32 partials and the reduction into C. Buffers (and their views) are made at the first call and
-    kept: their padding stays zero, and a call spends no time on Python it can skip."""
-
-    def __init__(self, plan: GemmPlan, kernels: dict, returns_c: bool = False):
-        # returns_c: kernels["gemm"](a, b) returns C (compiled with out_idx=[-1], as tilelang.autotune does)
-        self.plan, self.kernels, self.buffers, self.returns_c = plan, kernels, None, returns_c
-
-    def _buffers(self, a):
-        import torch
-
-        (M, N, K), (n, k) = self.plan.kernel_shape, (self.plan.N, self.plan.K)
-        new = dict(dtype=a.dtype, device=a.device)
-        padded = {"a": torch.zeros((M, K), **new) if K != k else None,
-                  "b": torch.zeros((K, self.plan.b_width), **new) if self.plan.padded or self.plan.pad_b else None,
-                  "bias": torch.zeros((N,), **new) if N != n else None,
-                  "c": torch.empty((M, N), **new) if N != n else None}
-        views = {"a": (lambda t: t[:, :k]), "b": (lambda t: t[:k, :n]), "bias": (lambda t: t[:n]),
-                 "c": (lambda t: t[:, :n])}
-        splits = getattr(self.plan.config, "split_k", 1)
-        return {"padded": padded, "views": {key: views[key](t) for key, t in padded.items() if t is not None},
-                "w": torch.empty((splits, M, N), dtype=torch.float32, device=a.device) if splits > 1 else None}
-
-    def __call__(self, a, b, *rest):
-        bias, c = rest if len(rest) == 2 else (None, rest[0])
-        if self.buffers is None:
-            self.buffers = self._buffers(a)
-        padded, views, w = self.buffers["padded"], self.buffers["views"], self.buffers["w"]
-        operands = {"a": a, "b": b, "bias": bias}
-        for key, tensor in operands.items():
-            if key == "b" and "pad_b" in self.kernels:  # a 16-byte vector copy (torch's copy_ is slower here)
-                self.kernels["pad_b"](tensor.contiguous(), padded["b"])
-                operands["b"] = padded["b"]
-            elif tensor is not None and key in views:
-                views[key].copy_(tensor)
-                operands[key] = padded[key]
-        a, b, bias = operands.values()
-        out = padded["c"] if "c" in views else c
-        epilogue = () if bias is None else (bias,)
-        if self.returns_c:
-            out = self.kernels["gemm"](a, b)
-        elif w is not None:
-            self.kernels["gemm"](a, b, w)
-            self.kernels["reduce"](w, *epilogue, out)
-        else:
-            self.kernels["gemm"](a, b, *epilogue, out)
-        if "c" in views or self.returns_c:
-            c.copy_(out[:, :self.plan.N])
-        return c
 ''')
 
 _tour_file('sections/gemm_schedules.py', r'''
@@ -4300,13 +4235,15 @@ def gemm_pingpong_body(M: int, N: int, K: int, config: PingPongConfig, bias: boo
 
 
 def appendix_program(M: int, N: int, K: int, config: PingPongConfig, *, bias: bool = False,
-                     activation: str | None = None, dtype: str = "float16", accum_dtype: str = "float32"):
-    """C = activation(A @ B + Bias) over A[M, K], B[K, N], (Bias[N],) C[M, N], the ping-pong kernel."""
+                     activation: str | None = None, dtype: str = "float16", accum_dtype: str = "float32",
+                     b_cols: int = 0):
+    """C = activation(A @ B + Bias) over A[M, K], B[K, N], (Bias[N],) C[M, N], the ping-pong kernel (b_cols:
+    B's rows padded to that many columns, GemmPlan.pad_b)."""
     check_problem(M, N, K, activation, dtype)
     check_pingpong(config)
     activate = activation_macro(config.block_M, config.block_N, activation)
     body = gemm_pingpong_body(M, N, K, config, bias, activate, dtype, accum_dtype)
-    return gemm_prim_func(M, N, K, body, bias, dtype)
+    return gemm_prim_func(M, N, K, body, bias, dtype, b_cols=b_cols)
 
 
 def compile_appendix(M: int, N: int, K: int, config: PingPongConfig, *, bias: bool = False,
@@ -4707,12 +4644,14 @@ def gemm_ws_body(M: int, N: int, K: int, config: WsConfig, bias: bool, activate,
 
 
 def appendix_program(M: int, N: int, K: int, config: WsConfig, *, bias: bool = False, activation: str | None = None,
-                     dtype: str = "float16", accum_dtype: str = "float32"):
-    """C = activation(A @ B + Bias) over A[M, K], B[K, N], (Bias[N],) C[M, N], the hand-written kernel."""
+                     dtype: str = "float16", accum_dtype: str = "float32", b_cols: int = 0):
+    """C = activation(A @ B + Bias) over A[M, K], B[K, N], (Bias[N],) C[M, N], the hand-written kernel (b_cols:
+    B's rows padded to that many columns, GemmPlan.pad_b)."""
     check_problem(M, N, K, activation, dtype)
     check_ws(config)
     activate = activation_macro(config.block_M, config.block_N, activation)
-    return gemm_prim_func(M, N, K, gemm_ws_body(M, N, K, config, bias, activate, dtype, accum_dtype), bias, dtype)
+    return gemm_prim_func(M, N, K, gemm_ws_body(M, N, K, config, bias, activate, dtype, accum_dtype), bias, dtype,
+                          b_cols=b_cols)
 
 
 def compile_appendix(M: int, N: int, K: int, config: WsConfig, *, bias: bool = False, activation: str | None = None):

@@ -1,8 +1,8 @@
 """Probe: what rows of B that straddle 128-byte lines cost the GEMM, and what copying B into whole lines first
 (`GemmPlan.pad_b`) wins back.
 
-For each shape, each schedule (the rule's pick, the neighbours it is timed beside with --shape, and --tiles)
-is built three ways: as the problem is ("own"); reading a B already padded to whole 128-byte lines, C as it
+For each shape, each schedule (the rule's pick, the neighbours it is timed beside with --shape, --tiles, and
+with --appendix the appendix's kernels) is built three ways: as the problem is ("own"); reading a B already padded to whole 128-byte lines, C as it
 is ("lines": the kernel alone, what the copy could at best win); and as the launcher runs pad_b, the copy
 included ("pad_b"). Each is checked against a float32 reference, then all are timed in turns with cuBLAS.
 With --sizes, also the same schedules at N and K rounded up to multiples of 64 (cuBLAS there too).
@@ -32,12 +32,17 @@ def up64(n: int) -> int:
     return -(-n // P.LINE) * P.LINE
 
 
-def plans_for(M: int, N: int, K: int, sms: int, smem: int, tiles: str) -> list:
-    """The rule's pick (pad_b off), its neighbours and the --tiles schedules, as GemmPlans of the problem."""
+def plans_for(M: int, N: int, K: int, sms: int, smem: int, tiles: str, appendix: bool = False) -> list:
+    """The rule's pick (pad_b off), its neighbours and the --tiles schedules, as GemmPlans of the problem; with
+    appendix, the appendix's two kernels (warp-specialized, ping-pong) as their rules schedule them."""
     from gemm_shapes_probe import extra_tiles
+
+    from sections.hopper import gemm_pingpong, gemm_ws
 
     pick = replace(P.plan_problem(M, N, K, "hopper", sms, smem), pad_b=False)
     configs = [pick.config] + P.neighbours(pick, "hopper", sms, smem) + extra_tiles(tiles, K, smem, sms)
+    if appendix:
+        configs += [module.appendix_schedule(M, N, K, sms) for module in (gemm_ws, gemm_pingpong)]
     return [replace(pick, config=c) for c in dict.fromkeys(configs)]
 
 
@@ -46,6 +51,7 @@ def main():
     parser.add_argument("--shapes", default=SHAPES)
     parser.add_argument("--tiles", default="", help="more schedules (bench/gemm_shapes_probe.py's --tiles)")
     parser.add_argument("--sizes", action="store_true", help="also at N and K rounded up to multiples of 64")
+    parser.add_argument("--appendix", action="store_true", help="also the appendix's kernels, own and pad_b")
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
 
@@ -73,11 +79,12 @@ def main():
 
     def build(M, N, K):
         jobs = {}
-        for plan in plans_for(M, N, K, sms, smem, args.tiles):
+        for plan in plans_for(M, N, K, sms, smem, args.tiles, args.appendix):
             label = plan.config.label()[:60]
             jobs[("own", label)] = (compiled, plan)
             if N % P.LINE:
-                jobs[("lines", label)] = (lines_only, plan)
+                if isinstance(plan.config, P.GemmConfig):
+                    jobs[("lines", label)] = (lines_only, plan)
                 jobs[("pad_b", label)] = (compiled, replace(plan, pad_b=True))
             if args.sizes and (up64(N), up64(K)) != (N, K):
                 jobs[("sizes 64", label)] = (compiled, replace(plan, N=up64(N), K=up64(K)))

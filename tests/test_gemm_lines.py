@@ -13,8 +13,9 @@ from sections.gemm_plans import (LINE, GemmConfig, GemmLauncher, GemmPlan, pad_r
 HOPPER = ("hopper", 132, 232448)
 
 
-@pytest.mark.parametrize("M,N,K", [(8192, 1000, 8192), (16384, 1000, 16384), (8192, 1001, 8192), (6144, 2500, 6144)])
-def test_large_problems_whose_b_rows_straddle_lines_copy_b_into_whole_lines(M, N, K):
+@pytest.mark.parametrize("M,N,K", [(8192, 1000, 8192), (16384, 1000, 16384), (8192, 1000, 8193), (6144, 2500, 6144),
+                                   (16384, 3000, 2048)])
+def test_large_problems_whose_b_rows_start_off_sectors_copy_b_into_whole_lines(M, N, K):
     plan = plan_problem(M, N, K, *HOPPER)
     assert plan.pad_b and plan.b_width == -(-N // LINE) * LINE and plan.b_width % LINE == 0
     assert plan.parts[0] == "pad_b" and "gemm" in plan.parts
@@ -23,11 +24,13 @@ def test_large_problems_whose_b_rows_straddle_lines_copy_b_into_whole_lines(M, N
 
 
 @pytest.mark.parametrize("M,N,K,family", [(2500, 1000, 3000, "hopper"), (1000, 1000, 1000, "hopper"),
-                                          (8192, 1024, 8192, "hopper"), (8192, 1000, 8192, "ampere"),
+                                          (8192, 1024, 8192, "hopper"), (8192, 4000, 8192, "hopper"),
+                                          (8192, 1001, 8192, "hopper"), (8192, 1000, 8192, "ampere"),
                                           (7, 13, 5, "hopper"), (1, 1, 1, "hopper")])
 def test_mid_problems_aligned_rows_and_other_families_keep_b_as_it_is(M, N, K, family):
-    """Mid-size problems: the copy would cost more than half of what the lines are taken to cost; lines already
-    whole; cp.async (Ampere) loads rows without TMA; tiny problems' copies are launches."""
+    """Mid-size problems: the copy would cost more than half of what the rows are taken to cost; rows on whole
+    lines or on 32-byte sectors (4000 columns; 1001, padded to 1008 anyway); cp.async (Ampere) loads rows without TMA; tiny problems' copies
+    are launches."""
     plan = plan_problem(M, N, K, family, 132 if family == "hopper" else 108, 232448 if family == "hopper" else 166912)
     assert not plan.pad_b and "pad_b" not in plan.parts and plan.b_width == plan.kernel_shape[1]
 
@@ -124,4 +127,30 @@ def test_b_copied_into_whole_lines_gives_the_right_product(M, N, K, dtype, epilo
         ref = gemm_schedules.reference(a, b, bias if epilogue else None, activation)
         call = (lambda: run(a, b, bias, c)) if epilogue else (lambda: run(a, b, c))
         check = tourkit.validate(f"{M}x{N}x{K} {dtype} B in lines", call, c, ref, gemm_schedules.TOLERANCE)
+        assert check.passed, check.line()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["ws", "pingpong"])
+@pytest.mark.parametrize("M,N,K", [(1100, 1000, 1000), (2500, 1000, 3000)])
+def test_the_appendix_kernels_read_a_b_of_whole_lines(kind, M, N, K):
+    """The hand-written kernels (the warp-specialized one in cluster pairs where its rule takes them) on B's
+    padded copy, with bias + GELU, three calls."""
+    import tilelang
+
+    from sections.hopper import gemm_pingpong, gemm_ws
+
+    device = tourkit.detect_device()
+    if device.arch != "sm_90a":
+        pytest.skip("the appendix kernels are Hopper's")
+    module = gemm_ws if kind == "ws" else gemm_pingpong
+    plan = GemmPlan(M, N, K, module.appendix_schedule(M, N, K, device.sm_count), pad_b=True)
+    kernels = {part: tilelang.compile(f, out_idx=None, target="cuda", pass_configs=plan.pass_configs(part, "gelu"))
+               for part, f in plan.programs(bias=True, activation="gelu").items()}
+    run = GemmLauncher(plan, kernels)
+    for seed in (5, 6, 7):
+        a, b, bias, c = fusion.fused_inputs(M, N, K, seed=seed)
+        ref = gemm_schedules.reference(a, b, bias, "gelu")
+        check = tourkit.validate(f"{kind} {M}x{N}x{K} B in lines", lambda: run(a, b, bias, c), c, ref,
+                                 gemm_schedules.TOLERANCE)
         assert check.passed, check.line()

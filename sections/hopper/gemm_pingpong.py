@@ -175,13 +175,15 @@ def gemm_pingpong_body(M: int, N: int, K: int, config: PingPongConfig, bias: boo
 
 
 def appendix_program(M: int, N: int, K: int, config: PingPongConfig, *, bias: bool = False,
-                     activation: str | None = None, dtype: str = "float16", accum_dtype: str = "float32"):
-    """C = activation(A @ B + Bias) over A[M, K], B[K, N], (Bias[N],) C[M, N], the ping-pong kernel."""
+                     activation: str | None = None, dtype: str = "float16", accum_dtype: str = "float32",
+                     b_cols: int = 0):
+    """C = activation(A @ B + Bias) over A[M, K], B[K, N], (Bias[N],) C[M, N], the ping-pong kernel (b_cols:
+    B's rows padded to that many columns, GemmPlan.pad_b)."""
     check_problem(M, N, K, activation, dtype)
     check_pingpong(config)
     activate = activation_macro(config.block_M, config.block_N, activation)
     body = gemm_pingpong_body(M, N, K, config, bias, activate, dtype, accum_dtype)
-    return gemm_prim_func(M, N, K, body, bias, dtype)
+    return gemm_prim_func(M, N, K, body, bias, dtype, b_cols=b_cols)
 
 
 def compile_appendix(M: int, N: int, K: int, config: PingPongConfig, *, bias: bool = False,

@@ -388,12 +388,14 @@ def gemm_ws_body(M: int, N: int, K: int, config: WsConfig, bias: bool, activate,
 
 
 def appendix_program(M: int, N: int, K: int, config: WsConfig, *, bias: bool = False, activation: str | None = None,
-                     dtype: str = "float16", accum_dtype: str = "float32"):
-    """C = activation(A @ B + Bias) over A[M, K], B[K, N], (Bias[N],) C[M, N], the hand-written kernel."""
+                     dtype: str = "float16", accum_dtype: str = "float32", b_cols: int = 0):
+    """C = activation(A @ B + Bias) over A[M, K], B[K, N], (Bias[N],) C[M, N], the hand-written kernel (b_cols:
+    B's rows padded to that many columns, GemmPlan.pad_b)."""
     check_problem(M, N, K, activation, dtype)
     check_ws(config)
     activate = activation_macro(config.block_M, config.block_N, activation)
-    return gemm_prim_func(M, N, K, gemm_ws_body(M, N, K, config, bias, activate, dtype, accum_dtype), bias, dtype)
+    return gemm_prim_func(M, N, K, gemm_ws_body(M, N, K, config, bias, activate, dtype, accum_dtype), bias, dtype,
+                          b_cols=b_cols)
 
 
 def compile_appendix(M: int, N: int, K: int, config: WsConfig, *, bias: bool = False, activation: str | None = None):
