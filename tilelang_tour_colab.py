@@ -2482,6 +2482,86 @@ def activation_macro(bM: int, bN: int, activation: str | None):
     return activate
 ''')
 
+_tour_file('sections/gemm_launch.py', r'''
+"""Running a GEMM plan (sections/gemm_plans.py) as one call: the padded copies of its operands, the GEMM, the
+split-K reduction. The launcher knows a plan only by what it asks for (kernel_shape, padded, pad_b, b_width,
+split_k), so this module imports nothing of the plans."""
+
+# No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
+import tilelang.language as T
+
+PART_THREADS = {"reduce": 128, "pad_b": 256}  # threads of a plan's programs besides the GEMM
+PAD_TILE = (16, 512)  # a 256-thread block copies 16 rows x 512 columns: 16-byte vectors, four a thread
+
+
+def pad_rows_program(rows: int, cols: int, rows_to: int, cols_to: int, dtype: str = "float16"):
+    """P[:rows, :cols] = S: the copy of S[rows, cols] into the top left of a P[rows_to, cols_to] whose other
+    elements stay as they are (zeros, written once where the launcher makes P)."""
+    bR, bC = PAD_TILE
+
+    @T.prim_func
+    def pad_rows(S: T.Tensor((rows, cols), dtype), P: T.Tensor((rows_to, cols_to), dtype)):
+        with T.Kernel(T.ceildiv(cols, bC), T.ceildiv(rows, bR), threads=256) as (bx, by):
+            for i, j in T.Parallel(bR, bC):
+                if by * bR + i < rows and bx * bC + j < cols:
+                    P[by * bR + i, bx * bC + j] = S[by * bR + i, bx * bC + j]
+
+    return pad_rows
+
+
+class GemmLauncher:
+    """Runs a plan's kernels as one call, launcher(a, b, c) or launcher(a, b, bias, c): copies A and B into
+    zero-padded buffers where the problem is not aligned (and C out of one), and with a split K runs the GEMM
+    into fp32 partials and the reduction into C. Buffers (and their views) are made at the first call and
+    kept: their padding stays zero, and a call spends no time on Python it can skip."""
+
+    def __init__(self, plan, kernels: dict, returns_c: bool = False):
+        # returns_c: kernels["gemm"](a, b) returns C (compiled with out_idx=[-1], as tilelang.autotune does)
+        self.plan, self.kernels, self.buffers, self.returns_c = plan, kernels, None, returns_c
+
+    def _buffers(self, a):
+        import torch
+
+        (M, N, K), (n, k) = self.plan.kernel_shape, (self.plan.N, self.plan.K)
+        new = dict(dtype=a.dtype, device=a.device)
+        padded = {"a": torch.zeros((M, K), **new) if K != k else None,
+                  "b": torch.zeros((K, self.plan.b_width), **new) if self.plan.padded or self.plan.pad_b else None,
+                  "bias": torch.zeros((N,), **new) if N != n else None,
+                  "c": torch.empty((M, N), **new) if N != n else None}
+        views = {"a": (lambda t: t[:, :k]), "b": (lambda t: t[:k, :n]), "bias": (lambda t: t[:n]),
+                 "c": (lambda t: t[:, :n])}
+        splits = getattr(self.plan.config, "split_k", 1)
+        return {"padded": padded, "views": {key: views[key](t) for key, t in padded.items() if t is not None},
+                "w": torch.empty((splits, M, N), dtype=torch.float32, device=a.device) if splits > 1 else None}
+
+    def __call__(self, a, b, *rest):
+        bias, c = rest if len(rest) == 2 else (None, rest[0])
+        if self.buffers is None:
+            self.buffers = self._buffers(a)
+        padded, views, w = self.buffers["padded"], self.buffers["views"], self.buffers["w"]
+        operands = {"a": a, "b": b, "bias": bias}
+        for key, tensor in operands.items():
+            if key == "b" and "pad_b" in self.kernels:  # a 16-byte vector copy (torch's copy_ is slower here)
+                self.kernels["pad_b"](tensor.contiguous(), padded["b"])
+                operands["b"] = padded["b"]
+            elif tensor is not None and key in views:
+                views[key].copy_(tensor)
+                operands[key] = padded[key]
+        a, b, bias = operands.values()
+        out = padded["c"] if "c" in views else c
+        epilogue = () if bias is None else (bias,)
+        if self.returns_c:
+            out = self.kernels["gemm"](a, b)
+        elif w is not None:
+            self.kernels["gemm"](a, b, w)
+            self.kernels["reduce"](w, *epilogue, out)
+        else:
+            self.kernels["gemm"](a, b, *epilogue, out)
+        if "c" in views or self.returns_c:
+            c.copy_(out[:, :self.plan.N])
+        return c
+''')
+
 _tour_file('sections/gemm_plans.py', r'''
 """The GEMM's schedules, and the rules that choose one for a problem (imported by the GEMM lessons).
 
