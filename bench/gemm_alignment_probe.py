@@ -46,12 +46,37 @@ def plans_for(M: int, N: int, K: int, sms: int, smem: int, tiles: str, appendix:
     return [replace(pick, config=c) for c in dict.fromkeys(configs)]
 
 
+def plain_b_program(plan):
+    """The lesson's GEMM with B loaded by plain 16-byte loads of the producer threads instead of TMA
+    (T.copy(..., disable_tma=True) for B only): built with T.copy wrapped for the one call."""
+    import types
+
+    import tilelang.language as T
+
+    from sections import gemm_schedules as G
+
+    def copy(src, dst, **kw):
+        if "B_shared" in str(getattr(getattr(dst, "buffer", dst), "name", "")):
+            kw["disable_tma"] = True
+        return T.copy(src, dst, **kw)
+
+    wrapped = types.SimpleNamespace(**{k: getattr(T, k) for k in dir(T) if not k.startswith("__")})
+    wrapped.copy = copy
+    M, N, K = plan.kernel_shape
+    G.T = wrapped
+    try:
+        return G.gemm_program(M, N, K, plan.config)
+    finally:
+        G.T = T
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=SHAPES)
     parser.add_argument("--tiles", default="", help="more schedules (bench/gemm_shapes_probe.py's --tiles)")
     parser.add_argument("--sizes", action="store_true", help="also at N and K rounded up to multiples of 64")
     parser.add_argument("--appendix", action="store_true", help="also the appendix's kernels, own and pad_b")
+    parser.add_argument("--plain-b", action="store_true", help="also the lesson's schedules loading B without TMA")
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
 
@@ -88,6 +113,10 @@ def main():
                 jobs[("pad_b", label)] = (compiled, replace(plan, pad_b=True))
             if args.sizes and (up64(N), up64(K)) != (N, K):
                 jobs[("sizes 64", label)] = (compiled, replace(plan, N=up64(N), K=up64(K)))
+            if args.plain_b and isinstance(plan.config, P.GemmConfig) and plan.config.warp_specialized:
+                program = plain_b_program(plan)  # built here, in one thread: it swaps the module's T
+                jobs[("plain B", label)] = (lambda prog, plan=plan: tilelang.compile(
+                    prog, out_idx=None, target="cuda", pass_configs=plan.pass_configs("gemm")), program)
         with ThreadPoolExecutor(8) as pool:
             futures = {key: pool.submit(fn, plan) for key, (fn, plan) in jobs.items()}
             return {key: f.result() for key, f in futures.items()}
