@@ -2260,8 +2260,10 @@ def planned(ctx):
     appendix = appendix_for(ctx)
     if appendix is not None and N % 8 == 0 and K % 8 == 0:
         shapes = [(M, N, K)] + ([ODD] if ctx.shape is None else [])
-        jobs += [(GemmPlan(*shape, appendix.appendix_schedule(*shape, sm_count(ctx)), ctx.dtype), "gelu",
-                  shape == (M, N, K), shape == (M, N, K)) for shape in shapes]
+        # The ping-pong reads B's padded copy where the lesson's pick does (bench/gemm_alignment_probe.py --appendix)
+        jobs += [(GemmPlan(*shape, appendix.appendix_schedule(*shape, sm_count(ctx)), ctx.dtype,
+                           pad_b=pick.pad_b and shape == (M, N, K)), "gelu", shape == (M, N, K), shape == (M, N, K))
+                 for shape in shapes]
     return jobs
 
 
