@@ -255,7 +255,7 @@ def kernels(ctx) -> list[KernelDecl]:
                        pass_configs=p.pass_configs(part),
                        markers=p.markers(markers) if part == "gemm" else (), smem_limit=p.config.smem_bytes(),
                        threads=getattr(p.config, "block_threads", p.config.threads) if part == "gemm" else PART_THREADS[part])
-            for p, nvcc in dict.fromkeys(jobs) for part in p.parts]
+            for p, nvcc in dict.fromkeys(jobs) for part in sorted(p.parts, key=lambda q: q != "gemm")]  # GEMM first
 
 
 def timed_choice(rows: list, best: GemmPlan, ms: dict) -> str:
