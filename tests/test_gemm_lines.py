@@ -108,6 +108,38 @@ def test_with_a_shape_the_padded_pick_is_timed_beside_its_unpadded_self(section)
         assert any(n.startswith("hand-written ping-pong") and n.endswith("(pad_b)") for n in names)
 
 
+@pytest.mark.parametrize("faster", ["padded", "unpadded"])
+def test_the_report_names_the_padded_copy_and_keeps_the_faster(fake_gemm_timing, faster):
+    ctx = tourkit.TourContext(arch="sm_90a", shape=(8192, 1000, 8192), echo=False)
+    rows, _, _ = gemm_schedules.plan(ctx)
+    padded, bare = rows[0], rows[-1]
+    assert padded.pad_b and not bare.pad_b and bare.config == padded.config
+    winner = padded if faster == "padded" else bare
+    fake_gemm_timing(lambda label: 0.8 if label == gemm_schedules.kernel_name(winner) else 1.0, cublas_ms=0.9)
+    gemm_schedules.run(ctx)
+    text = "\n".join(ctx.report)
+    assert ctx.headlines["lesson"] == winner.label() and "T.Pipelined, B in 1024-column rows" in text
+    assert "padding copies included" in text and "start off 32-byte sectors" in text
+
+
+def test_fusion_reports_the_padded_pick_and_its_unpadded_self(monkeypatch):
+    ctx = tourkit.TourContext(arch="sm_90a", shape=(8192, 1000, 8192), echo=False)
+    lessons = [p for p, _, timed, _ in fusion.planned(ctx) if timed and isinstance(p.config, GemmConfig)]
+    bare = lessons[-1]
+    assert lessons[0].pad_b and not bare.pad_b and bare.config == lessons[0].config
+
+    def fake_bench(fns, **kw):
+        return {name: 0.8 if name == bare.label() else 1.2 if name.startswith("eager") else 1.0 for name in fns}
+
+    monkeypatch.setattr(fusion, "fused_inputs", lambda M, N, K, seed=0, dtype="float16": (None,) * 4)
+    monkeypatch.setattr(fusion, "compiled_eager", lambda mode, activation="gelu": (None, "no compiler here"))
+    monkeypatch.setattr(tourkit, "bench_interleaved", fake_bench)
+    fusion.benchmark(ctx, {d.name: (lambda *args: None) for d in fusion.kernels(ctx)})
+    text = "\n".join(ctx.report)
+    assert ctx.metrics["lesson"] == bare.label() and "T.Pipelined 128x256x64, B in 1024-column rows" in text
+    assert "hand-written ping-pong, persistent on 132 SMs 128x192x64, B in 1024-column rows" in text
+
+
 # ---- On the GPU ------------------------------------------------------------------------------------------
 
 
