@@ -124,10 +124,10 @@ def appendix_schedule(M: int, N: int, K: int, sm_count: int, smem_budget: int = 
 
 
 # Cluster pairs (WsConfig.pairs) with 192- or 256-wide tiles where B's rows do not start on 128-byte lines (N not
-# a multiple of 64 elements) and the tiles take at most this many rounds of the SMs. Then every 64-column row of a
-# B tile the TMA loads straddles two lines of L2, and halving B's loads by multicast paid; measured
-# (bench/gemm_experiments_probe.py, 39 problems), there one tile a block without a partner fell furthest behind
-# cuBLAS. With aligned rows, 128-wide tiles or many rounds, pairs were mostly level or behind (the cluster's two
+# a multiple of 64 elements) and the tiles take at most this many rounds of the SMs. There one tile a block without
+# a partner fell furthest behind cuBLAS (B's rows off 32-byte sectors load slower through TMA:
+# bench/gemm_alignment_probe.py), and halving B's loads by multicast paid (bench/gemm_experiments_probe.py, 39
+# problems). With aligned rows, 128-wide tiles or many rounds, pairs were mostly level or behind (the cluster's two
 # blocks wait on each other at every stage, and a long persistent walk already hides each tile's start and end).
 PAIRS_MAX_ROUNDS = 5
 
