@@ -103,7 +103,11 @@ def candidates(problem):
         alts = {"pipe 128x128 s3": P(128, 128, 3, **hf), "pipe 128x192": P(128, 192, **hf),
                 "pipe 192x128": P(192, 128, **hf), "pipe 64x128 x2": P(64, 128, blocks_per_sm=2, **hf),
                 "pipe 64x64 x3": P(64, 64, blocks_per_sm=3, **hf),
-                "pipe 128x64 x2": P(128, 64, blocks_per_sm=2, **hf)}
+                "pipe 128x64 x2": P(128, 64, blocks_per_sm=2, **hf),
+                # the FA3 schedule over wider key tiles, as the appendix at this head dim
+                "async 128x176": A(128, 176, **hf),
+                "async 128x192": A(128, 192, **hf), "pipe 64x192 x2": P(64, 192, blocks_per_sm=2, **hf),
+                "pipe 64x128 x2 s3": P(64, 128, 3, blocks_per_sm=2, **hf)}
     elif problem.seq_len <= 1024:
         alts = {"pipe 128x128": P(128, 128, **hf), "pipe 64x128": P(64, 128, **hf), "pipe 128x64": P(128, 64, **hf),
                 "pipe 64x64 x2": P(64, 64, blocks_per_sm=2, **hf),
@@ -122,6 +126,8 @@ def candidates(problem):
             alts[f"persistent {bm}x{bn}" + (f" x{per_sm}" if per_sm > 1 else "")] = cfg
     # the walk with the FA3 schedule (one extra step a worker, not a tile)
     alts["pwalk async 128x128"] = dict(PW(128, 128, 1), kind="persistent_async")
+    if problem.dim == 64 and not problem.causal:  # as the appendix walks head dim 64: 176-wide key tiles
+        alts["pwalk async 128x176"] = dict(PW(128, 176, 1), kind="persistent_async")
     for label, cfg in alts.items():
         if cfg not in out.values() and (not LABELS or any(word in label for word in LABELS)):
             out[label] = cfg

@@ -78,6 +78,8 @@ def main():
     parser.add_argument("--appendix", action="store_true", help="also the appendix's kernels, own and pad_b")
     parser.add_argument("--plain-b", action="store_true", help="also the lesson's schedules loading B without TMA")
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--copy", action="store_true", help="also the pad_b copy alone, and torch's copy_ of B")
+    parser.add_argument("--flush", default="write", choices=("write", "read"), help="tourkit.bench_ms flush_mode")
     args = parser.parse_args()
 
     import tilelang
@@ -148,9 +150,13 @@ def main():
                     check = tourkit.validate(label, call, c, ref, G.TOLERANCE)
                 if check.passed:
                     timed[f"{way}|{label}"] = call
+                    if way == "pad_b" and args.copy and "copy|B" not in timed:  # the copy alone, two ways
+                        padded = fn.buffers["padded"]["b"]
+                        timed["copy|B"] = (lambda f=fn, p=padded: f.kernels["pad_b"](b, p))
+                        timed["copy_|B"] = (lambda p=padded: p[:, :N].copy_(b))
                 else:
                     print(f"  {way} {label}: WRONG {check.line()}", flush=True)
-            ms = tourkit.bench_interleaved(timed, rounds=args.rounds)
+            ms = tourkit.bench_interleaved(timed, rounds=args.rounds, flush_mode=args.flush)
             base = ms["own|cuBLAS"]
             print(f"\n{M}x{N}x{K}: cuBLAS {base * 1e3:.1f} us", flush=True)
             for key, t in sorted(ms.items(), key=lambda kv: (kv[0].split("|")[1], kv[0])):
