@@ -441,6 +441,9 @@ ASYNC_MIN_WALK = 12
 ASYNC_KEY_WIDTHS = (144, 176)
 # The longest average walk (128-wide tiles) given two blocks per SM; causal at head dim 128: up to ASYNC_MIN_WALK.
 PAIRED_MAX_WALK = {64: 64, 128: 4}
+# Full attention at head dim 64 in two 64-row blocks an SM: key tiles 192 wide (two blocks still fit shared
+# memory) were level with 128 over the problems timed, each ahead on some: the runner-up.
+PAIRED_WIDE_KEYS = 192
 # Causal at head dim 64 over at most this many 128-wide key tiles (1024 keys): 64x64 tiles, three blocks an SM.
 # Finer diagonal tiles waste less of the masked triangle, and a third block hides more of each one's start and
 # end; measured ahead of two 64x128 blocks up to 1024 keys, behind from about 1500.
@@ -656,10 +659,16 @@ def runner_up(problem: Problem, family: str, smem_budget: int, sms: int | None =
     """(configuration, why) the rule would choose were its pick's branch closed, or None: a close call's other
     side, which flash_attention times beside the pick for a user's problem. The thresholds between branches
     were measured on a few dozen problems; near them either side may win. Hopper only (elsewhere one
-    schedule). From the last branch (128-row blocks), two 64-row blocks an SM."""
+    schedule). From the last branch (128-row blocks), two 64-row blocks an SM; from those at head dim 64 (full),
+    the same over PAIRED_WIDE_KEYS-wide key tiles."""
     if family != "hopper":
         return None
     pick, _ = choose_config(problem, family, smem_budget, sms)
+    wide = dict(pick, block_N=PAIRED_WIDE_KEYS)
+    if branch(pick) == "paired" and problem.dim == 64 and not problem.causal and 2 * config_smem(wide, 64) <= (
+            smem_budget):
+        return wide, (f"the same two 64-row blocks an SM over {PAIRED_WIDE_KEYS}-wide key tiles: longer GEMMs a "
+                      f"key step, fewer steps; level with 128-wide ones over the problems measured")
     cfg, why = hopper_config(problem, sms or DEFAULT_SMS, smem_budget, frozenset({branch(pick)}))
     if cfg == pick or config_smem(cfg, problem.dim) > smem_budget:
         return None

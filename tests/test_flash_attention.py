@@ -290,7 +290,8 @@ def test_the_users_problem_alone_causal_and_full():
     ((1, 32, 6000, 128, 8), False, "128x176 async", "128x128 grid"),  # longer: the compiler's pipeline
     ((1, 32, 4096, 128, 8), True, "persistent", "128x128 async"),  # four rounds of pairs: the FA3 schedule
     ((4, 32, 4096, 128), True, "128x128 async", "64x64 paired"),  # sixteen rounds: the FA3 schedule
-    ((4, 16, 2048, 64), False, "64x128 paired", "128x128 grid"),
+    ((4, 16, 2048, 64), False, "64x128 paired", "64x192 paired"),  # full, head dim 64: the wider key tiles
+    ((4, 16, 2048, 64), True, "persistent", "64x128 paired"),
     ((64, 8, 256, 64), True, "persistent", "64x64 tripled"),
     ((6, 24, 300, 128, 4), True, "64x64 paired", "128x128 grid"),  # pairs would keep the SMs 73% busy
     ((2, 8, 16384, 64), False, "128x128 grid", "64x128 paired"),  # the last branch: two 64-row blocks, forced
