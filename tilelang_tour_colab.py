@@ -5428,6 +5428,11 @@ ODD_MIN_BLOCKS = 8  # short odd rows (up to 2048): registers capped so that 8 bl
 REGISTER_ROW_LIMIT = 8192  # widest row kept in registers (16 floats on each of 512 threads; 1024 are slower)
 ONLINE_THREADS, ONLINE_PER_THREAD = 512, 16  # long rows: 8192 columns a step, two vectors a thread
 SMEM_SLACK = 8192  # bytes of shared memory a staged kernel keeps for barriers and the reductions
+# A row staged whole in at most this many columns (two steps): blocks of 256 threads, 32 elements a thread a step
+# (the same 8192-column step), so that twice as many blocks share an SM (Hopper, where it was measured). With 512
+# threads such a block's fixed costs (the copy's wait, two short walks, the store) showed; from about 17000
+# columns on the two were level (BENCHMARKS.md).
+SHORT_STAGED_MAX = 16384
 CLUSTER_SIZES = (2, 4, 8)  # blocks a cluster may split a row over (8: the portable maximum on Hopper)
 # Staged blocks an SM below which a row is better split over a cluster: with one or two, an SM's loads sit
 # idle while its blocks compute and write; from three on, one block's copy is always in flight.
@@ -5505,7 +5510,7 @@ def choose_plan(M: int, N: int, smem_budget: int, family: str = "hopper") -> Sof
                            "into whole 16-byte vectors over 256 threads, 16 floats each")
     if N <= REGISTER_ROW_LIMIT:
         return register_plan(M, N)
-    plan = online_plan(N, smem_budget)
+    plan = online_plan(N, smem_budget, family)
     if family == "hopper" and staged_blocks_per_sm(plan.staged, smem_budget) < CLUSTER_MIN_BLOCKS:
         return cluster_plan(N, smem_budget) or plan
     return plan
@@ -5558,7 +5563,7 @@ def cluster_plan(N: int, smem_budget: int) -> "SoftmaxPlan | None":
     return None
 
 
-def online_plan(N: int, smem_budget: int) -> SoftmaxPlan:
+def online_plan(N: int, smem_budget: int, family: str = "hopper") -> SoftmaxPlan:
     """A row too long for registers, walked twice. Threads: a block of 512 when the whole row fits shared memory
     (where two or more such blocks fit an SM, one's copy overlaps another's arithmetic); 1024 when it does not (its
     head fills the SM alone, so the block itself must keep twice the loads of the streamed rest in flight).
@@ -5567,10 +5572,14 @@ def online_plan(N: int, smem_budget: int) -> SoftmaxPlan:
     head = staged_head(N, smem_budget, ONLINE_THREADS * ONLINE_PER_THREAD)
     edges = "" if N % 8 == 0 else f" (its {head} columns of whole 16-byte vectors: rows of {N} start unaligned)"
     if head == aligned_body(N):
-        return SoftmaxPlan("online", ONLINE_PER_THREAD, ONLINE_THREADS, staged=head, why=(
+        short = head <= SHORT_STAGED_MAX and family == "hopper"
+        threads = ONLINE_THREADS // 2 if short else ONLINE_THREADS
+        return SoftmaxPlan("online", ONLINE_PER_THREAD * ONLINE_THREADS // threads, threads, staged=head, why=(
             f"a row of {N} is too long for registers but its {2 * N // 1024} KB fit shared memory: one bulk copy"
-            f"{edges}, one read of global memory, then walked twice with the online max and sum; 512 threads: where "
-            "two or more such blocks fit an SM, one's copy overlaps another's arithmetic"))
+            f"{edges}, one read of global memory, then walked twice with the online max and sum; {threads} threads: "
+            + ("a short row's block is mostly its fixed costs (the copy's wait, the store), so small blocks, many "
+               "an SM, hide each other's" if short else
+               "where two or more such blocks fit an SM, one's copy overlaps another's arithmetic")))
     threads = 2 * ONLINE_THREADS
     head = staged_head(N, smem_budget, threads * ONLINE_PER_THREAD)
     return SoftmaxPlan("online", ONLINE_PER_THREAD, threads, staged=head, why=(

@@ -91,6 +91,18 @@ def test_short_odd_rows_hold_more_and_cap_registers():
     assert "__launch_bounds__(128, 8)" in source
 
 
+def test_short_staged_rows_take_small_blocks_on_hopper():
+    """Rows staged whole in at most two 8192-column steps: 256 threads of 32 elements a step on Hopper (more
+    blocks an SM), 512 of 16 past that and off Hopper; the step stays 8192 columns either way."""
+    for N in (8193, 9000, 10007, 13749, 16384, 16385):
+        plan = S.choose_plan(4096, N, HOPPER)
+        assert (plan.kind, plan.threads, plan.rows_per_block) == ("online", 256, 32), N
+        assert plan.staged == P.aligned_body(N) and "fixed costs" in plan.why
+    for N in (17653, 32000):
+        assert (S.choose_plan(4096, N, HOPPER).threads, S.choose_plan(4096, N, HOPPER).rows_per_block) == (512, 16)
+    assert S.choose_plan(4096, 13749, 163 * 1024, "ampere").threads == 512
+
+
 def test_vector_width_follows_the_rows_alignment():
     assert [P.vector_width(n) for n in (64, 100, 50257, 6, 32000)] == [8, 4, 1, 2, 8]
     assert P.per_thread(5000, 512) == 16 and P.per_thread(7, 1) == 7
@@ -374,7 +386,8 @@ def test_kernels_declared_for_a_run_are_what_it_checks_and_times():
     ((5, 128256), "bfloat16"), ((3, 2), "bfloat16"), ((2, 65536), "bfloat16"),
     ((2048, 50257), "float16"), ((3, 50257), "bfloat16"), ((1, 50257), "float16"), ((5, 100003), "float16"),
     ((1000, 50265), "bfloat16"), ((9, 8193), "float16"), ((3, 262147), "float16"), ((1024, 128256), "float16"),
-    ((2, 151936), "bfloat16"), ((5, 200000), "float16"), ((1, 262144), "bfloat16")],
+    ((2, 151936), "bfloat16"), ((5, 200000), "float16"), ((1, 262144), "bfloat16"), ((65, 13749), "bfloat16"),
+    ((4097, 10007), "float16"), ((300, 16384), "float16")],
     ids=lambda v: f"{v[0]}x{v[1]}" if isinstance(v, tuple) else v)  # -k 50257 selects by width
 def test_softmax_matches_torch(shape, dtype):
     device = tourkit.detect_device()
