@@ -10,7 +10,8 @@ and never holds more of a row than the registers or shared memory can take:
 * a row longer than REGISTER_ROW_LIMIT is walked twice with the online max and sum: staged in shared memory
   when it fits (one read of global memory), else as much of it as fits, the rest streamed from global memory
   in both passes (the second mostly hits the L2 cache, which holds the rows the resident blocks work on);
-  512 threads when the row fits (blocks share an SM), 1024 when its head fills the SM alone; a row that starts
+  512 threads when the row fits (blocks share an SM; on Hopper 256 when it is staged in one or two steps, so
+  that more blocks hide each one's fixed costs), 1024 when its head fills the SM alone; a row that starts
   unaligned (N % 8) is staged and streamed by its aligned body (aligned_body), its few edge elements singly;
 * on Hopper a row too long for one block's shared memory, or so long that fewer than CLUSTER_MIN_BLOCKS
   staged blocks share an SM, is split over a cluster of CLUSTER_SIZES blocks instead: each block stages its
