@@ -665,8 +665,8 @@ def runner_up(problem: Problem, family: str, smem_budget: int, sms: int | None =
         return None
     pick, _ = choose_config(problem, family, smem_budget, sms)
     wide = dict(pick, block_N=PAIRED_WIDE_KEYS)
-    if branch(pick) == "paired" and problem.dim == 64 and not problem.causal and 2 * config_smem(wide, 64) <= (
-            smem_budget):
+    fits = 2 * config_smem(wide, problem.dim) <= smem_budget  # both blocks of the SM
+    if branch(pick) == "paired" and problem.dim == 64 and not problem.causal and fits:
         return wide, (f"the same two 64-row blocks an SM over {PAIRED_WIDE_KEYS}-wide key tiles: longer GEMMs a "
                       f"key step, fewer steps; level with 128-wide ones over the problems measured")
     cfg, why = hopper_config(problem, sms or DEFAULT_SMS, smem_budget, frozenset({branch(pick)}))
@@ -5566,7 +5566,8 @@ def cluster_plan(N: int, smem_budget: int) -> "SoftmaxPlan | None":
 
 def online_plan(N: int, smem_budget: int, family: str = "hopper") -> SoftmaxPlan:
     """A row too long for registers, walked twice. Threads: a block of 512 when the whole row fits shared memory
-    (where two or more such blocks fit an SM, one's copy overlaps another's arithmetic); 1024 when it does not (its
+    (where two or more such blocks fit an SM, one's copy overlaps another's arithmetic; on Hopper 256 for a row of
+    at most SHORT_STAGED_MAX, so that more blocks share an SM); 1024 when it does not (its
     head fills the SM alone, so the block itself must keep twice the loads of the streamed rest in flight).
     A row that does not start 16-byte aligned (N % 8) is staged and streamed by its aligned body (the kernel
     moves its few edge elements one at a time), so the same rule applies."""

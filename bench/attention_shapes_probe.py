@@ -104,7 +104,8 @@ def candidates(problem):
                 "pipe 192x128": P(192, 128, **hf), "pipe 64x128 x2": P(64, 128, blocks_per_sm=2, **hf),
                 "pipe 64x64 x3": P(64, 64, blocks_per_sm=3, **hf),
                 "pipe 128x64 x2": P(128, 64, blocks_per_sm=2, **hf),
-                # the FA3 schedule over wider key tiles, as the appendix at this head dim
+                # wider key tiles: in the FA3 schedule (as the appendix at this head dim), or two blocks an SM;
+                # and two blocks an SM with a third K/V stage
                 "async 128x176": A(128, 176, **hf),
                 "async 128x192": A(128, 192, **hf), "pipe 64x192 x2": P(64, 192, blocks_per_sm=2, **hf),
                 "pipe 64x128 x2 s3": P(64, 128, 3, blocks_per_sm=2, **hf)}

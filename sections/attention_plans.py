@@ -357,8 +357,8 @@ def runner_up(problem: Problem, family: str, smem_budget: int, sms: int | None =
         return None
     pick, _ = choose_config(problem, family, smem_budget, sms)
     wide = dict(pick, block_N=PAIRED_WIDE_KEYS)
-    if branch(pick) == "paired" and problem.dim == 64 and not problem.causal and 2 * config_smem(wide, 64) <= (
-            smem_budget):
+    fits = 2 * config_smem(wide, problem.dim) <= smem_budget  # both blocks of the SM
+    if branch(pick) == "paired" and problem.dim == 64 and not problem.causal and fits:
         return wide, (f"the same two 64-row blocks an SM over {PAIRED_WIDE_KEYS}-wide key tiles: longer GEMMs a "
                       f"key step, fewer steps; level with 128-wide ones over the problems measured")
     cfg, why = hopper_config(problem, sms or DEFAULT_SMS, smem_budget, frozenset({branch(pick)}))

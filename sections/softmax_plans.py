@@ -169,7 +169,8 @@ def cluster_plan(N: int, smem_budget: int) -> "SoftmaxPlan | None":
 
 def online_plan(N: int, smem_budget: int, family: str = "hopper") -> SoftmaxPlan:
     """A row too long for registers, walked twice. Threads: a block of 512 when the whole row fits shared memory
-    (where two or more such blocks fit an SM, one's copy overlaps another's arithmetic); 1024 when it does not (its
+    (where two or more such blocks fit an SM, one's copy overlaps another's arithmetic; on Hopper 256 for a row of
+    at most SHORT_STAGED_MAX, so that more blocks share an SM); 1024 when it does not (its
     head fills the SM alone, so the block itself must keep twice the loads of the streamed rest in flight).
     A row that does not start 16-byte aligned (N % 8) is staged and streamed by its aligned body (the kernel
     moves its few edge elements one at a time), so the same rule applies."""
