@@ -2753,7 +2753,14 @@ PERSISTENT = GemmConfig(128, 256, 64, 3, 256, True)
 # wave (1536^3: 128 of these fill 132 SMs, where 96 of 128x192 leave 36 idle). Its short MMAs and operand bytes
 # per FLOP lose once a second wave is needed, and so did grids with partial edge tiles of it (BENCHMARKS.md).
 ONE_WAVE_TILES = {(192, 96)}
-SPLITS = (1, 2, 3, 4, 6, 8)  # K splits tried where a problem's tiles leave SMs idle
+# Rows loaded masked (N or K, not both, off 16 bytes): TileLang's producer for the masked copies is as large as
+# the consumers, and with three consumer warpgroups (768 threads, 80 registers each at launch) the consumers'
+# register raise to 160 asks more than the SM holds (it would wait forever) or ptxas refuses their wgmma.
+# Masked plans take tiles of two consumer warpgroups at most.
+MASKED_MAX_THREADS = 256
+# K splits tried where a problem's tiles leave SMs idle: up to 32, for a small C over a deep K (256x256x65536:
+# one wave of blocks needs 32 splits of a 128x128 tile's K loop).
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 # A block whose K loop is this short has little to pipeline: its time goes to the first loads and the store.
 # On Hopper TileLang's producer warpgroup and its register split keep one block per SM, so those wait alone.
 # Compiled without warp specialization (every thread issues cp.async), a block of up to 256 threads takes
@@ -2858,12 +2865,14 @@ def fitted_to_k(config: GemmConfig, K: int) -> GemmConfig:
 
 
 def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int,
-                        epilogue: bool = False) -> list[GemmConfig]:
+                        epilogue: bool = False, masked: bool = False) -> list[GemmConfig]:
     """Every candidate tile that fits (fewer stages if it must; 64 rows tall at most when M is; see ONE_WAVE_TILES),
     each with every split of K that leaves a split at least 4 steps deep and makes at most two waves of blocks;
-    the persistent walk where it applies (see PERSISTENT)."""
+    the persistent walk where it applies (see PERSISTENT). `masked`: rows loaded masked (see MASKED_MAX_THREADS)."""
     out = []
     for base in CANDIDATES[family]:
+        if masked and base.threads > MASKED_MAX_THREADS:
+            continue
         base = fitted_to_k(base, K)
         while not fits(base, smem_budget) and base.num_stages > 2:  # a smaller GPU of the family: fewer stages
             base = replace(base, num_stages=base.num_stages - 1)
@@ -2898,9 +2907,10 @@ def persistent_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem
     return config if fit and aligned_rows and fits(config, smem_budget) and tiles > sm_count else None
 
 
-def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int, epilogue: bool = False):
+def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int, epilogue: bool = False,
+                    masked: bool = False):
     """(GemmConfig, reason): the candidate with the least estimated time (see `estimate_seconds`)."""
-    options = candidate_schedules(M, N, K, family, sm_count, smem_budget, epilogue)
+    options = candidate_schedules(M, N, K, family, sm_count, smem_budget, epilogue, masked)
     if not options:
         raise ValueError(f"no GEMM tile fits the {smem_budget} B of shared memory a block may use")
     times = [estimate_seconds(M, N, K, c, family, sm_count, smem_budget) for c in options]
@@ -2918,7 +2928,8 @@ def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_bud
 def neighbours(plan, family: str, sm_count: int, smem_budget: int, epilogue: bool = False) -> list[GemmConfig]:
     """What a plan's pick is timed beside: the best estimate with another tile, and the lesson's default."""
     M, N, K = plan.kernel_shape
-    others = [c for c in candidate_schedules(M, N, K, family, sm_count, smem_budget, epilogue)
+    masked = not plan.pad and (N % ALIGN or K % ALIGN)
+    others = [c for c in candidate_schedules(M, N, K, family, sm_count, smem_budget, epilogue, masked)
               if (c.block_M, c.block_N) != (plan.config.block_M, plan.config.block_N)]
     runner_up = min(others, key=lambda c: estimate_seconds(M, N, K, c, family, sm_count, smem_budget), default=None)
     configs = [c for c in (runner_up, lesson_schedules(family)[0]) if c is not None and fits(c, smem_budget)]
@@ -3199,8 +3210,8 @@ def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget
     copies_s = padding_seconds(M, N, K, family)
     if copies_s <= gemm_s or (M == 1 and K % 2):  # one row of odd length: TileLang picks a 2-byte cp.async
         return replace(plan, pad_b=pads_b(plan, family, gemm_s))
-    if config.persistent:  # the walk is for aligned rows (see PERSISTENT): the best plain grid
-        config, reason = choose_schedule(M, N, K, family, sm_count, smem_budget, epilogue)
+    if config.persistent or config.threads > MASKED_MAX_THREADS:  # see PERSISTENT and MASKED_MAX_THREADS
+        config, reason = choose_schedule(M, N, K, family, sm_count, smem_budget, epilogue, masked=True)
     return replace(plan, config=config, pad=False, reason=f"{reason}; {unaligned_rows(N, K)}: loaded as they are, masked "
                    f"(zero-padded copies would take {copies_s * 1e6:.0f} us)")
 ''')
@@ -7007,9 +7018,7 @@ TILELANG_INSTALL = f"pip install tilelang=={TILELANG_PIN}"
 TILELANG_NIGHTLY_INSTALL = "pip install tilelang --find-links https://tile-ai.github.io/whl/nightly"
 
 
-# ---------------------------------------------------------------------------------------------------------
-# The section protocol
-# ---------------------------------------------------------------------------------------------------------
+# ---- The section protocol -------------------------------------------------------------------------------
 
 
 class SectionSkip(Exception):
@@ -7121,9 +7130,7 @@ class TourContext:
              "nbytes": None if nbytes is None else float(nbytes), "kind": kind, "problem": str(problem)})
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Architectures and the device
-# ---------------------------------------------------------------------------------------------------------
+# ---- Architectures and the device -----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -7272,9 +7279,7 @@ def require_device_memory(ctx: "TourContext", nbytes: int, what: str) -> None:
                           f"{format_bytes(ctx.device.memory_bytes)}")
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Validation
-# ---------------------------------------------------------------------------------------------------------
+# ---- Validation -----------------------------------------------------------------------------------------
 
 
 def random_tensor(shape, dtype, *, scale: float = 1.0, seed: int | None = None, device: str = "cuda"):
@@ -7353,9 +7358,7 @@ def require(checks: Iterable[Check]) -> None:
         raise ValidationError("; ".join(c.line() for c in bad))
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Timing and throughput
-# ---------------------------------------------------------------------------------------------------------
+# ---- Timing and throughput ------------------------------------------------------------------------------
 
 _l2_flush_buffer: dict[str, Any] = {}
 
@@ -7565,9 +7568,7 @@ def _median(values: Sequence[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Building and inspecting kernels lives in tourkernels.py; its names are tourkit's too
-# ---------------------------------------------------------------------------------------------------------
+# ---- Building and inspecting kernels lives in tourkernels.py; its names are tourkit's too ---------------
 
 KERNEL_NAMES = frozenset(('MARKERS', 'TENSOR_CORE_MARKERS', 'tensor_core_markers', 'count_markers', 'cuda_target', '_STATIC_SMEM', '_SCALAR_BYTES', 'KernelReport', '_launch_shape', 'static_smem_bytes', 'lower_for_arch', 'compile_for_arch', 'compile_many', 'KernelDecl', 'build_declared', 'inspect_declared', '_DropMemoryCacheHits', 'quiet_tilelang', 'inspect_kernel', 'inspect_kernels', 'report_kernels', 'require_markers', 'source_excerpt', 'compile_cubin', 'ptxas_usage'))
 
@@ -7582,9 +7583,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'tourkit' has no attribute {name!r}")
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Capturing what C code prints (device printf, nvcc, native libraries)
-# ---------------------------------------------------------------------------------------------------------
+# ---- Capturing what C code prints (device printf, nvcc, native libraries) -------------------------------
 
 
 class CapturedOutput:
@@ -7632,13 +7631,15 @@ def capture_fd_output(fd: int = 1):
             captured.text = sink.read().decode("utf-8", errors="replace")
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Formatting
-# ---------------------------------------------------------------------------------------------------------
+# ---- Formatting -----------------------------------------------------------------------------------------
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    """The exception on one line; of a failed compile (TileLang's message opens with the CUDA source), the
+    compiler's errors."""
+    raw, log = str(exc), str(exc).split("Compilation error", 1)[-1].splitlines()
+    raw = "compile error: " + " ".join([x for x in log if "error" in x or "fatal" in x][:2]) if "Compilation error" in raw else raw
+    text = " ".join(raw.split()) or type(exc).__name__
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

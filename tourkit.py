@@ -29,9 +29,7 @@ TILELANG_INSTALL = f"pip install tilelang=={TILELANG_PIN}"
 TILELANG_NIGHTLY_INSTALL = "pip install tilelang --find-links https://tile-ai.github.io/whl/nightly"
 
 
-# ---------------------------------------------------------------------------------------------------------
-# The section protocol
-# ---------------------------------------------------------------------------------------------------------
+# ---- The section protocol -------------------------------------------------------------------------------
 
 
 class SectionSkip(Exception):
@@ -143,9 +141,7 @@ class TourContext:
              "nbytes": None if nbytes is None else float(nbytes), "kind": kind, "problem": str(problem)})
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Architectures and the device
-# ---------------------------------------------------------------------------------------------------------
+# ---- Architectures and the device -----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -294,9 +290,7 @@ def require_device_memory(ctx: "TourContext", nbytes: int, what: str) -> None:
                           f"{format_bytes(ctx.device.memory_bytes)}")
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Validation
-# ---------------------------------------------------------------------------------------------------------
+# ---- Validation -----------------------------------------------------------------------------------------
 
 
 def random_tensor(shape, dtype, *, scale: float = 1.0, seed: int | None = None, device: str = "cuda"):
@@ -375,9 +369,7 @@ def require(checks: Iterable[Check]) -> None:
         raise ValidationError("; ".join(c.line() for c in bad))
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Timing and throughput
-# ---------------------------------------------------------------------------------------------------------
+# ---- Timing and throughput ------------------------------------------------------------------------------
 
 _l2_flush_buffer: dict[str, Any] = {}
 
@@ -587,9 +579,7 @@ def _median(values: Sequence[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Building and inspecting kernels lives in tourkernels.py; its names are tourkit's too
-# ---------------------------------------------------------------------------------------------------------
+# ---- Building and inspecting kernels lives in tourkernels.py; its names are tourkit's too ---------------
 
 KERNEL_NAMES = frozenset(('MARKERS', 'TENSOR_CORE_MARKERS', 'tensor_core_markers', 'count_markers', 'cuda_target', '_STATIC_SMEM', '_SCALAR_BYTES', 'KernelReport', '_launch_shape', 'static_smem_bytes', 'lower_for_arch', 'compile_for_arch', 'compile_many', 'KernelDecl', 'build_declared', 'inspect_declared', '_DropMemoryCacheHits', 'quiet_tilelang', 'inspect_kernel', 'inspect_kernels', 'report_kernels', 'require_markers', 'source_excerpt', 'compile_cubin', 'ptxas_usage'))
 
@@ -604,9 +594,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'tourkit' has no attribute {name!r}")
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Capturing what C code prints (device printf, nvcc, native libraries)
-# ---------------------------------------------------------------------------------------------------------
+# ---- Capturing what C code prints (device printf, nvcc, native libraries) -------------------------------
 
 
 class CapturedOutput:
@@ -654,13 +642,15 @@ def capture_fd_output(fd: int = 1):
             captured.text = sink.read().decode("utf-8", errors="replace")
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Formatting
-# ---------------------------------------------------------------------------------------------------------
+# ---- Formatting -----------------------------------------------------------------------------------------
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    """The exception on one line; of a failed compile (TileLang's message opens with the CUDA source), the
+    compiler's errors."""
+    raw, log = str(exc), str(exc).split("Compilation error", 1)[-1].splitlines()
+    raw = "compile error: " + " ".join([x for x in log if "error" in x or "fatal" in x][:2]) if "Compilation error" in raw else raw
+    text = " ".join(raw.split()) or type(exc).__name__
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

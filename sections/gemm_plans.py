@@ -177,7 +177,14 @@ PERSISTENT = GemmConfig(128, 256, 64, 3, 256, True)
 # wave (1536^3: 128 of these fill 132 SMs, where 96 of 128x192 leave 36 idle). Its short MMAs and operand bytes
 # per FLOP lose once a second wave is needed, and so did grids with partial edge tiles of it (BENCHMARKS.md).
 ONE_WAVE_TILES = {(192, 96)}
-SPLITS = (1, 2, 3, 4, 6, 8)  # K splits tried where a problem's tiles leave SMs idle
+# Rows loaded masked (N or K, not both, off 16 bytes): TileLang's producer for the masked copies is as large as
+# the consumers, and with three consumer warpgroups (768 threads, 80 registers each at launch) the consumers'
+# register raise to 160 asks more than the SM holds (it would wait forever) or ptxas refuses their wgmma.
+# Masked plans take tiles of two consumer warpgroups at most.
+MASKED_MAX_THREADS = 256
+# K splits tried where a problem's tiles leave SMs idle: up to 32, for a small C over a deep K (256x256x65536:
+# one wave of blocks needs 32 splits of a 128x128 tile's K loop).
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 # A block whose K loop is this short has little to pipeline: its time goes to the first loads and the store.
 # On Hopper TileLang's producer warpgroup and its register split keep one block per SM, so those wait alone.
 # Compiled without warp specialization (every thread issues cp.async), a block of up to 256 threads takes
@@ -282,12 +289,14 @@ def fitted_to_k(config: GemmConfig, K: int) -> GemmConfig:
 
 
 def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int,
-                        epilogue: bool = False) -> list[GemmConfig]:
+                        epilogue: bool = False, masked: bool = False) -> list[GemmConfig]:
     """Every candidate tile that fits (fewer stages if it must; 64 rows tall at most when M is; see ONE_WAVE_TILES),
     each with every split of K that leaves a split at least 4 steps deep and makes at most two waves of blocks;
-    the persistent walk where it applies (see PERSISTENT)."""
+    the persistent walk where it applies (see PERSISTENT). `masked`: rows loaded masked (see MASKED_MAX_THREADS)."""
     out = []
     for base in CANDIDATES[family]:
+        if masked and base.threads > MASKED_MAX_THREADS:
+            continue
         base = fitted_to_k(base, K)
         while not fits(base, smem_budget) and base.num_stages > 2:  # a smaller GPU of the family: fewer stages
             base = replace(base, num_stages=base.num_stages - 1)
@@ -322,9 +331,10 @@ def persistent_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem
     return config if fit and aligned_rows and fits(config, smem_budget) and tiles > sm_count else None
 
 
-def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int, epilogue: bool = False):
+def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int, epilogue: bool = False,
+                    masked: bool = False):
     """(GemmConfig, reason): the candidate with the least estimated time (see `estimate_seconds`)."""
-    options = candidate_schedules(M, N, K, family, sm_count, smem_budget, epilogue)
+    options = candidate_schedules(M, N, K, family, sm_count, smem_budget, epilogue, masked)
     if not options:
         raise ValueError(f"no GEMM tile fits the {smem_budget} B of shared memory a block may use")
     times = [estimate_seconds(M, N, K, c, family, sm_count, smem_budget) for c in options]
@@ -342,7 +352,8 @@ def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_bud
 def neighbours(plan, family: str, sm_count: int, smem_budget: int, epilogue: bool = False) -> list[GemmConfig]:
     """What a plan's pick is timed beside: the best estimate with another tile, and the lesson's default."""
     M, N, K = plan.kernel_shape
-    others = [c for c in candidate_schedules(M, N, K, family, sm_count, smem_budget, epilogue)
+    masked = not plan.pad and (N % ALIGN or K % ALIGN)
+    others = [c for c in candidate_schedules(M, N, K, family, sm_count, smem_budget, epilogue, masked)
               if (c.block_M, c.block_N) != (plan.config.block_M, plan.config.block_N)]
     runner_up = min(others, key=lambda c: estimate_seconds(M, N, K, c, family, sm_count, smem_budget), default=None)
     configs = [c for c in (runner_up, lesson_schedules(family)[0]) if c is not None and fits(c, smem_budget)]
@@ -623,7 +634,7 @@ def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget
     copies_s = padding_seconds(M, N, K, family)
     if copies_s <= gemm_s or (M == 1 and K % 2):  # one row of odd length: TileLang picks a 2-byte cp.async
         return replace(plan, pad_b=pads_b(plan, family, gemm_s))
-    if config.persistent:  # the walk is for aligned rows (see PERSISTENT): the best plain grid
-        config, reason = choose_schedule(M, N, K, family, sm_count, smem_budget, epilogue)
+    if config.persistent or config.threads > MASKED_MAX_THREADS:  # see PERSISTENT and MASKED_MAX_THREADS
+        config, reason = choose_schedule(M, N, K, family, sm_count, smem_budget, epilogue, masked=True)
     return replace(plan, config=config, pad=False, reason=f"{reason}; {unaligned_rows(N, K)}: loaded as they are, masked "
                    f"(zero-padded copies would take {copies_s * 1e6:.0f} us)")

@@ -4,6 +4,7 @@ problems on sm_80 and sm_90a (a few through nvcc), the sections' --shape paths (
 sizes (GPU)."""
 
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -12,7 +13,7 @@ import tourkit
 from sections import autotune, fusion, gemm_schedules
 from sections.gemm_plans import (CANDIDATES, ONE_WAVE_TILES, GemmConfig, GemmLauncher, GemmPlan, aligned, blocks_per_sm,
                                  candidate_schedules, check_problem, choose_schedule, estimate_seconds, fits,
-                                 fitted_to_k, gemm_pass_configs, neighbours, plan_problem)
+                                 MASKED_MAX_THREADS, fitted_to_k, gemm_pass_configs, neighbours, plan_problem)
 
 H200 = dict(family="hopper", sm_count=132, smem_budget=232448)
 BUDGETS = {"hopper": 232448, "ampere": 166912, "ada": 101376, "turing": 65536}
@@ -384,6 +385,34 @@ def test_a_big_problem_loaded_masked_takes_a_plain_grid_that_lowers():
                 assert "wgmma" in tourkit.inspect_kernel(part, func, "sm_90a", nvcc=False).source, (shape, each.config)
 
 
+def register_raise_fits(source: str, threads_asked: int, threads_launched: int) -> bool:
+    """Whether a warp-specialized kernel's setmaxnreg pair (the producer down to d, the consumers up to a)
+    fits the SM's 64K registers: a raise the register file cannot grant waits forever."""
+    pair = [int(n) for n in re.findall(r"reg_(?:dealloc|alloc)<(\d+)>", source)[:2]]
+    if len(pair) < 2:
+        return True
+    return pair[0] * (threads_launched - threads_asked) + pair[1] * threads_asked <= 65536
+
+
+@pytest.mark.parametrize("shape", [(8903, 10683, 144), (12000, 5003, 64)])
+def test_rows_of_b_loaded_masked_take_two_warpgroups_and_compile(shape):
+    """N off 16 bytes, K on them, a short K: B's rows are loaded masked by a producer as large as the
+    consumers. With three consumer warpgroups that kernel cannot raise its registers (and ptxas refuses
+    192x192), so the pick and what it is timed beside keep to two; each compiles with nvcc and its register
+    raise fits the SM."""
+    plan = plan_problem(*shape, **H200)
+    assert not plan.padded and "masked" in plan.describe()
+    plans = [plan] + [replace(plan, config=c) for c in neighbours(plan, "hopper", 132, H200["smem_budget"])]
+    for each in plans:
+        assert each.config.threads <= MASKED_MAX_THREADS, each.config
+        report = tourkit.inspect_kernel("gemm", each.programs()["gemm"], "sm_90a")
+        assert report.nvcc == "compiled", (shape, each.config, report.nvcc)
+        assert register_raise_fits(report.source, each.config.threads, report.threads), each.config
+    three = GemmPlan(*shape, replace(CANDIDATES["hopper"][1], num_stages=3), "float16", pad=False)
+    report = tourkit.inspect_kernel("gemm", three.programs()["gemm"], "sm_90a", nvcc=False)
+    assert not register_raise_fits(report.source, 384, report.threads)  # why: the rule this test guards
+
+
 def test_unpadded_kernel_compiles_with_nvcc():
     """A tiny unaligned problem loaded masked (no TMA)."""
     plan = plan_problem(7, 13, 5, **H200)
@@ -479,7 +508,9 @@ def test_autotune_tunes_the_users_problem_rounded_up():
                                          (20_000_000, 16, 16, "float16"), (300_000, 100, 64, "bfloat16"),
                                          (16384, 256, 64, "float16"), (1536, 1536, 1536, "float16"),
                                          (3072, 768, 3072, "bfloat16"), (1200, 1200, 1200, "float16"),
-                                         (7001, 129, 1001, "float16"), (7343, 6894, 15, "float16")])
+                                         (7001, 129, 1001, "float16"), (7343, 6894, 15, "float16"),
+                                         (25, 212, 14336, "bfloat16"), (256, 256, 65536, "float16"),
+                                         (8903, 10683, 144, "float16")])
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("epilogue", [False, True])
 def test_the_rules_pick_is_correct_on_odd_sizes(M, N, K, dtype, epilogue, persistent):

@@ -389,3 +389,14 @@ def test_a_failed_timing_still_lets_compiles_run():
         failing()
     background_wait()
     assert waited == [False, True] and tourkit.wait_until_untimed()  # the main thread never waits
+
+
+def test_a_failed_compile_is_told_by_the_compilers_error_not_the_source():
+    """TileLang's compile error opens with the whole CUDA source; the one line shows what ptxas said."""
+    source = "#if defined(_MSC_VER)\n#include <cuda.h>\nextern \"C\" __global__ void gemm_kernel() {}\n" * 50
+    exc = RuntimeError(source + "Compilation error:\nptxas warning : something\nptxas fatal   : (C7602) Insufficient "
+                       "registers (80) to compile instruction\nptxas fatal   : Ptx assembly aborted due to errors\n")
+    line = tourkit.one_line(exc)
+    assert line.startswith("compile error: ptxas fatal : (C7602) Insufficient registers (80)"), line
+    assert "#include" not in line and "warning" not in line
+    assert tourkit.one_line(ValueError("bad shape")) == "bad shape"
