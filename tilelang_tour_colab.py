@@ -2758,9 +2758,7 @@ ONE_WAVE_TILES = {(192, 96)}
 # register raise to 160 asks more than the SM holds (it would wait forever) or ptxas refuses their wgmma.
 # Masked plans take tiles of two consumer warpgroups at most.
 MASKED_MAX_THREADS = 256
-# K splits tried where a problem's tiles leave SMs idle: up to 32, for a small C over a deep K (256x256x65536:
-# one wave of blocks needs 32 splits of a 128x128 tile's K loop).
-SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+SPLITS = (1, 2, 3, 4, 6, 8)  # K splits tried where a problem's tiles leave SMs idle (more lost: BENCHMARKS.md)
 # A block whose K loop is this short has little to pipeline: its time goes to the first loads and the store.
 # On Hopper TileLang's producer warpgroup and its register split keep one block per SM, so those wait alone.
 # Compiled without warp specialization (every thread issues cp.async), a block of up to 256 threads takes
@@ -3210,10 +3208,13 @@ def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget
     copies_s = padding_seconds(M, N, K, family)
     if copies_s <= gemm_s or (M == 1 and K % 2):  # one row of odd length: TileLang picks a 2-byte cp.async
         return replace(plan, pad_b=pads_b(plan, family, gemm_s))
+    two = ""
     if config.persistent or config.threads > MASKED_MAX_THREADS:  # see PERSISTENT and MASKED_MAX_THREADS
+        if choose_schedule(M, N, K, family, sm_count, smem_budget, epilogue)[0].threads > MASKED_MAX_THREADS:
+            two = "; tiles of two consumer warpgroups at most (the masked copies' producer is as large as they are)"
         config, reason = choose_schedule(M, N, K, family, sm_count, smem_budget, epilogue, masked=True)
     return replace(plan, config=config, pad=False, reason=f"{reason}; {unaligned_rows(N, K)}: loaded as they are, masked "
-                   f"(zero-padded copies would take {copies_s * 1e6:.0f} us)")
+                   f"(zero-padded copies would take {copies_s * 1e6:.0f} us){two}")
 ''')
 
 _tour_file('sections/gemm_schedules.py', r'''

@@ -394,14 +394,15 @@ def register_raise_fits(source: str, threads_asked: int, threads_launched: int) 
     return pair[0] * (threads_launched - threads_asked) + pair[1] * threads_asked <= 65536
 
 
-@pytest.mark.parametrize("shape", [(8903, 10683, 144), (12000, 5003, 64)])
-def test_rows_of_b_loaded_masked_take_two_warpgroups_and_compile(shape):
+@pytest.mark.parametrize("shape,regrouped", [((8903, 10683, 144), True), ((12000, 5003, 64), False)])
+def test_rows_of_b_loaded_masked_take_two_warpgroups_and_compile(shape, regrouped):
     """N off 16 bytes, K on them, a short K: B's rows are loaded masked by a producer as large as the
     consumers. With three consumer warpgroups that kernel cannot raise its registers (and ptxas refuses
     192x192), so the pick and what it is timed beside keep to two; each compiles with nvcc and its register
     raise fits the SM."""
     plan = plan_problem(*shape, **H200)
     assert not plan.padded and "masked" in plan.describe()
+    assert ("two consumer warpgroups" in plan.describe()) == regrouped  # said where the aligned pick had three
     plans = [plan] + [replace(plan, config=c) for c in neighbours(plan, "hopper", 132, H200["smem_budget"])]
     for each in plans:
         assert each.config.threads <= MASKED_MAX_THREADS, each.config
