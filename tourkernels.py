@@ -235,6 +235,7 @@ def inspect_declared(ctx: "TourContext", decls: Sequence[KernelDecl]) -> dict[st
     report_kernels(ctx, reports, {d.name: d.threads for d in decls if d.threads})
     for decl, report in zip(decls, reports):
         require_markers(report, decl.markers)
+        require_register_raise_fits(report, decl.threads)
         if decl.smem_limit is not None and report.smem_bytes > decl.smem_limit:
             raise ValidationError(f"{report.name}: the kernel uses {report.smem_bytes} B of shared memory, "
                                   f"more than {decl.smem_limit} B")
@@ -381,6 +382,20 @@ def require_markers(report: KernelReport, expected: Iterable[str]) -> None:
         raise ValidationError(f"{report.name} for {report.arch}: expected {', '.join(missing)} in the CUDA source")
     if report.nvcc.startswith("failed"):
         raise ValidationError(f"{report.name} for {report.arch}: nvcc {report.nvcc}")
+
+
+def require_register_raise_fits(report: KernelReport, threads_asked: int | None) -> None:
+    """Warp specialization drops the producer's registers and raises the consumers' (setmaxnreg); a raise the
+    SM's 64K registers cannot grant waits forever. Where TileLang added the producer (launched > asked),
+    check the pair in the generated CUDA against the launch."""
+    pair = [int(n) for n in re.findall(r"reg_(?:dealloc|alloc)<(\d+)>", report.source)[:2]]
+    if len(pair) < 2 or not threads_asked or report.threads <= threads_asked:
+        return
+    need = pair[0] * (report.threads - threads_asked) + pair[1] * threads_asked
+    if need > 65536:
+        raise ValidationError(f"{report.name} for {report.arch}: its warpgroups ask {need} registers of the SM's "
+                              f"65536 ({report.threads - threads_asked} threads at {pair[0]}, {threads_asked} at "
+                              f"{pair[1]}): the raise would wait forever")
 
 
 def source_excerpt(source: str, pattern: str, context: int = 6, limit: int = 40) -> str:

@@ -581,7 +581,7 @@ def _median(values: Sequence[float]) -> float:
 
 # ---- Building and inspecting kernels lives in tourkernels.py; its names are tourkit's too ---------------
 
-KERNEL_NAMES = frozenset(('MARKERS', 'TENSOR_CORE_MARKERS', 'tensor_core_markers', 'count_markers', 'cuda_target', '_STATIC_SMEM', '_SCALAR_BYTES', 'KernelReport', '_launch_shape', 'static_smem_bytes', 'lower_for_arch', 'compile_for_arch', 'compile_many', 'KernelDecl', 'build_declared', 'inspect_declared', '_DropMemoryCacheHits', 'quiet_tilelang', 'inspect_kernel', 'inspect_kernels', 'report_kernels', 'require_markers', 'source_excerpt', 'compile_cubin', 'ptxas_usage'))
+KERNEL_NAMES = frozenset(('MARKERS', 'TENSOR_CORE_MARKERS', 'tensor_core_markers', 'count_markers', 'cuda_target', '_STATIC_SMEM', '_SCALAR_BYTES', 'KernelReport', '_launch_shape', 'static_smem_bytes', 'lower_for_arch', 'compile_for_arch', 'compile_many', 'KernelDecl', 'build_declared', 'inspect_declared', '_DropMemoryCacheHits', 'quiet_tilelang', 'inspect_kernel', 'inspect_kernels', 'report_kernels', 'require_markers', 'require_register_raise_fits', 'source_excerpt', 'compile_cubin', 'ptxas_usage'))
 
 
 def __getattr__(name: str):

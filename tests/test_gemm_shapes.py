@@ -4,7 +4,6 @@ problems on sm_80 and sm_90a (a few through nvcc), the sections' --shape paths (
 sizes (GPU)."""
 
 
-import re
 from dataclasses import replace
 
 import pytest
@@ -385,15 +384,6 @@ def test_a_big_problem_loaded_masked_takes_a_plain_grid_that_lowers():
                 assert "wgmma" in tourkit.inspect_kernel(part, func, "sm_90a", nvcc=False).source, (shape, each.config)
 
 
-def register_raise_fits(source: str, threads_asked: int, threads_launched: int) -> bool:
-    """Whether a warp-specialized kernel's setmaxnreg pair (the producer down to d, the consumers up to a)
-    fits the SM's 64K registers: a raise the register file cannot grant waits forever."""
-    pair = [int(n) for n in re.findall(r"reg_(?:dealloc|alloc)<(\d+)>", source)[:2]]
-    if len(pair) < 2:
-        return True
-    return pair[0] * (threads_launched - threads_asked) + pair[1] * threads_asked <= 65536
-
-
 @pytest.mark.parametrize("shape,regrouped", [((8903, 10683, 144), True), ((12000, 5003, 64), False)])
 def test_rows_of_b_loaded_masked_take_two_warpgroups_and_compile(shape, regrouped):
     """N off 16 bytes, K on them, a short K: B's rows are loaded masked by a producer as large as the
@@ -408,10 +398,11 @@ def test_rows_of_b_loaded_masked_take_two_warpgroups_and_compile(shape, regroupe
         assert each.config.threads <= MASKED_MAX_THREADS, each.config
         report = tourkit.inspect_kernel("gemm", each.programs()["gemm"], "sm_90a")
         assert report.nvcc == "compiled", (shape, each.config, report.nvcc)
-        assert register_raise_fits(report.source, each.config.threads, report.threads), each.config
+        tourkit.require_register_raise_fits(report, each.config.threads)
     three = GemmPlan(*shape, replace(CANDIDATES["hopper"][1], num_stages=3), "float16", pad=False)
     report = tourkit.inspect_kernel("gemm", three.programs()["gemm"], "sm_90a", nvcc=False)
-    assert not register_raise_fits(report.source, 384, report.threads)  # why: the rule this test guards
+    with pytest.raises(tourkit.ValidationError, match="would wait forever"):  # why: the rule this test guards
+        tourkit.require_register_raise_fits(report, 384)
 
 
 def test_unpadded_kernel_compiles_with_nvcc():

@@ -49,5 +49,6 @@ def test_every_kernel_a_section_declares_for_a_random_problem_lowers(section, sh
     for decl in decls:
         report = tourkit.inspect_kernel(decl.name, decl.program(), arch, nvcc=False, pass_configs=decl.pass_configs)
         tourkit.require_markers(report, decl.markers)
+        tourkit.require_register_raise_fits(report, decl.threads)
         assert decl.smem_limit is None or report.smem_bytes <= decl.smem_limit, (decl.name, report.smem_bytes)
         assert dtype == "float16" or "bfloat16_t" in report.source, decl.name
