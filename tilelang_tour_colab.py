@@ -2753,10 +2753,10 @@ PERSISTENT = GemmConfig(128, 256, 64, 3, 256, True)
 # wave (1536^3: 128 of these fill 132 SMs, where 96 of 128x192 leave 36 idle). Its short MMAs and operand bytes
 # per FLOP lose once a second wave is needed, and so did grids with partial edge tiles of it (BENCHMARKS.md).
 ONE_WAVE_TILES = {(192, 96)}
-# Rows loaded masked (N or K, not both, off 16 bytes): TileLang's producer for the masked copies is as large as
+# Rows loaded masked with one of N and K off 16 bytes: TileLang's producer for the masked copies is as large as
 # the consumers, and with three consumer warpgroups (768 threads, 80 registers each at launch) the consumers'
-# register raise to 160 asks more than the SM holds (it would wait forever) or ptxas refuses their wgmma.
-# Masked plans take tiles of two consumer warpgroups at most.
+# register raise to 160 asks more than the SM holds (it would wait forever) or ptxas refuses their wgmma. (With
+# both off there is no producer.) Masked plans take tiles of two consumer warpgroups at most.
 MASKED_MAX_THREADS = 256
 SPLITS = (1, 2, 3, 4, 6, 8)  # K splits tried where a problem's tiles leave SMs idle (more lost: BENCHMARKS.md)
 # A block whose K loop is this short has little to pipeline: its time goes to the first loads and the store.
@@ -2926,7 +2926,7 @@ def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_bud
 def neighbours(plan, family: str, sm_count: int, smem_budget: int, epilogue: bool = False) -> list[GemmConfig]:
     """What a plan's pick is timed beside: the best estimate with another tile, and the lesson's default."""
     M, N, K = plan.kernel_shape
-    masked = not plan.pad and (N % ALIGN or K % ALIGN)
+    masked = not plan.pad and bool(N % ALIGN or K % ALIGN)
     others = [c for c in candidate_schedules(M, N, K, family, sm_count, smem_budget, epilogue, masked)
               if (c.block_M, c.block_N) != (plan.config.block_M, plan.config.block_N)]
     runner_up = min(others, key=lambda c: estimate_seconds(M, N, K, c, family, sm_count, smem_budget), default=None)
