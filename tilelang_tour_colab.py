@@ -3209,9 +3209,10 @@ def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget
     if copies_s <= gemm_s or (M == 1 and K % 2):  # one row of odd length: TileLang picks a 2-byte cp.async
         return replace(plan, pad_b=pads_b(plan, family, gemm_s))
     two = ""
-    if config.persistent or config.threads > MASKED_MAX_THREADS:  # see PERSISTENT and MASKED_MAX_THREADS
-        if choose_schedule(M, N, K, family, sm_count, smem_budget, epilogue)[0].threads > MASKED_MAX_THREADS:
-            two = "; tiles of two consumer warpgroups at most (the masked copies' producer is as large as they are)"
+    if config.persistent or config.threads > MASKED_MAX_THREADS:  # the walk is for aligned rows (see PERSISTENT)
+        config, reason = choose_schedule(M, N, K, family, sm_count, smem_budget, epilogue)
+    if config.threads > MASKED_MAX_THREADS:  # see MASKED_MAX_THREADS
+        two = "; tiles of two consumer warpgroups at most (the masked copies' producer is as large as they are)"
         config, reason = choose_schedule(M, N, K, family, sm_count, smem_budget, epilogue, masked=True)
     return replace(plan, config=config, pad=False, reason=f"{reason}; {unaligned_rows(N, K)}: loaded as they are, masked "
                    f"(zero-padded copies would take {copies_s * 1e6:.0f} us){two}")
@@ -7653,8 +7654,10 @@ def capture_fd_output(fd: int = 1):
 def one_line(exc: BaseException, limit: int = 300) -> str:
     """The exception on one line; of a failed compile (TileLang's message opens with the CUDA source), the
     compiler's errors."""
-    raw, log = str(exc), str(exc).split("Compilation error", 1)[-1].splitlines()
-    raw = "compile error: " + " ".join([x for x in log if "error" in x or "fatal" in x][:2]) if "Compilation error" in raw else raw
+    raw = str(exc)
+    if "Compilation error" in raw:
+        log = raw.split("Compilation error", 1)[1].splitlines()
+        raw = "compile error: " + " ".join([x for x in log if "error" in x or "fatal" in x][:2] or log[:3])
     text = " ".join(raw.split()) or type(exc).__name__
     return text if len(text) <= limit else text[: limit - 1] + "…"
 

@@ -648,8 +648,10 @@ def capture_fd_output(fd: int = 1):
 def one_line(exc: BaseException, limit: int = 300) -> str:
     """The exception on one line; of a failed compile (TileLang's message opens with the CUDA source), the
     compiler's errors."""
-    raw, log = str(exc), str(exc).split("Compilation error", 1)[-1].splitlines()
-    raw = "compile error: " + " ".join([x for x in log if "error" in x or "fatal" in x][:2]) if "Compilation error" in raw else raw
+    raw = str(exc)
+    if "Compilation error" in raw:
+        log = raw.split("Compilation error", 1)[1].splitlines()
+        raw = "compile error: " + " ".join([x for x in log if "error" in x or "fatal" in x][:2] or log[:3])
     text = " ".join(raw.split()) or type(exc).__name__
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
