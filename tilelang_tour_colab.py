@@ -2589,7 +2589,8 @@ whole problem needs to stream its operands from memory; the least estimate wins.
 Rows that are not 16-byte aligned (N or K not a multiple of 8 two-byte elements: TMA descriptors and 16-byte
 cp.async need aligned rows) run on zero-padded copies of A and B (`GemmLauncher`, timed with the kernel);
 the zeros add nothing to the sums, and C comes back out of a padded buffer. Where the copies would cost more
-than the GEMM (small problems: a copy is a launch), T.copy loads the rows as they are, masked (`plan_problem`).
+than what masking takes (`plan_problem`), T.copy loads the rows as they are, masked: plain loads, a round trip a
+K step (`masked_seconds`), in tiles whose accumulators leave room for them (`masked_tile_fits`).
 On Hopper, large problems whose rows of B start off 32-byte sectors (N not a multiple of 16) copy B into rows
 of whole 128-byte lines first (`pads_b`): TMA loads such rows slower, and the copy costs less than that.
 """
@@ -2755,9 +2756,37 @@ PERSISTENT = GemmConfig(128, 256, 64, 3, 256, True)
 ONE_WAVE_TILES = {(192, 96)}
 # Rows loaded masked with one of N and K off 16 bytes: TileLang's producer for the masked copies is as large as
 # the consumers, and with three consumer warpgroups (768 threads, 80 registers each at launch) the consumers'
-# register raise to 160 asks more than the SM holds (it would wait forever) or ptxas refuses their wgmma. (With
-# both off there is no producer.) Masked plans take tiles of two consumer warpgroups at most.
+# register raise to 160 asks more than the SM holds (it would wait forever) or ptxas refuses their wgmma. So
+# masked plans take tiles of two consumer warpgroups at most, and with that producer every thread gets 65536 /
+# (2 x threads) registers: a tile whose fp32 accumulators and the ~40 more a thread needs do not fit spills
+# (ptxas -v: 128x256 and 128x192 at 128 registers) and runs at half speed or worse. The same holds without the
+# producer (short loops), where two blocks are to share an SM. With both N and K off there is no producer and
+# the consumers may take 255, but the 128x192 tile's masked copies spill even then (ptxas -v).
 MASKED_MAX_THREADS = 256
+MASKED_REGISTERS_BESIDE = 40
+MASKED_SPILLS_ALONE = {(128, 192)}
+
+
+def masked_tile_fits(config, family: str, N: int, K: int) -> bool:
+    """Can a tile load the rows of an N x K problem masked without spilling? (see MASKED_MAX_THREADS)"""
+    if family != "hopper":
+        return True
+    alone = config.warp_specialized and N % ALIGN and K % ALIGN  # no producer beside the consumers
+    room = min(255, 65536 // (config.threads if alone else 2 * config.threads))
+    tile = (config.block_M, config.block_N)
+    return (config.threads <= MASKED_MAX_THREADS and config.block_M * config.block_N // config.threads
+            + MASKED_REGISTERS_BESIDE <= room and not (alone and tile in MASKED_SPILLS_ALONE))
+
+
+# Masked copies are plain loads through registers, not TMA or cp.async running ahead of the MMAs: a K step of
+# such a block takes about a memory round trip however little it computes, so a masked plan takes at least its
+# waves x K steps of that (`masked_seconds`). Fitted to masked plans of few rows timed beside padded ones
+# (`bench/gemm_shapes_probe.py`, its "nopad" rows); it favours K splits of shorter loops.
+MASKED_STEP = 1.2e-6
+# A problem of at most this many rows (one or two tiles of M) streams B once: its time is the K loop's, and a
+# masked plan costs its steps' round trips more. Taller problems are costed as before: a masked plan up to
+# twice the padded one's GEMM.
+STREAMING_ROWS = 256
 SPLITS = (1, 2, 3, 4, 6, 8)  # K splits tried where a problem's tiles leave SMs idle (more lost: BENCHMARKS.md)
 # A block whose K loop is this short has little to pipeline: its time goes to the first loads and the store.
 # On Hopper TileLang's producer warpgroup and its register split keep one block per SM, so those wait alone.
@@ -2850,6 +2879,16 @@ def estimate_seconds(M: int, N: int, K: int, config: GemmConfig, family: str, sm
     return total
 
 
+def masked_seconds(M: int, N: int, K: int, config: GemmConfig, family: str, sm_count: int,
+                   smem_budget: int) -> float:
+    """The cost model for a plan that loads its rows masked: at least a round trip a K step (MASKED_STEP)."""
+    blocks = -(-M // config.block_M) * -(-N // config.block_N) * config.split_k
+    together = min(blocks_per_sm(config, smem_budget, family), -(-blocks // sm_count))
+    steps = -(-blocks // (sm_count * together)) * together * k_steps(K, config)
+    return max(estimate_seconds(M, N, K, config, family, sm_count, smem_budget),
+               steps * MASKED_STEP + MACHINES[family].launch)
+
+
 def fitted_to_k(config: GemmConfig, K: int) -> GemmConfig:
     """A short K loop wants a short pipeline: no more stages than K steps (the extra buffers only cost shared
     memory a launch must set aside), and no K step wider than a small K (a 64-wide step of K = 5 multiplies
@@ -2869,8 +2908,6 @@ def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem
     the persistent walk where it applies (see PERSISTENT). `masked`: rows loaded masked (see MASKED_MAX_THREADS)."""
     out = []
     for base in CANDIDATES[family]:
-        if masked and base.threads > MASKED_MAX_THREADS:
-            continue
         base = fitted_to_k(base, K)
         while not fits(base, smem_budget) and base.num_stages > 2:  # a smaller GPU of the family: fewer stages
             base = replace(base, num_stages=base.num_stages - 1)
@@ -2884,6 +2921,9 @@ def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem
         if not wanted:
             continue
         steps = -(-K // base.block_K)
+        short_loop = family == "hopper" and steps <= SHORT_LOOP_STEPS and base.threads <= 256
+        if masked and not masked_tile_fits(base, family, N, K):
+            continue
         # Three-warpgroup tiles are there to make whole waves of whole K loops: no split (one split of them
         # measured behind the unsplit 128x192 tile it was to replace).
         for split in SPLITS if base.threads <= 256 else (1,):
@@ -2891,7 +2931,7 @@ def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem
                 config = replace(base, split_k=split)
                 if fits(config, smem_budget):
                     out.append(config)
-        if family == "hopper" and steps <= SHORT_LOOP_STEPS and base.threads <= 256:
+        if short_loop:
             out.append(replace(base, warp_specialized=False))  # after the warp-specialized one: see SHORT_LOOP_STEPS
     walk = persistent_schedule(M, N, K, family, sm_count, smem_budget, epilogue)
     return out + ([walk] if walk else [])
@@ -2911,7 +2951,8 @@ def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_bud
     options = candidate_schedules(M, N, K, family, sm_count, smem_budget, epilogue, masked)
     if not options:
         raise ValueError(f"no GEMM tile fits the {smem_budget} B of shared memory a block may use")
-    times = [estimate_seconds(M, N, K, c, family, sm_count, smem_budget) for c in options]
+    cost = masked_seconds if masked else estimate_seconds
+    times = [cost(M, N, K, c, family, sm_count, smem_budget) for c in options]
     # Equal estimates (a problem too small or too memory-bound for the tile to matter): the fewest multiplied
     # zeros (tiles x tile area: 32768x64 in 256x64 tiles, not 128x128 ones), then the smaller tile.
     def padded_area(c):
@@ -2929,8 +2970,10 @@ def neighbours(plan, family: str, sm_count: int, smem_budget: int, epilogue: boo
     masked = not plan.pad and bool(N % ALIGN or K % ALIGN)
     others = [c for c in candidate_schedules(M, N, K, family, sm_count, smem_budget, epilogue, masked)
               if (c.block_M, c.block_N) != (plan.config.block_M, plan.config.block_N)]
-    runner_up = min(others, key=lambda c: estimate_seconds(M, N, K, c, family, sm_count, smem_budget), default=None)
-    configs = [c for c in (runner_up, lesson_schedules(family)[0]) if c is not None and fits(c, smem_budget)]
+    cost = masked_seconds if masked else estimate_seconds
+    runner_up = min(others, key=lambda c: cost(M, N, K, c, family, sm_count, smem_budget), default=None)
+    configs = [c for c in (runner_up, lesson_schedules(family)[0]) if c is not None and fits(c, smem_budget)
+               and (not masked or masked_tile_fits(c, family, N, K))]
     return [c for i, c in enumerate(configs) if c != plan.config and c not in configs[:i]]
 
 
@@ -2957,7 +3000,9 @@ def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget, family
                f"{together} blocks share an SM, one's loads and store beside another's MMAs")
     elif pick == lesson:
         other = min((i for i, c in enumerate(options) if c != pick), key=lambda i: times[i], default=None)
-        why = "the lesson's tile: its waves and rate come out best here"
+        first = CANDIDATES[family][0]
+        why = ("the lesson's tile" if (pick.block_M, pick.block_N) == (first.block_M, first.block_N) else
+               "the largest tile allowed here") + ": its waves and rate come out best here"
     else:
         other, blocks = 0, -(-M // lesson.block_M) * -(-N // lesson.block_N)
         waves, picked = blocks / sm_count, -(-M // pick.block_M) * -(-N // pick.block_N) * pick.split_k
@@ -3197,25 +3242,25 @@ def pads_b(plan: GemmPlan, family: str, gemm_s: float) -> bool:
 def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int,
                  dtype: str = "float16", epilogue: bool = False) -> GemmPlan:
     """The rule's schedule for a problem, at its aligned sizes. Unaligned rows: zero-padded copies, unless the
-    copies would cost more than the GEMM itself (small problems, where each copy's launch counts): then the
-    kernel loads the rows as they are, with narrower masked copies (no TMA, no 16-byte cp.async), which we
-    take to make it up to twice as slow."""
+    kernel is better off loading the rows as they are, with narrower masked copies (no TMA, no 16-byte cp.async):
+    for a problem of few rows (STREAMING_ROWS) where the best masked plan, its steps' round trips counted
+    (MASKED_STEP), beats the padded GEMM and its copies; for taller ones where the copies would cost more than
+    the GEMM itself (masked copies are taken to make it up to twice as slow)."""
     config, reason = choose_schedule(M, aligned(N), aligned(K), family, sm_count, smem_budget, epilogue)
     plan = GemmPlan(M, N, K, config, dtype, reason)
     gemm_s = estimate_seconds(M, aligned(N), aligned(K), config, family, sm_count, smem_budget)
     if not plan.padded:
         return replace(plan, pad_b=pads_b(plan, family, gemm_s))
     copies_s = padding_seconds(M, N, K, family)
-    if copies_s <= gemm_s or (M == 1 and K % 2):  # one row of odd length: TileLang picks a 2-byte cp.async
+    masked, masked_reason = choose_schedule(M, N, K, family, sm_count, smem_budget, epilogue, masked=True)
+    masked_s = masked_seconds(M, N, K, masked, family, sm_count, smem_budget) if M <= STREAMING_ROWS else 2 * gemm_s
+    if masked_s >= gemm_s + copies_s or (M == 1 and K % 2):  # one row of odd length: TileLang picks a 2-byte cp.async
         return replace(plan, pad_b=pads_b(plan, family, gemm_s))
     two = ""
-    if config.persistent or config.threads > MASKED_MAX_THREADS:  # the walk is for aligned rows (see PERSISTENT)
-        config, reason = choose_schedule(M, N, K, family, sm_count, smem_budget, epilogue)
-    if config.threads > MASKED_MAX_THREADS:  # see MASKED_MAX_THREADS
-        two = "; tiles of two consumer warpgroups at most (the masked copies' producer is as large as they are)"
-        config, reason = choose_schedule(M, N, K, family, sm_count, smem_budget, epilogue, masked=True)
-    return replace(plan, config=config, pad=False, reason=f"{reason}; {unaligned_rows(N, K)}: loaded as they are, masked "
-                   f"(zero-padded copies would take {copies_s * 1e6:.0f} us){two}")
+    if not masked_tile_fits(choose_schedule(M, N, K, family, sm_count, smem_budget, epilogue)[0], family, N, K):
+        two = "; a tile whose fp32 accumulators leave its threads registers for the masked copies"
+    return replace(plan, config=masked, pad=False, reason=f"{masked_reason}; {unaligned_rows(N, K)}: loaded as they "
+                   f"are, masked (zero-padded copies would take {copies_s * 1e6:.0f} us){two}")
 ''')
 
 _tour_file('sections/gemm_schedules.py', r'''
@@ -3246,7 +3291,7 @@ You will learn:
   each candidate (waves x a block's math or loads, against streaming the operands once) and says why;
   estimates of neighbours are close calls, so the pick is timed beside its runner-up (`timed_choice`);
 - that T.copy takes rows of any length: unaligned ones (N or K not a multiple of 8) load with narrower,
-  masked copies instead of TMA, which small problems prefer to three padding copies (`plan_problem`); and
+  masked copies instead of TMA, which small and few-row problems prefer to padding copies (`plan_problem`); and
   that rows starting off 32-byte sectors (N = 1000) load slower than N = 1024: big problems copy B first.
 
 The algorithm, one thread block per C tile:

@@ -25,7 +25,7 @@ You will learn:
   each candidate (waves x a block's math or loads, against streaming the operands once) and says why;
   estimates of neighbours are close calls, so the pick is timed beside its runner-up (`timed_choice`);
 - that T.copy takes rows of any length: unaligned ones (N or K not a multiple of 8) load with narrower,
-  masked copies instead of TMA, which small problems prefer to three padding copies (`plan_problem`); and
+  masked copies instead of TMA, which small and few-row problems prefer to padding copies (`plan_problem`); and
   that rows starting off 32-byte sectors (N = 1000) load slower than N = 1024: big problems copy B first.
 
 The algorithm, one thread block per C tile:

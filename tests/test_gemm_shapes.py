@@ -12,7 +12,8 @@ import tourkit
 from sections import autotune, fusion, gemm_schedules
 from sections.gemm_plans import (CANDIDATES, ONE_WAVE_TILES, GemmConfig, GemmLauncher, GemmPlan, aligned, blocks_per_sm,
                                  candidate_schedules, check_problem, choose_schedule, estimate_seconds, fits,
-                                 MASKED_MAX_THREADS, fitted_to_k, gemm_pass_configs, neighbours, plan_problem)
+                                 MASKED_MAX_THREADS, MASKED_STEP, fitted_to_k, gemm_pass_configs, k_steps,
+                                 masked_seconds, masked_tile_fits, neighbours, plan_problem)
 
 H200 = dict(family="hopper", sm_count=132, smem_budget=232448)
 BUDGETS = {"hopper": 232448, "ampere": 166912, "ada": 101376, "turing": 65536}
@@ -384,26 +385,52 @@ def test_a_big_problem_loaded_masked_takes_a_plain_grid_that_lowers():
                 assert "wgmma" in tourkit.inspect_kernel(part, func, "sm_90a", nvcc=False).source, (shape, each.config)
 
 
-@pytest.mark.parametrize("shape,regrouped", [((8903, 10683, 144), True), ((12000, 5003, 64), False)])
-def test_rows_of_b_loaded_masked_take_two_warpgroups_and_compile(shape, regrouped):
-    """N off 16 bytes, K on them, a short K: B's rows are loaded masked by a producer as large as the
-    consumers. With three consumer warpgroups that kernel cannot raise its registers (and ptxas refuses
-    192x192), so the pick and what it is timed beside keep to two; each compiles with nvcc and its register
-    raise fits the SM."""
+@pytest.mark.parametrize("shape,regrouped", [((8903, 10683, 144), True), ((12000, 5003, 64), True),
+                                             ((777, 4097, 1234), False)])
+def test_rows_of_b_loaded_masked_take_tiles_that_fit_beside_their_producer(shape, regrouped):
+    """Rows loaded masked. N off 16 bytes and K on them: a producer as large as the consumers; with three
+    consumer warpgroups that kernel cannot raise its registers (and ptxas refuses 192x192), with two a 128x256
+    tile's accumulators do not fit the 128 registers a thread gets and spill. A one-step loop, built without
+    the producer, is to share its SM with a second block: the same 128. Both off: no producer, 255 registers,
+    and 128x256 fits. The pick and what it is timed beside keep to tiles that fit; each compiles with nvcc,
+    spills nothing, and its register raise fits the SM."""
     plan = plan_problem(*shape, **H200)
     assert not plan.padded and "masked" in plan.describe()
-    assert ("two consumer warpgroups" in plan.describe()) == regrouped  # said where the aligned pick had three
+    assert ("registers for the masked copies" in plan.describe()) == regrouped  # said where the free pick did not fit
     plans = [plan] + [replace(plan, config=c) for c in neighbours(plan, "hopper", 132, H200["smem_budget"])]
     for each in plans:
-        assert each.config.threads <= MASKED_MAX_THREADS, each.config
-        report = tourkit.inspect_kernel("gemm", each.programs()["gemm"], "sm_90a")
-        assert report.nvcc == "compiled", (shape, each.config, report.nvcc)
+        assert masked_tile_fits(each.config, "hopper", *shape[1:]) and each.config.threads <= MASKED_MAX_THREADS, each.config
+        report = tourkit.inspect_kernel("gemm", each.programs()["gemm"], "sm_90a", pass_configs=each.pass_configs("gemm"))
+        assert report.nvcc == "compiled" and report.spill_stores == 0, (shape, each.config, report.summary())
         tourkit.require_register_raise_fits(report, each.config.threads)
+    if regrouped:  # why: the lesson's tile, masked, spills
+        lesson = GemmPlan(*shape, replace(CANDIDATES["hopper"][0], num_stages=3), "float16", pad=False)
+        assert not masked_tile_fits(lesson.config, "hopper", *shape[1:])
+        assert tourkit.inspect_kernel("gemm", lesson.programs()["gemm"], "sm_90a").spill_stores > 0
+    if shape[2] % 8:  # both off: no producer, no raise to check
+        return
     wide = next(c for c in CANDIDATES["hopper"] if c.threads > MASKED_MAX_THREADS)  # three consumer warpgroups
     three = GemmPlan(*shape, replace(wide, num_stages=3), "float16", pad=False)
     report = tourkit.inspect_kernel("gemm", three.programs()["gemm"], "sm_90a", nvcc=False)
     with pytest.raises(tourkit.ValidationError, match="would wait forever"):  # why: the rule this test guards
         tourkit.require_register_raise_fits(report, wide.threads)
+
+
+def test_few_rows_load_masked_where_the_copies_outweigh_the_masked_round_trips():
+    """A problem of few rows streams B once. Its padded copies (B in, C out) cost about as much as the GEMM,
+    while a masked K step costs a round trip (MASKED_STEP): loaded masked where its waves x K steps of those
+    cost less than the copies, which favours splits of K into short loops; padded where the loop stays long."""
+    plan = plan_problem(100, 1001, 5000, **H200)
+    assert not plan.padded and "masked" in plan.describe() and plan.config.split_k > 1
+    assert plan.config in candidate_schedules(100, 1001, 5000, "hopper", 132, H200["smem_budget"], masked=True)
+    deep = plan_problem(25, 212, 14336, dtype="bfloat16", **H200)  # 28 steps a block even split 8 ways
+    assert deep.padded and k_steps(14336, deep.config) >= 28
+    masked = replace(deep.config, split_k=8)
+    floor = k_steps(14336, masked) * MASKED_STEP
+    assert masked_seconds(25, 212, 14336, masked, "hopper", 132, H200["smem_budget"]) >= floor
+    assert estimate_seconds(25, 216, 14336, masked, "hopper", 132, H200["smem_budget"]) < floor
+    tall = plan_problem(4096, 4095, 4096, **H200)  # many rows: the masked plan is costed at twice the GEMM
+    assert tall.padded
 
 
 def test_unpadded_kernel_compiles_with_nvcc():
