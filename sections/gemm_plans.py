@@ -205,7 +205,7 @@ def masked_tile_fits(config, family: str, N: int, K: int) -> bool:
 # Masked copies are plain loads through registers, not TMA or cp.async running ahead of the MMAs: a K step of
 # such a block takes about a memory round trip however little it computes, so a masked plan takes at least its
 # waves x K steps of that (`masked_seconds`). Fitted to masked plans of few rows timed beside padded ones
-# (`bench/gemm_shapes_probe.py`, its "nopad" rows); it favours K splits of shorter loops.
+# on Hopper (`bench/gemm_shapes_probe.py`, its "nopad" rows); it favours K splits of shorter loops.
 MASKED_STEP = 1.2e-6
 # A problem of at most this many rows (one or two tiles of M) streams B once: its time is the K loop's, and a
 # masked plan costs its steps' round trips more. Taller problems are costed as before: a masked plan up to
@@ -680,8 +680,8 @@ def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget
     masked_s = masked_seconds(M, N, K, masked, family, sm_count, smem_budget) if M <= STREAMING_ROWS else 2 * gemm_s
     if masked_s >= gemm_s + copies_s or (M == 1 and K % 2):  # one row of odd length: TileLang picks a 2-byte cp.async
         return replace(plan, pad_b=pads_b(plan, family, gemm_s))
-    two = ""
+    note = ""
     if not masked_tile_fits(choose_schedule(M, N, K, family, sm_count, smem_budget, epilogue)[0], family, N, K):
-        two = "; a tile whose fp32 accumulators leave its threads registers for the masked copies"
+        note = "; a tile whose fp32 accumulators leave its threads registers for the masked copies"
     return replace(plan, config=masked, pad=False, reason=f"{masked_reason}; {unaligned_rows(N, K)}: loaded as they "
-                   f"are, masked (zero-padded copies would take {copies_s * 1e6:.0f} us){two}")
+                   f"are, masked (zero-padded copies would take {copies_s * 1e6:.0f} us){note}")
