@@ -3253,14 +3253,18 @@ def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget
         return replace(plan, pad_b=pads_b(plan, family, gemm_s))
     copies_s = padding_seconds(M, N, K, family)
     masked, masked_reason = choose_schedule(M, N, K, family, sm_count, smem_budget, epilogue, masked=True)
-    masked_s = masked_seconds(M, N, K, masked, family, sm_count, smem_budget) if M <= STREAMING_ROWS else 2 * gemm_s
-    if masked_s >= gemm_s + copies_s or (M == 1 and K % 2):  # one row of odd length: TileLang picks a 2-byte cp.async
-        return replace(plan, pad_b=pads_b(plan, family, gemm_s))
-    note = ""
+    few_rows = M <= STREAMING_ROWS
+    masked_s = masked_seconds(M, N, K, masked, family, sm_count, smem_budget) if few_rows else 2 * gemm_s
+    padded_s, us = gemm_s + copies_s, lambda seconds: f"{seconds * 1e6:.0f} us"
+    if masked_s >= padded_s or (M == 1 and K % 2):  # one row of odd length: TileLang picks a 2-byte cp.async
+        why = f"; masked loads instead would take {us(masked_s)} (a round trip a K step)" if few_rows and M > 1 else ""
+        return replace(plan, pad_b=pads_b(plan, family, gemm_s), reason=reason + why)
+    why = (f"{us(masked_s)} with a round trip a K step, against {us(padded_s)} on zero-padded copies" if few_rows
+           else f"zero-padded copies would take {us(copies_s)}, more than the GEMM")
     if not masked_tile_fits(choose_schedule(M, N, K, family, sm_count, smem_budget, epilogue)[0], family, N, K):
-        note = "; a tile whose fp32 accumulators leave its threads registers for the masked copies"
-    return replace(plan, config=masked, pad=False, reason=f"{masked_reason}; {unaligned_rows(N, K)}: loaded as they "
-                   f"are, masked (zero-padded copies would take {copies_s * 1e6:.0f} us){note}")
+        why += "; a tile whose fp32 accumulators leave its threads registers for the masked copies"
+    return replace(plan, config=masked, pad=False,
+                   reason=f"{masked_reason}; {unaligned_rows(N, K)}: loaded as they are, masked ({why})")
 ''')
 
 _tour_file('sections/gemm_schedules.py', r'''

@@ -399,8 +399,10 @@ def test_rows_of_b_loaded_masked_take_tiles_that_fit_beside_their_producer(shape
     assert ("registers for the masked copies" in plan.describe()) == regrouped  # said where the free pick did not fit
     plans = [plan] + [replace(plan, config=c) for c in neighbours(plan, "hopper", 132, H200["smem_budget"])]
     for each in plans:
-        assert masked_tile_fits(each.config, "hopper", *shape[1:]) and each.config.threads <= MASKED_MAX_THREADS, each.config
-        report = tourkit.inspect_kernel("gemm", each.programs()["gemm"], "sm_90a", pass_configs=each.pass_configs("gemm"))
+        assert masked_tile_fits(each.config, "hopper", *shape[1:]), each.config
+        assert each.config.threads <= MASKED_MAX_THREADS, each.config
+        report = tourkit.inspect_kernel("gemm", each.programs()["gemm"], "sm_90a",
+                                        pass_configs=each.pass_configs("gemm"))
         assert report.nvcc == "compiled" and report.spill_stores == 0, (shape, each.config, report.summary())
         tourkit.require_register_raise_fits(report, each.config.threads)
     if regrouped:  # why: the lesson's tile, masked, spills
