@@ -2924,7 +2924,6 @@ def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem
         if not wanted:
             continue
         steps = -(-K // base.block_K)
-        short_loop = family == "hopper" and steps <= SHORT_LOOP_STEPS and base.threads <= 256
         if masked and not masked_tile_fits(base, family, N, K):
             continue
         # Three-warpgroup tiles are there to make whole waves of whole K loops: no split (one split of them
@@ -2934,7 +2933,7 @@ def candidate_schedules(M: int, N: int, K: int, family: str, sm_count: int, smem
                 config = replace(base, split_k=split)
                 if fits(config, smem_budget):
                     out.append(config)
-        if short_loop:
+        if family == "hopper" and steps <= SHORT_LOOP_STEPS and base.threads <= 256:
             out.append(replace(base, warp_specialized=False))  # after the warp-specialized one: see SHORT_LOOP_STEPS
     walk = persistent_schedule(M, N, K, family, sm_count, smem_budget, epilogue)
     return out + ([walk] if walk else [])

@@ -90,11 +90,11 @@ def plans_for(M, N, K, dtype, fused, family, sms, smem, reach=2.0):
     if default not in configs and P.fits(default, smem):
         configs.append(default)
     plans = [replace(pick, config=c) for c in configs] + variants(pick, M, N, K, family, sms, smem)
-    masked = not pick.pad and (N, K) != (Na, Ka)
-    if masked:  # three consumer warpgroups with masked copies may hang (gemm_plans.MASKED_MAX_THREADS); the
-        # persistent walk is for aligned rows
+    if not pick.pad and (N, K) != (Na, Ka):  # rows loaded masked
+        # Three consumer warpgroups with masked copies may hang (gemm_plans.MASKED_MAX_THREADS); the persistent
+        # walk is for aligned rows. Beside them, what the rule turned down: the padded copies and their pick.
         plans = [p for p in plans if not isinstance(p.config, P.GemmConfig)
-                 or (p.config.threads <= P.MASKED_MAX_THREADS and not p.config.persistent)]  # what the rule turned down: the padded copies and the aligned problem's pick
+                 or (p.config.threads <= P.MASKED_MAX_THREADS and not p.config.persistent)]
         plans.append(replace(pick, config=P.choose_schedule(M, Na, Ka, family, sms, smem)[0], pad=True))
     return list(dict.fromkeys(plans))
 
