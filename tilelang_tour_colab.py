@@ -2154,11 +2154,10 @@ configurations for tens of seconds).
 """
 
 import time
-from dataclasses import replace
 
 import tourkit
 from sections.gemm_epilogue import gelu_exact  # noqa: F401  (gelu_exact: the formula taught)
-from sections.gemm_plans import PART_THREADS, GemmConfig, GemmLauncher, GemmPlan, gemm_bytes, neighbours
+from sections.gemm_plans import LESSON_CONFIGS, PART_THREADS, GemmLauncher, GemmPlan, gemm_bytes, rivals
 from sections.gemm_schedules import (fits, gemm_flops, gemm_program, lesson_schedules, reference, rule,  # noqa: F401
                                      sm_count, timed_choice)
 from tourkit import KernelDecl, Section, SectionSkip
@@ -2246,7 +2245,7 @@ def appendix_for(ctx):
 
 
 def kernel_name(p: GemmPlan, activation: str, part: str = "gemm") -> str:
-    kernel = p.label() if isinstance(p.config, GemmConfig) else p.config.columns()["kernel"]  # the appendix's
+    kernel = p.label() if isinstance(p.config, LESSON_CONFIGS) else p.config.columns()["kernel"]  # the appendix's
     name = f"{kernel} + bias + {activation} @{p.M}x{p.N}x{p.K}"
     return name + ("" if p.dtype == "float16" else f" {p.dtype}") + ("" if part == "gemm" else f" ({part})")
 
@@ -2263,9 +2262,8 @@ def planned(ctx):
     if ctx.shape is None:
         jobs += [(rule(ctx, *ODD, epilogue=True), activation, False, activation == "gelu_tanh") for activation in APPROXIMATE]
     else:
-        others = neighbours(pick, tourkit.ARCH_SPECS[ctx.arch].family, sm_count(ctx), ctx.smem_budget, epilogue=True)
-        jobs += [(replace(pick, config=c, reason=""), "gelu", True, False) for c in others]
-        jobs += [(replace(pick, pad_b=False, reason=""), "gelu", True, False)] if pick.pad_b else []
+        others = rivals(pick, tourkit.ARCH_SPECS[ctx.arch].family, sm_count(ctx), ctx.smem_budget, epilogue=True)
+        jobs += [(p, "gelu", True, False) for p in others]
     appendix = appendix_for(ctx)
     if appendix is not None and N % 8 == 0 and K % 8 == 0:
         shapes = [(M, N, K)] + ([ODD] if ctx.shape is None else [])
@@ -2342,7 +2340,7 @@ def benchmark(ctx, built: dict) -> None:
     M, N, K = problem(ctx)
     a, b, bias, c = fused_inputs(M, N, K, dtype=ctx.dtype)
     fused = [(p, launcher(built, p, act)) for p, act, timed, _ in planned(ctx) if timed]
-    lessons = [p for p, _ in fused if isinstance(p.config, GemmConfig)]  # the rest: the appendix's
+    lessons = [p for p, _ in fused if isinstance(p.config, LESSON_CONFIGS)]  # the rest: the appendix's
     if ctx.shape is not None:
         ctx.log(f"the fused kernel's schedule, by the GEMM rule: {fused[0][0].label()}:\n  {fused[0][0].describe()}")
     contenders = {p.label(): (lambda k: lambda: k(a, b, bias, c))(kernel) for p, kernel in fused}
@@ -2438,9 +2436,10 @@ _tour_file('sections/gemm_epilogue.py', r'''
 """The GEMM epilogue: bias + GELU on the register accumulator, written once for every GEMM kernel.
 
 The `fusion` lesson teaches it; the lesson GEMM (`gemm_schedules.gemm_program`) and the Hopper appendix
-kernels (`sections/hopper/gemm_ws.py`, `gemm_pingpong.py`) all take `activation_macro(...)` and apply it to
-their fp32 accumulator before the one store. Its own module, so the builders and the lesson that explains it
-import it without importing each other.
+kernels (`sections/hopper/gemm_ws.py`, `gemm_pingpong.py`) and the few-rows kernel (`sections/gemm_rows.py`)
+all take `activation_macro(...)` (or `epilogue_macro`, bias first) and apply it to their fp32 accumulator before
+the one store; with a split K, the reduction that adds the partials applies it (`splitk_reduce_program`). Its own
+module, so the builders and the lesson that explains it import it without importing each other.
 """
 
 import tilelang
@@ -2491,6 +2490,61 @@ def activation_macro(bM: int, bN: int, activation: str | None):
                 C_local[i, j] = 0.5 * x * (1.0 + T.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
 
     return activate
+
+
+def epilogue_macro(bM: int, bN: int, bias: bool, activation):
+    """Bias and the activation on a register-resident bM x bN fp32 tile, before its one store."""
+    activate = activation_macro(bM, bN, activation)
+
+    @T.macro
+    def epilogue(C_local, Bias_shared):
+        if bias:
+            for i, j in T.Parallel(bM, bN):
+                C_local[i, j] = C_local[i, j] + Bias_shared[j]
+        activate(C_local)
+
+    return epilogue
+
+
+REDUCE_TILE = (32, 256)  # a 128-thread block sums 32 x 256 fp32 partials: 64 a thread, vectorized
+
+
+def splitk_reduce_program(M: int, N: int, splits: int, *, bias: bool = False, activation=None,
+                          dtype: str = "float16", tile: tuple[int, int] = REDUCE_TILE, unroll: bool = False):
+    """C = activation(sum over s of W[s] + Bias): the second kernel of a split-K GEMM. unroll: every split's
+    loads issued together (a few values a thread: the few-rows kernel's many splits), not a round trip each."""
+    bM, bN = tile
+    epilogue = epilogue_macro(bM, bN, bias, activation)
+
+    @T.macro
+    def body(W, Bias, C):
+        with T.Kernel(T.ceildiv(N, bN), T.ceildiv(M, bM), threads=128) as (bx, by):
+            acc = T.alloc_fragment((bM, bN), "float32")
+            part = T.alloc_fragment((bM, bN), "float32")
+            Bias_shared = T.alloc_shared((bN,), dtype) if bias else None
+            if bias:
+                T.copy(Bias[bx * bN], Bias_shared)
+            T.clear(acc)
+            for s in (T.unroll if unroll else T.serial)(splits):
+                T.copy(W[s, by * bM, bx * bN], part)
+                for i, j in T.Parallel(bM, bN):
+                    acc[i, j] = acc[i, j] + part[i, j]
+            epilogue(acc, Bias_shared)
+            T.copy(acc, C[by * bM, bx * bN])
+
+    if bias:
+        @T.prim_func
+        def splitk_reduce_bias(W: T.Tensor((splits, M, N), "float32"), Bias: T.Tensor((N,), dtype),
+                               C: T.Tensor((M, N), dtype)):
+            body(W, Bias, C)
+
+        return splitk_reduce_bias
+
+    @T.prim_func
+    def splitk_reduce(W: T.Tensor((splits, M, N), "float32"), C: T.Tensor((M, N), dtype)):
+        body(W, None, C)
+
+    return splitk_reduce
 ''')
 
 _tour_file('sections/gemm_launch.py', r'''
@@ -2601,8 +2655,10 @@ from dataclasses import dataclass, replace
 import tilelang
 import tilelang.language as T
 
-from sections.gemm_epilogue import ACTIVATIONS, activation_macro, epilogue_pass_configs
+from sections.gemm_epilogue import (ACTIVATIONS, REDUCE_TILE, epilogue_macro, epilogue_pass_configs,  # noqa: F401
+                                    splitk_reduce_program)
 from sections.gemm_launch import PART_THREADS, GemmLauncher, pad_rows_program  # noqa: F401  (imported from here too)
+from sections.gemm_rows import ROWS_MAX, ROWS_REDUCE_COLUMNS, RowsConfig, rows_program, rows_reason, rows_schedule
 
 WARP_POLICIES = ("Square", "FullRow", "FullCol")
 DTYPES = ("float16", "bfloat16")
@@ -2662,6 +2718,9 @@ class GemmConfig:
         policy = self.policy_words()
         return (f"{c['kernel']} {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}"
                 + (f", {policy}" if policy != "Square" else "") + (f", K split {self.split_k}" if self.split_k > 1 else ""))
+
+
+LESSON_CONFIGS = (GemmConfig, RowsConfig)  # the lessons' kernels; other configs are the appendix's (sections/hopper/)
 
 
 def gemm_pass_configs(config, activation: str | None = None) -> dict:
@@ -2979,6 +3038,16 @@ def neighbours(plan, family: str, sm_count: int, smem_budget: int, epilogue: boo
     return [c for i, c in enumerate(configs) if c != plan.config and c not in configs[:i]]
 
 
+def rivals(plan, family: str, sm_count: int, smem_budget: int, epilogue: bool = False) -> list:
+    """The plans --shape times beside the rule's (the fastest is the problem's): its `neighbours`, and the
+    same schedule without B's padded copy; beside a few-rows plan, the tensor-core plan."""
+    if isinstance(plan.config, RowsConfig):
+        return [replace(tensor_core_plan(plan.M, plan.N, plan.K, family, sm_count, smem_budget, plan.dtype, epilogue),
+                        reason="")]
+    others = [replace(plan, config=c, reason="") for c in neighbours(plan, family, sm_count, smem_budget, epilogue)]
+    return others + [replace(plan, pad_b=False, reason="")] * plan.pad_b
+
+
 def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget, family) -> str:
     """One or two lines: the blocks the pick makes against the SMs; what the lesson's tile (or, when the pick
     is the lesson's tile, the next best candidate) would make and take."""
@@ -3066,60 +3135,6 @@ def gemm_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str, c_shape
     return gemm
 
 
-def epilogue_macro(bM: int, bN: int, bias: bool, activation):
-    """Bias and the activation on a register-resident bM x bN fp32 tile, before its one store."""
-    activate = activation_macro(bM, bN, activation)  # the fusion lesson's epilogue (sections/gemm_epilogue.py)
-
-    @T.macro
-    def epilogue(C_local, Bias_shared):
-        if bias:
-            for i, j in T.Parallel(bM, bN):
-                C_local[i, j] = C_local[i, j] + Bias_shared[j]
-        activate(C_local)
-
-    return epilogue
-
-
-REDUCE_TILE = (32, 256)  # a 128-thread block sums 32 x 256 fp32 partials: 64 a thread, vectorized
-
-
-def splitk_reduce_program(M: int, N: int, splits: int, *, bias: bool = False, activation=None,
-                          dtype: str = "float16"):
-    """C = activation(sum over s of W[s] + Bias): the second kernel of a split-K GEMM."""
-    bM, bN = REDUCE_TILE
-    epilogue = epilogue_macro(bM, bN, bias, activation)
-
-    @T.macro
-    def body(W, Bias, C):
-        with T.Kernel(T.ceildiv(N, bN), T.ceildiv(M, bM), threads=128) as (bx, by):
-            acc = T.alloc_fragment((bM, bN), "float32")
-            part = T.alloc_fragment((bM, bN), "float32")
-            Bias_shared = T.alloc_shared((bN,), dtype) if bias else None
-            if bias:
-                T.copy(Bias[bx * bN], Bias_shared)
-            T.clear(acc)
-            for s in T.serial(splits):
-                T.copy(W[s, by * bM, bx * bN], part)
-                for i, j in T.Parallel(bM, bN):
-                    acc[i, j] = acc[i, j] + part[i, j]
-            epilogue(acc, Bias_shared)
-            T.copy(acc, C[by * bM, bx * bN])
-
-    if bias:
-        @T.prim_func
-        def splitk_reduce_bias(W: T.Tensor((splits, M, N), "float32"), Bias: T.Tensor((N,), dtype),
-                               C: T.Tensor((M, N), dtype)):
-            body(W, Bias, C)
-
-        return splitk_reduce_bias
-
-    @T.prim_func
-    def splitk_reduce(W: T.Tensor((splits, M, N), "float32"), C: T.Tensor((M, N), dtype)):
-        body(W, None, C)
-
-    return splitk_reduce
-
-
 @dataclass(frozen=True)
 class GemmPlan:
     """A user's problem and the schedule chosen for it; the kernels run at the aligned sizes (N and K rounded
@@ -3167,6 +3182,8 @@ class GemmPlan:
         rows are loaded masked (no TMA, no cp.async of whole 16-byte segments)."""
         _, N, K = self.kernel_shape
         masked = N % ALIGN or K % ALIGN
+        if isinstance(self.config, RowsConfig):  # plain loads and FMAs: nothing to look for
+            return ()
         if not getattr(self.config, "warp_specialized", True):  # Hopper without a producer: cp.async, no TMA
             return ("wgmma",) + (() if masked else ("cp_async",))
         return tuple(m for m in family_markers if not masked or m in ("wgmma", "mma_sync"))
@@ -3181,6 +3198,12 @@ class GemmPlan:
         last: what the launcher runs, in that order."""
         M, N, K = self.kernel_shape
         out = {"pad_b": pad_rows_program(self.K, self.N, K, self.b_width, self.dtype)} if self.pad_b else {}
+        if isinstance(self.config, RowsConfig):  # a few rows on the CUDA cores (sections/gemm_rows.py)
+            out["gemm"] = rows_program(M, N, K, self.config, bias=bias, activation=activation, dtype=self.dtype)
+            if self.config.split_k > 1:
+                out["reduce"] = splitk_reduce_program(M, N, self.config.split_k, bias=bias, activation=activation,
+                                                      dtype=self.dtype, tile=(M, ROWS_REDUCE_COLUMNS), unroll=True)
+            return out
         if not isinstance(self.config, GemmConfig):  # an appendix kernel (sections/hopper/): its own builder
             from sections.hopper import gemm_pingpong, gemm_ws
 
@@ -3243,7 +3266,19 @@ def pads_b(plan: GemmPlan, family: str, gemm_s: float) -> bool:
 
 def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int,
                  dtype: str = "float16", epilogue: bool = False) -> GemmPlan:
-    """The rule's schedule for a problem, at its aligned sizes. Unaligned rows: zero-padded copies, unless the
+    """The rule's schedule for a problem: on Hopper, A of at most ROWS_MAX rows on the CUDA cores
+    (`sections/gemm_rows.py`: B streamed once, any N and K, no tensor-core tile of mostly zeros); otherwise a
+    tensor-core schedule (`tensor_core_plan`)."""
+    if M <= ROWS_MAX and family == "hopper":  # measured there (bench/gemm_rows_probe.py)
+        config, machine = rows_schedule(M, N, K, sm_count), MACHINES[family]
+        return GemmPlan(M, N, K, config, dtype, pad=False,
+                        reason=rows_reason(M, N, K, config, sm_count, machine.memory, machine.launch))
+    return tensor_core_plan(M, N, K, family, sm_count, smem_budget, dtype, epilogue)
+
+
+def tensor_core_plan(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int,
+                     dtype: str = "float16", epilogue: bool = False) -> GemmPlan:
+    """The tensor-core schedule for a problem, at its aligned sizes. Unaligned rows: zero-padded copies, unless the
     kernel is better off loading the rows as they are, with narrower masked copies (no TMA, no 16-byte cp.async):
     for a problem of few rows (STREAMING_ROWS) where the best masked plan, its steps' round trips counted
     (MASKED_STEP), beats the padded GEMM and its copies; for taller ones where the copies would cost more than
@@ -3269,6 +3304,193 @@ def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget
                    reason=f"{masked_reason}; {unaligned_rows(N, K)}: loaded as they are, masked ({why})")
 ''')
 
+_tour_file('sections/gemm_rows.py', r'''
+"""A GEMM of a few rows on the CUDA cores: C = A·B where A has at most ROWS_MAX rows (decoding's one token, a
+small batch of them), for any N and K.
+
+With so few rows there is nothing for the tensor cores to do: the problem is B, read once from memory. A tensor-
+core tile would be mostly padding, and where B's rows are not 16-byte aligned its loads would wait for each
+other (`gemm_plans.masked_seconds`). Here the tile language is used thread by thread (`T.get_thread_binding`,
+`T.alloc_local`): a warp's 32 lanes take consecutive columns of a strip, each a vector of `vec` columns as wide
+as B's row length keeps aligned, and the block's warps take different rows of B, so one block streams a strip
+of B with a few hundred loads in flight:
+
+    for each block (bx, bz), in parallel:       # bx: a strip of block_N columns; bz: a run of K (split_k)
+        acc[M][vec] = 0                         # fp32, registers: this thread's columns of every row of C
+        for each step of groups x block_K rows of B in run bz:
+            A_shared[M, step rows] = A[:, step rows]   # the same few values for every thread
+            b = B[this group's block_K rows, this lane's vec columns]   # all issued, then used
+            acc += A_shared[:, those rows] · b  # M x vec FMAs per row of B
+        sums[group] = acc                       # the groups' sums meet in shared memory
+        C[:, strip] = epilogue(sum over groups) # or, with a K split, fp32 partials that
+                                                #   splitk_reduce_program adds (and applies the epilogue to)
+
+Consecutive lanes read consecutive columns, so a warp's loads of a row of B are coalesced whatever N is; the K
+split spreads the strips over every SM (`rows_schedule`).
+"""
+
+# No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
+from dataclasses import dataclass, replace
+
+import tilelang.language as T
+
+ROWS_MAX = 8  # more rows: the tensor cores' tiles pay (each row adds an FMA to every element of B loaded)
+VECTORS = (8, 4, 2, 1)  # elements a load may take: the widest whose alignment every row of B keeps
+
+
+@dataclass(frozen=True)
+class RowsConfig:
+    """threads a block, in groups of `lanes` along a row of B (each thread vec consecutive columns: 8 is 16
+    bytes) and threads // lanes groups along K, each loading block_K rows a step; split_k runs of K, each a
+    block of the grid (1: C written directly, else fp32 partials and the split-K reduction)."""
+
+    threads: int = 256
+    vec: int = 8
+    lanes: int = 32
+    block_K: int = 8
+    split_k: int = 1
+    warp_specialized = False  # no TMA producer: plain loads by every thread
+    persistent, swizzle, panel = 0, False, 1
+
+    @property
+    def groups(self) -> int:
+        return self.threads // self.lanes
+
+    @property
+    def block_N(self) -> int:
+        return self.lanes * self.vec
+
+    @property
+    def block_M(self) -> int:
+        return ROWS_MAX
+
+    def smem_bytes(self, dtype_bytes: int = 2) -> int:
+        """A's step (every group's rows) and the groups' sums, fp32."""
+        return ROWS_MAX * (self.groups * self.block_K * dtype_bytes + self.groups * self.block_N * 4) + 1024
+
+    def columns(self) -> dict:
+        split = f", K split {self.split_k}" if self.split_k > 1 else ""
+        return {"kernel": "CUDA cores, few rows", "tile": f"rows x {self.block_N} x {self.groups}x{self.block_K}",
+                "stages": 1, "threads": self.threads, "swizzle": "off",
+                "policy": f"{self.groups} groups along K, {self.vec}-element loads{split}"}
+
+    def label(self) -> str:
+        split = f", K split {self.split_k}" if self.split_k > 1 else ""
+        return (f"CUDA cores, {self.block_N} columns x {self.groups} groups of {self.block_K} rows, {self.threads} "
+                f"threads, {self.vec}-element loads{split}")
+
+
+def widest_vector(N: int, lanes: int = 32) -> int:
+    """Elements of the widest load every row of B keeps aligned (a row starts at a multiple of N elements),
+    no wider than a warp's lanes spread over N need."""
+    return next(v for v in VECTORS if N % v == 0 and (lanes * v <= N or v == 1))
+
+
+def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = False, activation=None,
+                 dtype: str = "float16"):
+    """C = activation(A @ B + Bias) for A of at most ROWS_MAX rows; with config.split_k > 1 the fp32 partials
+    W[split_k, M, N] of each run of K instead (`splitk_reduce_program` adds them and applies the epilogue)."""
+    from sections.gemm_epilogue import epilogue_macro
+    from sections.gemm_plans import gemm_prim_func
+
+    if M > ROWS_MAX:
+        raise ValueError(f"the few-rows kernel takes at most {ROWS_MAX} rows of A, not {M}")
+    if N % config.vec:
+        raise ValueError(f"loads of {config.vec} elements need N a multiple of {config.vec}, not {N}")
+    vec, lanes, groups, bK, splits = config.vec, config.lanes, config.groups, config.block_K, config.split_k
+    bN, rows = config.block_N, groups * bK  # rows: of B a block's step loads, bK for each group
+    run = -(-(-(-K // splits)) // rows) * rows  # K rows a block: whole steps, the ends past K masked
+    split = splits > 1
+    epilogue = epilogue_macro(M, bN, bias and not split, None if split else activation)
+
+    @T.macro
+    def body(A, B, Bias, C):
+        with T.Kernel(T.ceildiv(N, bN), splits, threads=config.threads) as (bx, bz):
+            tx = T.get_thread_binding()
+            lane, group = tx % lanes, tx // lanes
+            acc = T.alloc_local((M * vec,), "float32")  # this thread's vec columns of every row of C
+            b = T.alloc_local((bK * vec,), dtype)
+            A_shared = T.alloc_shared((M, rows), dtype)  # every thread needs the same few values of A
+            sums = T.alloc_shared((groups, M, bN), "float32")
+            C_local = T.alloc_fragment((M, bN), "float32")
+            Bias_shared = T.alloc_shared((bN,), dtype) if bias and not split else None
+            col = bx * bN + lane * vec
+            for i in T.unroll(M * vec):
+                acc[i] = 0.0
+            for step in T.serial(run // rows):
+                k0 = bz * run + step * rows
+                for m, kk in T.Parallel(M, rows):
+                    A_shared[m, kk] = T.if_then_else(k0 + kk < K, A[m, k0 + kk], T.cast(0, dtype))
+                for kk in T.unroll(bK):  # the step's loads first, all in flight together
+                    if k0 + group * bK + kk < K and col < N:
+                        for j in T.vectorized(vec):
+                            b[kk * vec + j] = B[k0 + group * bK + kk, col + j]
+                    else:
+                        for j in T.vectorized(vec):
+                            b[kk * vec + j] = T.cast(0, dtype)
+                for kk in T.unroll(bK):
+                    for m in T.unroll(M):
+                        for j in T.unroll(vec):
+                            acc[m * vec + j] += (T.cast(A_shared[m, group * bK + kk], "float32")
+                                                 * T.cast(b[kk * vec + j], "float32"))
+            for m in T.unroll(M):  # the groups' sums meet in shared memory
+                for j in T.vectorized(vec):
+                    sums[group, m, lane * vec + j] = acc[m * vec + j]
+            for m, n in T.Parallel(M, bN):
+                C_local[m, n] = sums[0, m, n]
+                for g in T.unroll(1, groups):
+                    C_local[m, n] = C_local[m, n] + sums[g, m, n]
+            if split:
+                T.copy(C_local, C[bz, 0, bx * bN])
+            else:
+                if bias:
+                    T.copy(Bias[bx * bN], Bias_shared)
+                epilogue(C_local, Bias_shared)
+                T.copy(C_local, C[0, bx * bN])
+
+    return gemm_prim_func(M, N, K, body, bias and not split, dtype, (splits, M, N) if split else None,
+                          "float32" if split else None)
+
+
+BLOCKS_PER_SM = 4  # blocks of 256 threads an SM keeps busy: their loads in flight hide each other's round trips
+PARTIALS_SHARE = 16  # a K split writes and reads M x N fp32 partials: at most a 1/16 of B's bytes, all splits
+UNROLLED_SPLITS = 64  # the split-K reduction issues every run's loads together up to this many runs
+ROWS_REDUCE_COLUMNS = 256  # columns of C a 128-thread block of that reduction sums (all M rows of them)
+ROWS_STREAM = 0.75  # the share of the memory bandwidth these plain loads sustain
+FMA_PER_SM = 128 * 1.5e9  # fp32 FMAs an SM issues a second (with each loaded element's conversion, one more)
+
+
+def rows_schedule(M: int, N: int, K: int, sm_count: int) -> RowsConfig:
+    """Loads as wide as B's rows allow, 128 bytes of them in flight a thread (block_K rows); a warp's lanes
+    along a row of B, the block's 8 warps along K; K split across blocks until the strips of columns make
+    BLOCKS_PER_SM blocks an SM, each group at least two steps, the partials a small share of B."""
+    vec = widest_vector(N)
+    config = RowsConfig(256, vec, 32, 64 // vec)
+    strips, rows = -(-N // config.block_N), config.groups * config.block_K
+    wanted = -(-BLOCKS_PER_SM * sm_count // strips)
+    most = max(1, min(K // (2 * rows), K // (PARTIALS_SHARE * 2 * M), UNROLLED_SPLITS))
+    return replace(config, split_k=max(1, min(wanted, most)))
+
+
+def rows_seconds(M: int, N: int, K: int, config: RowsConfig, sm_count: int, memory: float, launch: float) -> float:
+    """B streamed once (and the partials written and read back) at ROWS_STREAM of the bandwidth, or the FMAs,
+    whichever take longer; a launch, and the reduction's with a split K."""
+    partials = 2 * 4 * config.split_k * M * N if config.split_k > 1 else 0
+    stream_s = (2 * (K * N + M * K + M * N) + partials) / (ROWS_STREAM * memory)
+    math_s = (M + 1) * N * K / (sm_count * FMA_PER_SM)
+    return max(stream_s, math_s) + launch * (2 if config.split_k > 1 else 1)
+
+
+def rows_reason(M: int, N: int, K: int, config: RowsConfig, sm_count: int, memory: float, launch: float) -> str:
+    """The rule's line for a few-rows plan: the loads, the strips and splits against the SMs, the estimate."""
+    strips = -(-N // config.block_N)
+    split = f", K split {config.split_k} ways" if config.split_k > 1 else ""
+    estimate = rows_seconds(M, N, K, config, sm_count, memory, launch)
+    return (f"{M} row{'s' * (M > 1)} of A: the CUDA cores, B streamed once in {config.vec}-element loads; {strips} "
+            f"strips of {config.block_N} columns{split}: {strips * config.split_k} blocks on {sm_count} SMs, "
+            f"estimated {estimate * 1e6:.0f} us")
+''')
+
 _tour_file('sections/gemm_schedules.py', r'''
 """gemm_schedules: a fast fp16/bf16 tensor-core GEMM in about forty lines of TileLang, timed against cuBLAS.
 
@@ -3286,19 +3508,20 @@ You will learn:
   3000^3 in 192x192 tiles 1.94 waves instead of 2.18; 1536^3 in 192x96 tiles (three 64x96 warpgroups) is 128
   blocks where 128x192 tiles leave 36 SMs idle. A skinny problem (64x8192x8192) has too few tall tiles to
   fill the SMs: 64-row tiles, and where even those are few, a split K (block z sums its run of K into fp32
-  partials, `splitk_reduce_program` adds them). A tall, narrow one
-  (1000000x64x64) takes 256x64 tiles: half the blocks of 128-row ones, each paying its start and store
-  once, and no columns of zeros as a wider tile would. A K loop of one or two steps has nothing to
-  pipeline: its block waits on its first loads and its store. On Hopper such a schedule is compiled without
-  TileLang's producer warpgroup (`gemm_pass_configs`), so two blocks share an SM and one's loads and
-  store run beside the other's MMAs. Where a plain GEMM has more 128x256 tiles than SMs, a persistent
+  partials, `splitk_reduce_program` adds them). A tall, narrow one (1000000x64x64) takes 256x64 tiles: half
+  the blocks of 128-row ones, each paying its start and store once, and no columns of zeros as a wider tile
+  would. A K loop of one or two steps has nothing to pipeline: its block waits on its first loads and its
+  store. On Hopper such a schedule is compiled without TileLang's producer warpgroup (`gemm_pass_configs`),
+  so two blocks share an SM and one's loads and store run beside the other's MMAs. Where a plain GEMM has more 128x256 tiles than SMs, a persistent
   schedule (`persistent_body`): one block an SM walks its tiles in one `T.Pipelined` loop over tiles x K
   steps, so each tile's first loads fly during the last one's store. `choose_schedule` estimates
   each candidate (waves x a block's math or loads, against streaming the operands once) and says why;
   estimates of neighbours are close calls, so the pick is timed beside its runner-up (`timed_choice`);
 - that T.copy takes rows of any length: unaligned ones (N or K not a multiple of 8) load with narrower,
   masked copies instead of TMA, which small and few-row problems prefer to padding copies (`plan_problem`); and
-  that rows starting off 32-byte sectors (N = 1000) load slower than N = 1024: big problems copy B first.
+  that rows starting off 32-byte sectors (N = 1000) load slower than N = 1024: big problems copy B first;
+- when not to use the tensor cores: with A of at most 8 rows (decoding) a GEMM only streams B, and on Hopper
+  the rule takes a CUDA-core kernel written thread by thread (sections/gemm_rows.py) for any N and K.
 
 The algorithm, one thread block per C tile:
 
@@ -3327,8 +3550,8 @@ import tilelang.language as T
 import tourkit
 from sections.gemm_plans import (MAX_GRID_Y, PART_THREADS, PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher,  # noqa: F401
                                  GemmPlan, check_problem, consumer_registers, epilogue_macro, fits, gemm_bytes,
-                                 gemm_flops, gemm_pass_configs, gemm_prim_func, lesson_schedules, neighbours,
-                                 persistent_schedule, plan_problem, wave_traffic)
+                                 gemm_flops, gemm_pass_configs, gemm_prim_func, lesson_schedules, persistent_schedule,
+                                 plan_problem, rivals, wave_traffic)
 from tourkit import KernelDecl, Section, SectionSkip
 
 # ---- The schedule: a GemmConfig (sections/gemm_plans.py), chosen per problem by choose_schedule ----------
@@ -3499,8 +3722,7 @@ def plan(ctx):
     with another tile and the lesson's default, the fastest of which the section reports (`timed_choice`)."""
     if ctx.shape is not None:
         pick = rule(ctx, *ctx.shape)
-        others = neighbours(pick, tourkit.ARCH_SPECS[ctx.arch].family, sm_count(ctx), ctx.smem_budget)
-        rows = [pick] + [replace(pick, config=c, reason="") for c in others] + [replace(pick, pad_b=False, reason="")] * pick.pad_b
+        rows = [pick] + rivals(pick, tourkit.ARCH_SPECS[ctx.arch].family, sm_count(ctx), ctx.smem_budget)
         return list(dict.fromkeys(rows)), appendix_plan(ctx, *ctx.shape), []
     size = 2048 if ctx.quick or ctx.compile_only else 8192
     family = tourkit.ARCH_SPECS[ctx.arch].family

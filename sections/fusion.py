@@ -28,11 +28,10 @@ configurations for tens of seconds).
 """
 
 import time
-from dataclasses import replace
 
 import tourkit
 from sections.gemm_epilogue import gelu_exact  # noqa: F401  (gelu_exact: the formula taught)
-from sections.gemm_plans import PART_THREADS, GemmConfig, GemmLauncher, GemmPlan, gemm_bytes, neighbours
+from sections.gemm_plans import LESSON_CONFIGS, PART_THREADS, GemmLauncher, GemmPlan, gemm_bytes, rivals
 from sections.gemm_schedules import (fits, gemm_flops, gemm_program, lesson_schedules, reference, rule,  # noqa: F401
                                      sm_count, timed_choice)
 from tourkit import KernelDecl, Section, SectionSkip
@@ -120,7 +119,7 @@ def appendix_for(ctx):
 
 
 def kernel_name(p: GemmPlan, activation: str, part: str = "gemm") -> str:
-    kernel = p.label() if isinstance(p.config, GemmConfig) else p.config.columns()["kernel"]  # the appendix's
+    kernel = p.label() if isinstance(p.config, LESSON_CONFIGS) else p.config.columns()["kernel"]  # the appendix's
     name = f"{kernel} + bias + {activation} @{p.M}x{p.N}x{p.K}"
     return name + ("" if p.dtype == "float16" else f" {p.dtype}") + ("" if part == "gemm" else f" ({part})")
 
@@ -137,9 +136,8 @@ def planned(ctx):
     if ctx.shape is None:
         jobs += [(rule(ctx, *ODD, epilogue=True), activation, False, activation == "gelu_tanh") for activation in APPROXIMATE]
     else:
-        others = neighbours(pick, tourkit.ARCH_SPECS[ctx.arch].family, sm_count(ctx), ctx.smem_budget, epilogue=True)
-        jobs += [(replace(pick, config=c, reason=""), "gelu", True, False) for c in others]
-        jobs += [(replace(pick, pad_b=False, reason=""), "gelu", True, False)] if pick.pad_b else []
+        others = rivals(pick, tourkit.ARCH_SPECS[ctx.arch].family, sm_count(ctx), ctx.smem_budget, epilogue=True)
+        jobs += [(p, "gelu", True, False) for p in others]
     appendix = appendix_for(ctx)
     if appendix is not None and N % 8 == 0 and K % 8 == 0:
         shapes = [(M, N, K)] + ([ODD] if ctx.shape is None else [])
@@ -216,7 +214,7 @@ def benchmark(ctx, built: dict) -> None:
     M, N, K = problem(ctx)
     a, b, bias, c = fused_inputs(M, N, K, dtype=ctx.dtype)
     fused = [(p, launcher(built, p, act)) for p, act, timed, _ in planned(ctx) if timed]
-    lessons = [p for p, _ in fused if isinstance(p.config, GemmConfig)]  # the rest: the appendix's
+    lessons = [p for p, _ in fused if isinstance(p.config, LESSON_CONFIGS)]  # the rest: the appendix's
     if ctx.shape is not None:
         ctx.log(f"the fused kernel's schedule, by the GEMM rule: {fused[0][0].label()}:\n  {fused[0][0].describe()}")
     contenders = {p.label(): (lambda k: lambda: k(a, b, bias, c))(kernel) for p, kernel in fused}

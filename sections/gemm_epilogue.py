@@ -1,9 +1,10 @@
 """The GEMM epilogue: bias + GELU on the register accumulator, written once for every GEMM kernel.
 
 The `fusion` lesson teaches it; the lesson GEMM (`gemm_schedules.gemm_program`) and the Hopper appendix
-kernels (`sections/hopper/gemm_ws.py`, `gemm_pingpong.py`) all take `activation_macro(...)` and apply it to
-their fp32 accumulator before the one store. Its own module, so the builders and the lesson that explains it
-import it without importing each other.
+kernels (`sections/hopper/gemm_ws.py`, `gemm_pingpong.py`) and the few-rows kernel (`sections/gemm_rows.py`)
+all take `activation_macro(...)` (or `epilogue_macro`, bias first) and apply it to their fp32 accumulator before
+the one store; with a split K, the reduction that adds the partials applies it (`splitk_reduce_program`). Its own
+module, so the builders and the lesson that explains it import it without importing each other.
 """
 
 import tilelang
@@ -54,3 +55,58 @@ def activation_macro(bM: int, bN: int, activation: str | None):
                 C_local[i, j] = 0.5 * x * (1.0 + T.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
 
     return activate
+
+
+def epilogue_macro(bM: int, bN: int, bias: bool, activation):
+    """Bias and the activation on a register-resident bM x bN fp32 tile, before its one store."""
+    activate = activation_macro(bM, bN, activation)
+
+    @T.macro
+    def epilogue(C_local, Bias_shared):
+        if bias:
+            for i, j in T.Parallel(bM, bN):
+                C_local[i, j] = C_local[i, j] + Bias_shared[j]
+        activate(C_local)
+
+    return epilogue
+
+
+REDUCE_TILE = (32, 256)  # a 128-thread block sums 32 x 256 fp32 partials: 64 a thread, vectorized
+
+
+def splitk_reduce_program(M: int, N: int, splits: int, *, bias: bool = False, activation=None,
+                          dtype: str = "float16", tile: tuple[int, int] = REDUCE_TILE, unroll: bool = False):
+    """C = activation(sum over s of W[s] + Bias): the second kernel of a split-K GEMM. unroll: every split's
+    loads issued together (a few values a thread: the few-rows kernel's many splits), not a round trip each."""
+    bM, bN = tile
+    epilogue = epilogue_macro(bM, bN, bias, activation)
+
+    @T.macro
+    def body(W, Bias, C):
+        with T.Kernel(T.ceildiv(N, bN), T.ceildiv(M, bM), threads=128) as (bx, by):
+            acc = T.alloc_fragment((bM, bN), "float32")
+            part = T.alloc_fragment((bM, bN), "float32")
+            Bias_shared = T.alloc_shared((bN,), dtype) if bias else None
+            if bias:
+                T.copy(Bias[bx * bN], Bias_shared)
+            T.clear(acc)
+            for s in (T.unroll if unroll else T.serial)(splits):
+                T.copy(W[s, by * bM, bx * bN], part)
+                for i, j in T.Parallel(bM, bN):
+                    acc[i, j] = acc[i, j] + part[i, j]
+            epilogue(acc, Bias_shared)
+            T.copy(acc, C[by * bM, bx * bN])
+
+    if bias:
+        @T.prim_func
+        def splitk_reduce_bias(W: T.Tensor((splits, M, N), "float32"), Bias: T.Tensor((N,), dtype),
+                               C: T.Tensor((M, N), dtype)):
+            body(W, Bias, C)
+
+        return splitk_reduce_bias
+
+    @T.prim_func
+    def splitk_reduce(W: T.Tensor((splits, M, N), "float32"), C: T.Tensor((M, N), dtype)):
+        body(W, None, C)
+
+    return splitk_reduce

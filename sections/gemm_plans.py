@@ -25,8 +25,10 @@ from dataclasses import dataclass, replace
 import tilelang
 import tilelang.language as T
 
-from sections.gemm_epilogue import ACTIVATIONS, activation_macro, epilogue_pass_configs
+from sections.gemm_epilogue import (ACTIVATIONS, REDUCE_TILE, epilogue_macro, epilogue_pass_configs,  # noqa: F401
+                                    splitk_reduce_program)
 from sections.gemm_launch import PART_THREADS, GemmLauncher, pad_rows_program  # noqa: F401  (imported from here too)
+from sections.gemm_rows import ROWS_MAX, ROWS_REDUCE_COLUMNS, RowsConfig, rows_program, rows_reason, rows_schedule
 
 WARP_POLICIES = ("Square", "FullRow", "FullCol")
 DTYPES = ("float16", "bfloat16")
@@ -86,6 +88,9 @@ class GemmConfig:
         policy = self.policy_words()
         return (f"{c['kernel']} {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}"
                 + (f", {policy}" if policy != "Square" else "") + (f", K split {self.split_k}" if self.split_k > 1 else ""))
+
+
+LESSON_CONFIGS = (GemmConfig, RowsConfig)  # the lessons' kernels; other configs are the appendix's (sections/hopper/)
 
 
 def gemm_pass_configs(config, activation: str | None = None) -> dict:
@@ -403,6 +408,16 @@ def neighbours(plan, family: str, sm_count: int, smem_budget: int, epilogue: boo
     return [c for i, c in enumerate(configs) if c != plan.config and c not in configs[:i]]
 
 
+def rivals(plan, family: str, sm_count: int, smem_budget: int, epilogue: bool = False) -> list:
+    """The plans --shape times beside the rule's (the fastest is the problem's): its `neighbours`, and the
+    same schedule without B's padded copy; beside a few-rows plan, the tensor-core plan."""
+    if isinstance(plan.config, RowsConfig):
+        return [replace(tensor_core_plan(plan.M, plan.N, plan.K, family, sm_count, smem_budget, plan.dtype, epilogue),
+                        reason="")]
+    others = [replace(plan, config=c, reason="") for c in neighbours(plan, family, sm_count, smem_budget, epilogue)]
+    return others + [replace(plan, pad_b=False, reason="")] * plan.pad_b
+
+
 def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget, family) -> str:
     """One or two lines: the blocks the pick makes against the SMs; what the lesson's tile (or, when the pick
     is the lesson's tile, the next best candidate) would make and take."""
@@ -490,60 +505,6 @@ def gemm_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str, c_shape
     return gemm
 
 
-def epilogue_macro(bM: int, bN: int, bias: bool, activation):
-    """Bias and the activation on a register-resident bM x bN fp32 tile, before its one store."""
-    activate = activation_macro(bM, bN, activation)  # the fusion lesson's epilogue (sections/gemm_epilogue.py)
-
-    @T.macro
-    def epilogue(C_local, Bias_shared):
-        if bias:
-            for i, j in T.Parallel(bM, bN):
-                C_local[i, j] = C_local[i, j] + Bias_shared[j]
-        activate(C_local)
-
-    return epilogue
-
-
-REDUCE_TILE = (32, 256)  # a 128-thread block sums 32 x 256 fp32 partials: 64 a thread, vectorized
-
-
-def splitk_reduce_program(M: int, N: int, splits: int, *, bias: bool = False, activation=None,
-                          dtype: str = "float16"):
-    """C = activation(sum over s of W[s] + Bias): the second kernel of a split-K GEMM."""
-    bM, bN = REDUCE_TILE
-    epilogue = epilogue_macro(bM, bN, bias, activation)
-
-    @T.macro
-    def body(W, Bias, C):
-        with T.Kernel(T.ceildiv(N, bN), T.ceildiv(M, bM), threads=128) as (bx, by):
-            acc = T.alloc_fragment((bM, bN), "float32")
-            part = T.alloc_fragment((bM, bN), "float32")
-            Bias_shared = T.alloc_shared((bN,), dtype) if bias else None
-            if bias:
-                T.copy(Bias[bx * bN], Bias_shared)
-            T.clear(acc)
-            for s in T.serial(splits):
-                T.copy(W[s, by * bM, bx * bN], part)
-                for i, j in T.Parallel(bM, bN):
-                    acc[i, j] = acc[i, j] + part[i, j]
-            epilogue(acc, Bias_shared)
-            T.copy(acc, C[by * bM, bx * bN])
-
-    if bias:
-        @T.prim_func
-        def splitk_reduce_bias(W: T.Tensor((splits, M, N), "float32"), Bias: T.Tensor((N,), dtype),
-                               C: T.Tensor((M, N), dtype)):
-            body(W, Bias, C)
-
-        return splitk_reduce_bias
-
-    @T.prim_func
-    def splitk_reduce(W: T.Tensor((splits, M, N), "float32"), C: T.Tensor((M, N), dtype)):
-        body(W, None, C)
-
-    return splitk_reduce
-
-
 @dataclass(frozen=True)
 class GemmPlan:
     """A user's problem and the schedule chosen for it; the kernels run at the aligned sizes (N and K rounded
@@ -591,6 +552,8 @@ class GemmPlan:
         rows are loaded masked (no TMA, no cp.async of whole 16-byte segments)."""
         _, N, K = self.kernel_shape
         masked = N % ALIGN or K % ALIGN
+        if isinstance(self.config, RowsConfig):  # plain loads and FMAs: nothing to look for
+            return ()
         if not getattr(self.config, "warp_specialized", True):  # Hopper without a producer: cp.async, no TMA
             return ("wgmma",) + (() if masked else ("cp_async",))
         return tuple(m for m in family_markers if not masked or m in ("wgmma", "mma_sync"))
@@ -605,6 +568,12 @@ class GemmPlan:
         last: what the launcher runs, in that order."""
         M, N, K = self.kernel_shape
         out = {"pad_b": pad_rows_program(self.K, self.N, K, self.b_width, self.dtype)} if self.pad_b else {}
+        if isinstance(self.config, RowsConfig):  # a few rows on the CUDA cores (sections/gemm_rows.py)
+            out["gemm"] = rows_program(M, N, K, self.config, bias=bias, activation=activation, dtype=self.dtype)
+            if self.config.split_k > 1:
+                out["reduce"] = splitk_reduce_program(M, N, self.config.split_k, bias=bias, activation=activation,
+                                                      dtype=self.dtype, tile=(M, ROWS_REDUCE_COLUMNS), unroll=True)
+            return out
         if not isinstance(self.config, GemmConfig):  # an appendix kernel (sections/hopper/): its own builder
             from sections.hopper import gemm_pingpong, gemm_ws
 
@@ -667,7 +636,19 @@ def pads_b(plan: GemmPlan, family: str, gemm_s: float) -> bool:
 
 def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int,
                  dtype: str = "float16", epilogue: bool = False) -> GemmPlan:
-    """The rule's schedule for a problem, at its aligned sizes. Unaligned rows: zero-padded copies, unless the
+    """The rule's schedule for a problem: on Hopper, A of at most ROWS_MAX rows on the CUDA cores
+    (`sections/gemm_rows.py`: B streamed once, any N and K, no tensor-core tile of mostly zeros); otherwise a
+    tensor-core schedule (`tensor_core_plan`)."""
+    if M <= ROWS_MAX and family == "hopper":  # measured there (bench/gemm_rows_probe.py)
+        config, machine = rows_schedule(M, N, K, sm_count), MACHINES[family]
+        return GemmPlan(M, N, K, config, dtype, pad=False,
+                        reason=rows_reason(M, N, K, config, sm_count, machine.memory, machine.launch))
+    return tensor_core_plan(M, N, K, family, sm_count, smem_budget, dtype, epilogue)
+
+
+def tensor_core_plan(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int,
+                     dtype: str = "float16", epilogue: bool = False) -> GemmPlan:
+    """The tensor-core schedule for a problem, at its aligned sizes. Unaligned rows: zero-padded copies, unless the
     kernel is better off loading the rows as they are, with narrower masked copies (no TMA, no 16-byte cp.async):
     for a problem of few rows (STREAMING_ROWS) where the best masked plan, its steps' round trips counted
     (MASKED_STEP), beats the padded GEMM and its copies; for taller ones where the copies would cost more than

@@ -14,19 +14,20 @@ You will learn:
   3000^3 in 192x192 tiles 1.94 waves instead of 2.18; 1536^3 in 192x96 tiles (three 64x96 warpgroups) is 128
   blocks where 128x192 tiles leave 36 SMs idle. A skinny problem (64x8192x8192) has too few tall tiles to
   fill the SMs: 64-row tiles, and where even those are few, a split K (block z sums its run of K into fp32
-  partials, `splitk_reduce_program` adds them). A tall, narrow one
-  (1000000x64x64) takes 256x64 tiles: half the blocks of 128-row ones, each paying its start and store
-  once, and no columns of zeros as a wider tile would. A K loop of one or two steps has nothing to
-  pipeline: its block waits on its first loads and its store. On Hopper such a schedule is compiled without
-  TileLang's producer warpgroup (`gemm_pass_configs`), so two blocks share an SM and one's loads and
-  store run beside the other's MMAs. Where a plain GEMM has more 128x256 tiles than SMs, a persistent
+  partials, `splitk_reduce_program` adds them). A tall, narrow one (1000000x64x64) takes 256x64 tiles: half
+  the blocks of 128-row ones, each paying its start and store once, and no columns of zeros as a wider tile
+  would. A K loop of one or two steps has nothing to pipeline: its block waits on its first loads and its
+  store. On Hopper such a schedule is compiled without TileLang's producer warpgroup (`gemm_pass_configs`),
+  so two blocks share an SM and one's loads and store run beside the other's MMAs. Where a plain GEMM has more 128x256 tiles than SMs, a persistent
   schedule (`persistent_body`): one block an SM walks its tiles in one `T.Pipelined` loop over tiles x K
   steps, so each tile's first loads fly during the last one's store. `choose_schedule` estimates
   each candidate (waves x a block's math or loads, against streaming the operands once) and says why;
   estimates of neighbours are close calls, so the pick is timed beside its runner-up (`timed_choice`);
 - that T.copy takes rows of any length: unaligned ones (N or K not a multiple of 8) load with narrower,
   masked copies instead of TMA, which small and few-row problems prefer to padding copies (`plan_problem`); and
-  that rows starting off 32-byte sectors (N = 1000) load slower than N = 1024: big problems copy B first.
+  that rows starting off 32-byte sectors (N = 1000) load slower than N = 1024: big problems copy B first;
+- when not to use the tensor cores: with A of at most 8 rows (decoding) a GEMM only streams B, and on Hopper
+  the rule takes a CUDA-core kernel written thread by thread (sections/gemm_rows.py) for any N and K.
 
 The algorithm, one thread block per C tile:
 
@@ -55,8 +56,8 @@ import tilelang.language as T
 import tourkit
 from sections.gemm_plans import (MAX_GRID_Y, PART_THREADS, PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher,  # noqa: F401
                                  GemmPlan, check_problem, consumer_registers, epilogue_macro, fits, gemm_bytes,
-                                 gemm_flops, gemm_pass_configs, gemm_prim_func, lesson_schedules, neighbours,
-                                 persistent_schedule, plan_problem, wave_traffic)
+                                 gemm_flops, gemm_pass_configs, gemm_prim_func, lesson_schedules, persistent_schedule,
+                                 plan_problem, rivals, wave_traffic)
 from tourkit import KernelDecl, Section, SectionSkip
 
 # ---- The schedule: a GemmConfig (sections/gemm_plans.py), chosen per problem by choose_schedule ----------
@@ -227,8 +228,7 @@ def plan(ctx):
     with another tile and the lesson's default, the fastest of which the section reports (`timed_choice`)."""
     if ctx.shape is not None:
         pick = rule(ctx, *ctx.shape)
-        others = neighbours(pick, tourkit.ARCH_SPECS[ctx.arch].family, sm_count(ctx), ctx.smem_budget)
-        rows = [pick] + [replace(pick, config=c, reason="") for c in others] + [replace(pick, pad_b=False, reason="")] * pick.pad_b
+        rows = [pick] + rivals(pick, tourkit.ARCH_SPECS[ctx.arch].family, sm_count(ctx), ctx.smem_budget)
         return list(dict.fromkeys(rows)), appendix_plan(ctx, *ctx.shape), []
     size = 2048 if ctx.quick or ctx.compile_only else 8192
     family = tourkit.ARCH_SPECS[ctx.arch].family

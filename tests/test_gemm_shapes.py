@@ -13,7 +13,7 @@ from sections import autotune, fusion, gemm_schedules
 from sections.gemm_plans import (CANDIDATES, ONE_WAVE_TILES, GemmConfig, GemmLauncher, GemmPlan, aligned, blocks_per_sm,
                                  candidate_schedules, check_problem, choose_schedule, estimate_seconds, fits,
                                  MASKED_MAX_THREADS, MASKED_STEP, fitted_to_k, gemm_pass_configs, k_steps,
-                                 masked_seconds, masked_tile_fits, neighbours, plan_problem)
+                                 masked_seconds, masked_tile_fits, neighbours, plan_problem, tensor_core_plan)
 
 H200 = dict(family="hopper", sm_count=132, smem_budget=232448)
 BUDGETS = {"hopper": 232448, "ampere": 166912, "ada": 101376, "turing": 65536}
@@ -203,20 +203,21 @@ def test_candidates_are_listed_biggest_first_and_fit_their_family():
 
 
 def test_unaligned_rows_are_refused_by_tma_kernels_and_padded_or_loaded_masked_by_the_plan():
+    """The tensor-core plan (the rule's for more than a few rows, the few-rows kernel's rival)."""
     with pytest.raises(ValueError, match="16 bytes"):
         check_problem(64, 1001, 64, None, "float16")
     check_problem(64, 1001, 64, None, "float16", aligned_rows=False)  # the lesson's kernel takes any rows
     for shape in [(7, 13, 5), (33, 4097, 65), (100, 100, 100), (2, 4097, 4095)]:  # the copies' launches dominate
-        plan = plan_problem(*shape, **H200)
+        plan = tensor_core_plan(*shape, **H200)
         assert not plan.padded and plan.kernel_shape == shape and "masked" in plan.describe(), shape
     # copies small beside the GEMM: TMA on padded rows; one row of odd length (TileLang cannot mask its copy)
     for shape in [(4095, 4095, 4095), (2000, 3001, 4000), (1, 4097, 4095), (1, 1, 1)]:
-        plan = plan_problem(*shape, **H200)
+        plan = tensor_core_plan(*shape, **H200)
         assert plan.padded and plan.kernel_shape == (shape[0], aligned(shape[1]), aligned(shape[2])), shape
     # the message names the sizes that are unaligned, and only those
-    assert "rows of N=3001 elements are not 16-byte aligned" in plan_problem(2000, 3001, 4000, **H200).describe()
-    assert "N=4097 and K=4095" in plan_problem(1, 4097, 4095, **H200).describe()
-    assert "K=" not in plan_problem(100, 100, 96, **H200).describe().split("aligned")[0].split(";")[-1]
+    assert "rows of N=3001 elements are not 16-byte aligned" in tensor_core_plan(2000, 3001, 4000, **H200).describe()
+    assert "N=4097 and K=4095" in tensor_core_plan(1, 4097, 4095, **H200).describe()
+    assert "K=" not in tensor_core_plan(100, 100, 96, **H200).describe().split("aligned")[0].split(";")[-1]
     with pytest.raises(ValueError, match="dtype"):
         check_problem(64, 64, 64, None, "float32")
     assert aligned(1) == 8 and aligned(8) == 8 and aligned(4097) == 4104
@@ -287,7 +288,8 @@ FAMILY = {"sm_80": "ampere", "sm_90a": "hopper"}
                                                   ((3072, 768, 3072), "bfloat16", False),
                                                   ((100_000, 128, 128), "bfloat16", True)])
 def test_the_rules_kernels_lower_for_users_problems(arch, shape, dtype, epilogue):
-    plan = plan_problem(*shape, FAMILY[arch], 132 if arch == "sm_90a" else 108, BUDGETS[FAMILY[arch]], dtype)
+    """The tensor-core plans (a few rows on Hopper take the CUDA cores: tests/test_gemm_rows.py)."""
+    plan = tensor_core_plan(*shape, FAMILY[arch], 132 if arch == "sm_90a" else 108, BUDGETS[FAMILY[arch]], dtype)
     activation = "gelu" if epilogue else None
     programs = plan.programs(bias=epilogue, activation=activation)
     report = tourkit.inspect_kernel("gemm", programs["gemm"], arch, nvcc=False,

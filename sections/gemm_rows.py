@@ -1,0 +1,184 @@
+"""A GEMM of a few rows on the CUDA cores: C = A·B where A has at most ROWS_MAX rows (decoding's one token, a
+small batch of them), for any N and K.
+
+With so few rows there is nothing for the tensor cores to do: the problem is B, read once from memory. A tensor-
+core tile would be mostly padding, and where B's rows are not 16-byte aligned its loads would wait for each
+other (`gemm_plans.masked_seconds`). Here the tile language is used thread by thread (`T.get_thread_binding`,
+`T.alloc_local`): a warp's 32 lanes take consecutive columns of a strip, each a vector of `vec` columns as wide
+as B's row length keeps aligned, and the block's warps take different rows of B, so one block streams a strip
+of B with a few hundred loads in flight:
+
+    for each block (bx, bz), in parallel:       # bx: a strip of block_N columns; bz: a run of K (split_k)
+        acc[M][vec] = 0                         # fp32, registers: this thread's columns of every row of C
+        for each step of groups x block_K rows of B in run bz:
+            A_shared[M, step rows] = A[:, step rows]   # the same few values for every thread
+            b = B[this group's block_K rows, this lane's vec columns]   # all issued, then used
+            acc += A_shared[:, those rows] · b  # M x vec FMAs per row of B
+        sums[group] = acc                       # the groups' sums meet in shared memory
+        C[:, strip] = epilogue(sum over groups) # or, with a K split, fp32 partials that
+                                                #   splitk_reduce_program adds (and applies the epilogue to)
+
+Consecutive lanes read consecutive columns, so a warp's loads of a row of B are coalesced whatever N is; the K
+split spreads the strips over every SM (`rows_schedule`).
+"""
+
+# No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
+from dataclasses import dataclass, replace
+
+import tilelang.language as T
+
+ROWS_MAX = 8  # more rows: the tensor cores' tiles pay (each row adds an FMA to every element of B loaded)
+VECTORS = (8, 4, 2, 1)  # elements a load may take: the widest whose alignment every row of B keeps
+
+
+@dataclass(frozen=True)
+class RowsConfig:
+    """threads a block, in groups of `lanes` along a row of B (each thread vec consecutive columns: 8 is 16
+    bytes) and threads // lanes groups along K, each loading block_K rows a step; split_k runs of K, each a
+    block of the grid (1: C written directly, else fp32 partials and the split-K reduction)."""
+
+    threads: int = 256
+    vec: int = 8
+    lanes: int = 32
+    block_K: int = 8
+    split_k: int = 1
+    warp_specialized = False  # no TMA producer: plain loads by every thread
+    persistent, swizzle, panel = 0, False, 1
+
+    @property
+    def groups(self) -> int:
+        return self.threads // self.lanes
+
+    @property
+    def block_N(self) -> int:
+        return self.lanes * self.vec
+
+    @property
+    def block_M(self) -> int:
+        return ROWS_MAX
+
+    def smem_bytes(self, dtype_bytes: int = 2) -> int:
+        """A's step (every group's rows) and the groups' sums, fp32."""
+        return ROWS_MAX * (self.groups * self.block_K * dtype_bytes + self.groups * self.block_N * 4) + 1024
+
+    def columns(self) -> dict:
+        split = f", K split {self.split_k}" if self.split_k > 1 else ""
+        return {"kernel": "CUDA cores, few rows", "tile": f"rows x {self.block_N} x {self.groups}x{self.block_K}",
+                "stages": 1, "threads": self.threads, "swizzle": "off",
+                "policy": f"{self.groups} groups along K, {self.vec}-element loads{split}"}
+
+    def label(self) -> str:
+        split = f", K split {self.split_k}" if self.split_k > 1 else ""
+        return (f"CUDA cores, {self.block_N} columns x {self.groups} groups of {self.block_K} rows, {self.threads} "
+                f"threads, {self.vec}-element loads{split}")
+
+
+def widest_vector(N: int, lanes: int = 32) -> int:
+    """Elements of the widest load every row of B keeps aligned (a row starts at a multiple of N elements),
+    no wider than a warp's lanes spread over N need."""
+    return next(v for v in VECTORS if N % v == 0 and (lanes * v <= N or v == 1))
+
+
+def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = False, activation=None,
+                 dtype: str = "float16"):
+    """C = activation(A @ B + Bias) for A of at most ROWS_MAX rows; with config.split_k > 1 the fp32 partials
+    W[split_k, M, N] of each run of K instead (`splitk_reduce_program` adds them and applies the epilogue)."""
+    from sections.gemm_epilogue import epilogue_macro
+    from sections.gemm_plans import gemm_prim_func
+
+    if M > ROWS_MAX:
+        raise ValueError(f"the few-rows kernel takes at most {ROWS_MAX} rows of A, not {M}")
+    if N % config.vec:
+        raise ValueError(f"loads of {config.vec} elements need N a multiple of {config.vec}, not {N}")
+    vec, lanes, groups, bK, splits = config.vec, config.lanes, config.groups, config.block_K, config.split_k
+    bN, rows = config.block_N, groups * bK  # rows: of B a block's step loads, bK for each group
+    run = -(-(-(-K // splits)) // rows) * rows  # K rows a block: whole steps, the ends past K masked
+    split = splits > 1
+    epilogue = epilogue_macro(M, bN, bias and not split, None if split else activation)
+
+    @T.macro
+    def body(A, B, Bias, C):
+        with T.Kernel(T.ceildiv(N, bN), splits, threads=config.threads) as (bx, bz):
+            tx = T.get_thread_binding()
+            lane, group = tx % lanes, tx // lanes
+            acc = T.alloc_local((M * vec,), "float32")  # this thread's vec columns of every row of C
+            b = T.alloc_local((bK * vec,), dtype)
+            A_shared = T.alloc_shared((M, rows), dtype)  # every thread needs the same few values of A
+            sums = T.alloc_shared((groups, M, bN), "float32")
+            C_local = T.alloc_fragment((M, bN), "float32")
+            Bias_shared = T.alloc_shared((bN,), dtype) if bias and not split else None
+            col = bx * bN + lane * vec
+            for i in T.unroll(M * vec):
+                acc[i] = 0.0
+            for step in T.serial(run // rows):
+                k0 = bz * run + step * rows
+                for m, kk in T.Parallel(M, rows):
+                    A_shared[m, kk] = T.if_then_else(k0 + kk < K, A[m, k0 + kk], T.cast(0, dtype))
+                for kk in T.unroll(bK):  # the step's loads first, all in flight together
+                    if k0 + group * bK + kk < K and col < N:
+                        for j in T.vectorized(vec):
+                            b[kk * vec + j] = B[k0 + group * bK + kk, col + j]
+                    else:
+                        for j in T.vectorized(vec):
+                            b[kk * vec + j] = T.cast(0, dtype)
+                for kk in T.unroll(bK):
+                    for m in T.unroll(M):
+                        for j in T.unroll(vec):
+                            acc[m * vec + j] += (T.cast(A_shared[m, group * bK + kk], "float32")
+                                                 * T.cast(b[kk * vec + j], "float32"))
+            for m in T.unroll(M):  # the groups' sums meet in shared memory
+                for j in T.vectorized(vec):
+                    sums[group, m, lane * vec + j] = acc[m * vec + j]
+            for m, n in T.Parallel(M, bN):
+                C_local[m, n] = sums[0, m, n]
+                for g in T.unroll(1, groups):
+                    C_local[m, n] = C_local[m, n] + sums[g, m, n]
+            if split:
+                T.copy(C_local, C[bz, 0, bx * bN])
+            else:
+                if bias:
+                    T.copy(Bias[bx * bN], Bias_shared)
+                epilogue(C_local, Bias_shared)
+                T.copy(C_local, C[0, bx * bN])
+
+    return gemm_prim_func(M, N, K, body, bias and not split, dtype, (splits, M, N) if split else None,
+                          "float32" if split else None)
+
+
+BLOCKS_PER_SM = 4  # blocks of 256 threads an SM keeps busy: their loads in flight hide each other's round trips
+PARTIALS_SHARE = 16  # a K split writes and reads M x N fp32 partials: at most a 1/16 of B's bytes, all splits
+UNROLLED_SPLITS = 64  # the split-K reduction issues every run's loads together up to this many runs
+ROWS_REDUCE_COLUMNS = 256  # columns of C a 128-thread block of that reduction sums (all M rows of them)
+ROWS_STREAM = 0.75  # the share of the memory bandwidth these plain loads sustain
+FMA_PER_SM = 128 * 1.5e9  # fp32 FMAs an SM issues a second (with each loaded element's conversion, one more)
+
+
+def rows_schedule(M: int, N: int, K: int, sm_count: int) -> RowsConfig:
+    """Loads as wide as B's rows allow, 128 bytes of them in flight a thread (block_K rows); a warp's lanes
+    along a row of B, the block's 8 warps along K; K split across blocks until the strips of columns make
+    BLOCKS_PER_SM blocks an SM, each group at least two steps, the partials a small share of B."""
+    vec = widest_vector(N)
+    config = RowsConfig(256, vec, 32, 64 // vec)
+    strips, rows = -(-N // config.block_N), config.groups * config.block_K
+    wanted = -(-BLOCKS_PER_SM * sm_count // strips)
+    most = max(1, min(K // (2 * rows), K // (PARTIALS_SHARE * 2 * M), UNROLLED_SPLITS))
+    return replace(config, split_k=max(1, min(wanted, most)))
+
+
+def rows_seconds(M: int, N: int, K: int, config: RowsConfig, sm_count: int, memory: float, launch: float) -> float:
+    """B streamed once (and the partials written and read back) at ROWS_STREAM of the bandwidth, or the FMAs,
+    whichever take longer; a launch, and the reduction's with a split K."""
+    partials = 2 * 4 * config.split_k * M * N if config.split_k > 1 else 0
+    stream_s = (2 * (K * N + M * K + M * N) + partials) / (ROWS_STREAM * memory)
+    math_s = (M + 1) * N * K / (sm_count * FMA_PER_SM)
+    return max(stream_s, math_s) + launch * (2 if config.split_k > 1 else 1)
+
+
+def rows_reason(M: int, N: int, K: int, config: RowsConfig, sm_count: int, memory: float, launch: float) -> str:
+    """The rule's line for a few-rows plan: the loads, the strips and splits against the SMs, the estimate."""
+    strips = -(-N // config.block_N)
+    split = f", K split {config.split_k} ways" if config.split_k > 1 else ""
+    estimate = rows_seconds(M, N, K, config, sm_count, memory, launch)
+    return (f"{M} row{'s' * (M > 1)} of A: the CUDA cores, B streamed once in {config.vec}-element loads; {strips} "
+            f"strips of {config.block_N} columns{split}: {strips * config.split_k} blocks on {sm_count} SMs, "
+            f"estimated {estimate * 1e6:.0f} us")
