@@ -1,5 +1,6 @@
 """The few-rows GEMM on the CUDA cores (sections/gemm_rows.py): its schedule (pure Python), the rule that takes it,
-its kernel and reduction lowering and compiling for any N and K (CPU), its results on odd sizes (GPU)."""
+its kernel and reduction lowering and compiling for any N and K, and their generated CUDA run on the CPU
+(tests/cuda_on_cpu.py) against a float64 reference; its results on odd sizes on a GPU."""
 
 from dataclasses import replace
 
@@ -78,6 +79,77 @@ def test_a_config_that_cannot_load_its_vectors_is_refused():
         rows_program(1, 4097, 64, RowsConfig(vec=8))
     with pytest.raises(ValueError, match="at most"):
         rows_program(ROWS_MAX + 1, 4096, 64, RowsConfig())
+
+
+def cpu_product(plan, a, b, bias=None, activation=None):
+    """C as the plan's generated CUDA computes it, run on the CPU (tests/cuda_on_cpu.py): the GEMM, then with
+    a split K the reduction of its partials."""
+    import numpy as np
+
+    import cuda_on_cpu
+
+    M, N, _ = plan.kernel_shape
+    reports = {part: tourkit.inspect_kernel(part, func, "sm_90a", pass_configs=plan.pass_configs(part, activation),
+                                            nvcc=False)
+               for part, func in plan.programs(bias=bias is not None, activation=activation).items()}
+    c, epilogue = np.full((M, N), np.nan, np.float16), {} if bias is None else {"Bias": bias}
+    if "reduce" in reports:
+        w = np.full((plan.config.split_k, M, N), np.nan, np.float32)
+        cuda_on_cpu.run(reports["gemm"], {"A": a, "B": b, "C": w})
+        cuda_on_cpu.run(reports["reduce"], {"W": w, "C": c, **epilogue})
+    else:
+        cuda_on_cpu.run(reports["gemm"], {"A": a, "B": b, "C": c, **epilogue})
+    return c
+
+
+@pytest.mark.parametrize("M,N,K,split,epilogue", [(3, 1000, 777, None, False), (3, 1000, 777, None, True),
+                                                  (1, 37, 300, None, True), (8, 130, 129, None, False),
+                                                  (2, 4097, 95, None, False), (5, 77, 2000, None, True),
+                                                  (4, 200, 1000, 1, True)])
+def test_the_generated_cuda_computes_the_product(M, N, K, split, epilogue):
+    """The kernel TileLang writes for the rule's schedule (and for one without a K split), run on the CPU:
+    every index, guard and barrier as generated, against a float64 reference on random inputs."""
+    import math
+
+    import numpy as np
+
+    import cuda_on_cpu
+
+    if cuda_on_cpu.host_compiler() is None:
+        pytest.skip("no host C++ compiler")
+    plan = plan_problem(M, N, K, **H200)
+    if split is not None:
+        plan = replace(plan, config=replace(plan.config, split_k=split))
+    rng = np.random.default_rng(M * N + K)
+    a, b = rng.standard_normal((M, K)).astype(np.float16), (rng.standard_normal((K, N)) / K ** 0.5).astype(np.float16)
+    bias = rng.standard_normal(N).astype(np.float16) if epilogue else None
+    c = cpu_product(plan, a, b, bias, "gelu" if epilogue else None)
+    ref = a.astype(np.float64) @ b.astype(np.float64) + (0 if bias is None else bias.astype(np.float64))
+    if epilogue:
+        ref = ref * 0.5 * (1 + np.vectorize(math.erf)(ref / math.sqrt(2)))
+    error = np.linalg.norm(c.astype(np.float64) - ref) / np.linalg.norm(ref)
+    assert error < gemm_schedules.TOLERANCE, (plan.config, error)
+
+
+def test_the_cpu_harness_runs_a_lesson_kernel_and_refuses_tensor_core_ones():
+    """Its own check: the vector_add lesson's kernel adds; a tensor-core kernel is refused, not mis-run."""
+    import numpy as np
+
+    import cuda_on_cpu
+    from sections import vector_add
+
+    if cuda_on_cpu.host_compiler() is None:
+        pytest.skip("no host C++ compiler")
+    n = 3000
+    report = tourkit.inspect_kernel("add", vector_add.vector_add_program(n), "sm_90a", nvcc=False)
+    a, b = np.arange(n, dtype=np.float32), np.full(n, 0.5, np.float32)
+    c = np.zeros(n, np.float32)
+    cuda_on_cpu.run(report, {"A": a, "B": b, "C": c})
+    assert np.array_equal(c, a + b)
+    tensor_core = plan_problem(64, 256, 256, **H200)
+    report = tourkit.inspect_kernel("gemm", tensor_core.programs()["gemm"], "sm_90a", nvcc=False)
+    with pytest.raises(ValueError, match="not a plain kernel"):
+        cuda_on_cpu.run(report, {"A": a, "B": b, "C": c})
 
 
 @pytest.mark.gpu
