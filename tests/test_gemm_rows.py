@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 
 import tourkit
-from sections import fusion, gemm_schedules
-from sections.gemm_plans import GemmLauncher, RowsConfig, plan_problem, rivals
+from sections import gemm_schedules
+from sections.gemm_plans import RowsConfig, plan_problem, rivals
 from sections.gemm_rows import ROWS_MAX, UNROLLED_SPLITS, rows_program, rows_schedule, widest_vector
 
 H200 = dict(family="hopper", sm_count=132, smem_budget=232448)
@@ -159,18 +159,10 @@ def test_the_cpu_harness_runs_a_lesson_kernel_and_refuses_tensor_core_ones():
 @pytest.mark.parametrize("epilogue,split", [(False, None), (True, None), (True, 1)])
 def test_the_kernel_is_correct_on_odd_sizes(M, N, K, dtype, epilogue, split):
     """The rule's schedule, and the same without a K split (one block a strip, C written by the kernel)."""
-    import tilelang
+    from test_gemm_shapes import check_on_gpu
 
     device = tourkit.detect_device()
     plan = plan_problem(M, N, K, "hopper", device.sm_count, device.smem_per_block_optin, dtype)
     if split is not None:
         plan = replace(plan, config=replace(plan.config, split_k=split))
-    activation = "gelu" if epilogue else None
-    kernels = {part: tilelang.compile(f, out_idx=None, target="cuda", pass_configs=plan.pass_configs(part, activation))
-               for part, f in plan.programs(bias=epilogue, activation=activation).items()}
-    run = GemmLauncher(plan, kernels)
-    a, b, bias, c = fusion.fused_inputs(M, N, K, seed=11, dtype=dtype)
-    ref = gemm_schedules.reference(a, b, bias if epilogue else None, activation)
-    call = (lambda: run(a, b, bias, c)) if epilogue else (lambda: run(a, b, c))
-    check = tourkit.validate(f"{M}x{N}x{K} {dtype}", call, c, ref, gemm_schedules.TOLERANCE)
-    assert check.passed, check.line()
+    check_on_gpu(plan, epilogue, seed=11)

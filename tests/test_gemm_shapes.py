@@ -539,8 +539,6 @@ def test_autotune_tunes_the_users_problem_rounded_up():
 @pytest.mark.parametrize("epilogue", [False, True])
 def test_the_rules_pick_is_correct_on_odd_sizes(M, N, K, dtype, epilogue, persistent):
     """The rule's pick; and, persistent, the lesson's 128x256 tile walked by one block an SM (Hopper)."""
-    import tilelang
-
     device = tourkit.detect_device()
     if dtype == "bfloat16" and device.arch == "sm_75":
         pytest.skip("bfloat16 needs sm_80")
@@ -549,12 +547,20 @@ def test_the_rules_pick_is_correct_on_odd_sizes(M, N, K, dtype, epilogue, persis
         pytest.skip("the persistent schedule: Hopper, problems of several tiles, aligned rows")
     if persistent:
         plan = replace(plan, config=GemmConfig(128, 256, 64, 3, 256, True, persistent=device.sm_count))
+    check_on_gpu(plan, epilogue, seed=5)
+
+
+def check_on_gpu(plan: GemmPlan, epilogue: bool, seed: int) -> None:
+    """Build the plan's programs (with bias + GELU when epilogue), run them through its launcher on fresh random
+    inputs and check C against the float32 reference."""
+    import tilelang
+
     activation = "gelu" if epilogue else None
     kernels = {part: tilelang.compile(f, out_idx=None, target="cuda", pass_configs=plan.pass_configs(part, activation))
                for part, f in plan.programs(bias=epilogue, activation=activation).items()}
     run = GemmLauncher(plan, kernels)
-    a, b, bias, c = fusion.fused_inputs(M, N, K, seed=5, dtype=dtype)
+    a, b, bias, c = fusion.fused_inputs(plan.M, plan.N, plan.K, seed=seed, dtype=plan.dtype)
     ref = gemm_schedules.reference(a, b, bias if epilogue else None, activation)
     call = (lambda: run(a, b, bias, c)) if epilogue else (lambda: run(a, b, c))
-    check = tourkit.validate(f"{M}x{N}x{K} {dtype}", call, c, ref, gemm_schedules.TOLERANCE)
+    check = tourkit.validate(f"{plan.M}x{plan.N}x{plan.K} {plan.dtype}", call, c, ref, gemm_schedules.TOLERANCE)
     assert check.passed, check.line()
