@@ -18,11 +18,11 @@ You will learn:
   the blocks of 128-row ones, each paying its start and store once, and no columns of zeros as a wider tile
   would. A K loop of one or two steps has nothing to pipeline: its block waits on its first loads and its
   store. On Hopper such a schedule is compiled without TileLang's producer warpgroup (`gemm_pass_configs`),
-  so two blocks share an SM and one's loads and store run beside the other's MMAs. Where a plain GEMM has more 128x256 tiles than SMs, a persistent
-  schedule (`persistent_body`): one block an SM walks its tiles in one `T.Pipelined` loop over tiles x K
-  steps, so each tile's first loads fly during the last one's store. `choose_schedule` estimates
-  each candidate (waves x a block's math or loads, against streaming the operands once) and says why;
-  estimates of neighbours are close calls, so the pick is timed beside its runner-up (`timed_choice`);
+  so two blocks share an SM and one's loads and store run beside the other's MMAs. Where a plain GEMM has
+  more 128x256 tiles than SMs, a persistent schedule (`persistent_body`): one block an SM walks its tiles in
+  one `T.Pipelined` loop over tiles x K steps, so each tile's first loads fly during the last one's store.
+  `choose_schedule` estimates each candidate (waves x a block's math or loads, against streaming the
+  operands once) and says why; neighbours are close calls, so the pick is timed beside its runner-up;
 - that T.copy takes rows of any length: unaligned ones (N or K not a multiple of 8) load with narrower,
   masked copies instead of TMA, which small and few-row problems prefer to padding copies (`plan_problem`); and
   that rows starting off 32-byte sectors (N = 1000) load slower than N = 1024: big problems copy B first;
@@ -375,10 +375,10 @@ def run(ctx) -> None:
     table.append(["cuBLAS (torch.matmul)", "", "", "", "", "", "", f"{cublas_ms:.3f}",
                   f"{tourkit.tflops(flops, cublas_ms):.0f}", "1.000x", tourkit.format_error(errors["cuBLAS"]), ""])
     ctx.table(TABLE + ["rel. error", ""], table)
-    row_major, swizzled = wave_traffic(M, N, K, best.config, sm_count(ctx))
-    ctx.log(f"one wave of {sm_count(ctx)} {best.config.block_M}x{best.config.block_N} tiles reads "
-            f"{tourkit.format_bytes(row_major)} of A and B launched row by row, "
-            f"{tourkit.format_bytes(swizzled)} swizzled in panels of {best.config.panel} tile rows")
+    if isinstance(best.config, GemmConfig):  # tiles of C (the few-rows kernel walks strips of B)
+        row_major, swizzled = (tourkit.format_bytes(n) for n in wave_traffic(M, N, K, best.config, sm_count(ctx)))
+        ctx.log(f"one wave of {sm_count(ctx)} {best.config.block_M}x{best.config.block_N} tiles reads {row_major} of A "
+                f"and B launched row by row, {swizzled} swizzled in panels of {best.config.panel} tile rows")
     show_generated_code(ctx, built[kernel_name(best)].get_kernel_source(), family)
 
     ctx.headline(lesson_vs_cublas=round(tourkit.speedup(cublas_ms, ms[kernel_name(best)]), 3))  # ratios first:
