@@ -16,7 +16,8 @@ the zeros add nothing to the sums, and C comes back out of a padded buffer. Wher
 than what masking takes (`plan_problem`), T.copy loads the rows as they are, masked: plain loads, a round trip a
 K step (`masked_seconds`), in tiles whose accumulators leave room for them (`masked_tile_fits`).
 On Hopper, large problems whose rows of B start off 32-byte sectors (N not a multiple of 16) copy B into rows
-of whole 128-byte lines first (`pads_b`): TMA loads such rows slower, and the copy costs less than that.
+of whole 128-byte lines first (`pads_b`): TMA loads such rows slower, and the copy costs less than that; and A
+of at most 8 rows runs on the CUDA cores (`sections/gemm_rows.py`), timed beside the tensor-core plan (`rivals`).
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
