@@ -3365,6 +3365,12 @@ class RowsConfig:
     def block_M(self) -> int:
         return ROWS_MAX
 
+    def run(self, K: int) -> int:
+        """Rows of K a block sums: K's share of a split, rounded up to whole steps (groups x block_K rows);
+        the ends past K are masked."""
+        rows = self.groups * self.block_K
+        return -(-(-(-K // self.split_k)) // rows) * rows
+
     def smem_bytes(self, dtype_bytes: int = 2) -> int:
         """A's step (every group's rows) and the groups' sums, fp32."""
         return ROWS_MAX * (self.groups * self.block_K * dtype_bytes + self.groups * self.block_N * 4) + 1024
@@ -3399,10 +3405,10 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
     if N % config.vec:
         raise ValueError(f"loads of {config.vec} elements need N a multiple of {config.vec}, not {N}")
     vec, lanes, groups, bK, splits = config.vec, config.lanes, config.groups, config.block_K, config.split_k
-    bN, rows = config.block_N, groups * bK  # rows: of B a block's step loads, bK for each group
-    run = -(-(-(-K // splits)) // rows) * rows  # K rows a block: whole steps, the ends past K masked
+    bN, rows, run = config.block_N, groups * bK, config.run(K)  # rows: of B a block's step loads, bK a group
     split = splits > 1
-    epilogue = epilogue_macro(M, bN, bias and not split, None if split else activation)
+    fused = bias and not split  # with a split K the reduction adds the bias and applies the activation
+    epilogue = epilogue_macro(M, bN, fused, None if split else activation)
 
     @T.macro
     def body(A, B, Bias, C):
@@ -3414,7 +3420,7 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
             A_shared = T.alloc_shared((M, rows), dtype)  # every thread needs the same few values of A
             sums = T.alloc_shared((groups, M, bN), "float32")
             C_local = T.alloc_fragment((M, bN), "float32")
-            Bias_shared = T.alloc_shared((bN,), dtype) if bias and not split else None
+            Bias_shared = T.alloc_shared((bN,), dtype) if fused else None
             col = bx * bN + lane * vec
             for i in T.unroll(M * vec):
                 acc[i] = 0.0
@@ -3449,7 +3455,7 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
                 epilogue(C_local, Bias_shared)
                 T.copy(C_local, C[0, bx * bN])
 
-    return gemm_prim_func(M, N, K, body, bias and not split, dtype, (splits, M, N) if split else None,
+    return gemm_prim_func(M, N, K, body, fused, dtype, (splits, M, N) if split else None,
                           "float32" if split else None)
 
 
@@ -3470,7 +3476,8 @@ def rows_schedule(M: int, N: int, K: int, sm_count: int) -> RowsConfig:
     strips, rows = -(-N // config.block_N), config.groups * config.block_K
     wanted = -(-BLOCKS_PER_SM * sm_count // strips)
     most = max(1, min(K // (2 * rows), K // (PARTIALS_SHARE * 2 * M), UNROLLED_SPLITS))
-    return replace(config, split_k=max(1, min(wanted, most)))
+    config = replace(config, split_k=max(1, min(wanted, most)))
+    return replace(config, split_k=-(-K // config.run(K)))  # no run left empty by the rounding to whole steps
 
 
 def rows_seconds(M: int, N: int, K: int, config: RowsConfig, sm_count: int, memory: float, launch: float) -> float:

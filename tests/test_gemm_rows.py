@@ -19,14 +19,15 @@ SHAPES = [(1, 4097, 4096), (1, 4096, 4096), (2, 1025, 8191), (8, 11007, 4096), (
 @pytest.mark.parametrize("M,N,K", SHAPES)
 def test_the_schedule_loads_aligned_vectors_and_spreads_b_over_the_sms(M, N, K):
     """Loads no wider than every row of B keeps aligned; 64 rows' worth of 2-byte loads in flight a thread (8
-    rows of 16-byte vectors); enough blocks for the SMs where B has the columns and rows for them, each group
-    of threads at least two steps of K, and no more runs than the reduction unrolls."""
+    rows of 16-byte vectors); enough blocks for the SMs where B has the columns and rows for them; runs of K
+    of at least a step each, none left empty, and no more than the reduction unrolls."""
     config = rows_schedule(M, N, K, 132)
     assert N % config.vec == 0 and config.vec * config.block_K == 64
     assert config.vec == 1 or config.lanes * config.vec <= N
     rows = config.groups * config.block_K
     assert 1 <= config.split_k <= UNROLLED_SPLITS
-    assert config.split_k == 1 or K // config.split_k >= 2 * rows
+    assert config.split_k == 1 or K // config.split_k >= rows
+    assert config.split_k * config.run(K) >= K > (config.split_k - 1) * config.run(K)  # every run has rows of K
     strips = -(-N // config.block_N)
     if strips * K >= 4 * 132 * 2 * rows * 16:  # room for 4 blocks an SM with a split that keeps the partials small
         assert strips * config.split_k >= 2 * 132, (strips, config)
