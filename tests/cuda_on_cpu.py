@@ -2,10 +2,11 @@
 
 For kernels of ordinary loads, stores, arithmetic and `__syncthreads()` only (no tensor cores, TMA, cp.async or
 warp shuffles): the few-rows GEMM and the split-K reduction. The generated source is compiled by the host C++
-compiler with a small prelude standing in for CUDA's types (`half_t` as `_Float16`, the vector structs) and
-built-ins; each thread of a block is a std::thread, `__syncthreads()` a barrier, and the grid's blocks run one
-after another, so a block's threads meet at the same barriers as on a GPU. What it checks is the code TileLang
-wrote (indices, guards, the barriers between shared-memory phases), not what nvcc or the hardware make of it.
+compiler with a small prelude standing in for CUDA's types (`half_t` as `_Float16`, `bfloat16_t` as a float's
+upper half, the vector structs) and built-ins; bfloat16 arrays travel as their uint16 bits (`to_bfloat16_bits`).
+Each thread of a block is a std::thread, `__syncthreads()` a barrier, and the grid's blocks run one after
+another, so a block's threads meet at the same barriers as on a GPU. What it checks is the code TileLang wrote
+(indices, guards, the barriers between shared-memory phases), not what nvcc or the hardware make of it.
 """
 
 import ctypes
@@ -48,6 +49,25 @@ inline unsigned __pack_half2(half_t a, half_t b) {
 }
 inline float2 __half22float2(half2 h) { return {float(h.x), float(h.y)}; }
 inline half2 __float22half2_rn(float2 f) { return {half_t(f.x), half_t(f.y)}; }
+struct bfloat16_t {  // the upper half of a float32, rounded to nearest even
+  uint16_t bits;
+  bfloat16_t() = default;
+  bfloat16_t(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    bits = uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+  }
+  operator float() const {
+    uint32_t u = uint32_t(bits) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+};
+struct __nv_bfloat162 { bfloat16_t x, y; };
+inline unsigned __pack_nv_bfloat162(bfloat16_t a, bfloat16_t b) { return unsigned(a.bits) | (unsigned(b.bits) << 16); }
+inline float2 __bfloat1622float2(__nv_bfloat162 h) { return {float(h.x), float(h.y)}; }
+inline __nv_bfloat162 __float22bfloat162_rn(float2 f) { return {bfloat16_t(f.x), bfloat16_t(f.y)}; }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float __frcp_rn(float a) { return 1.0f / a; }
 inline float __expf(float a) { return std::exp(a); }
@@ -89,7 +109,7 @@ extern "C" void tour_launch(void** args, int gx, int gy, int gz, int threads, lo
 }
 """
 
-UNSUPPORTED = ("wgmma", "tma_load", "cp_async", "__shfl", "mbarrier", "ldmatrix", "mma.sync", "bfloat16_t")
+UNSUPPORTED = ("wgmma", "tma_load", "cp_async", "__shfl", "mbarrier", "ldmatrix", "mma.sync")
 
 
 def host_compiler() -> str | None:
@@ -151,3 +171,14 @@ def run(report, arrays: dict[str, np.ndarray]) -> None:
     pointers = (ctypes.c_void_p * len(params))(*[arrays[name].ctypes.data for _, name in params])
     gx, gy, gz = report.grid
     lib.tour_launch(pointers, gx, gy, gz, report.threads, ctypes.c_long(report.dynamic_smem_bytes))
+
+
+def to_bfloat16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bfloat16 (nearest even), as the uint16 bits a bfloat16 kernel reads."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bfloat16_bits(bits: np.ndarray) -> np.ndarray:
+    """The float32 values of bfloat16 bits."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
