@@ -1,6 +1,6 @@
 """Probe: the few-rows GEMM on the CUDA cores (`sections/gemm_rows.py`) against cuBLAS and the tensor-core plan.
 
-For each problem: the rule's tensor-core plan (`gemm_plans.plan_problem`, pads and split-K included), the
+For each problem: the tensor-core plan (`gemm_plans.tensor_core_plan`, pads and split-K included), the
 few-rows kernel with `rows_schedule`'s configuration and neighbours of it (half and twice the K splits, other
 column layouts), and that kernel without its reduction ("alone": only what it streams, not a result). Each is
 checked against a float32 reference, then all are timed in turns with cuBLAS.
@@ -59,52 +59,40 @@ def main():
     def compile_(func, configs=None):
         return tilelang.compile(func, out_idx=None, target="cuda", pass_configs=configs or {})
 
+    def plans(M, N, K, dtype):
+        """The tensor-core plan, then (few rows) the few-rows kernel's variants, the rule's first."""
+        rows = variants(M, N, K, sms) if M <= R.ROWS_MAX else []
+        return [P.tensor_core_plan(M, N, K, "hopper", sms, smem, dtype)] + [P.GemmPlan(M, N, K, c, dtype, pad=False)
+                                                                            for c in rows]
+
     jobs = {}
     with ThreadPoolExecutor(max_workers=16) as pool:
         started = time.perf_counter()
-        for M, N, K, dtype in problems:
-            plan = P.plan_problem(M, N, K, "hopper", sms, smem, dtype)
-            jobs[(M, N, K, dtype, "plan")] = (plan, {part: pool.submit(compile_, f, plan.pass_configs(part))
-                                                    for part, f in plan.programs().items()})
-            if M > R.ROWS_MAX:
-                continue
-            for c in variants(M, N, K, sms):
-                parts = {"gemm": pool.submit(compile_, R.rows_program(M, N, K, c, dtype=dtype))}
-                if c.split_k > 1:
-                    parts["reduce"] = pool.submit(compile_, P.splitk_reduce_program(
-                        M, N, c.split_k, dtype=dtype, tile=(M, 256), unroll=True))
-                jobs[(M, N, K, dtype, c)] = (c, parts)
-        for _, futures in jobs.values():
+        for problem in problems:
+            for plan in plans(*problem):
+                jobs[plan] = {part: pool.submit(compile_, f, plan.pass_configs(part)) for part, f in plan.programs().items()}
+        for futures in jobs.values():
             for f in futures.values():
                 f.exception()
     print(f"compiled in {time.perf_counter() - started:.0f} s", flush=True)
 
+    from sections.gemm_schedules import gemm_inputs, reference
+
     for M, N, K, dtype in problems:
-        torch_dtype = getattr(torch, dtype)
-        a = torch.randn(M, K, device="cuda", dtype=torch_dtype)
-        b = torch.randn(K, N, device="cuda", dtype=torch_dtype) / K ** 0.5
-        c, c_ref = torch.empty(M, N, device="cuda", dtype=torch_dtype), torch.empty(M, N, device="cuda", dtype=torch_dtype)
-        ref = a.float() @ b.float()
+        a, b, c = gemm_inputs(M, N, K, dtype=dtype)
+        ref, c_ref = reference(a, b), torch.empty_like(c)
         fns, errors = {"cuBLAS": lambda: torch.matmul(a, b, out=c_ref)}, {}
-        for key, (what, futures) in jobs.items():
-            if key[:4] != (M, N, K, dtype):
-                continue
+        for i, plan in enumerate(plans(M, N, K, dtype)):
             try:
-                kernels = {part: f.result() for part, f in futures.items()}
+                kernels = {part: f.result() for part, f in jobs[plan].items()}
             except Exception as exc:  # noqa: BLE001
-                print(f"  {key[4]}: did not build: {tourkit.one_line(exc)}")
+                print(f"  {plan.label()}: did not build: {tourkit.one_line(exc)}")
                 continue
-            if key[4] == "plan":
-                launcher, label = P.GemmLauncher(what, kernels), "plan: " + what.label()
-                run = (lambda la: lambda: la(a, b, c))(launcher)
-            else:
-                w = torch.empty(what.split_k, M, N, device="cuda", dtype=torch.float32)
-                g, r = kernels["gemm"], kernels.get("reduce")
-                run = ((lambda g, r, w: lambda: (g(a, b, w), r(w, c)))(g, r, w) if r else
-                       (lambda g: lambda: g(a, b, c))(g))
-                label = "rows: " + what.label()
-                if what == variants(M, N, K, sms)[0] and r:
-                    fns["alone: " + what.label()] = (lambda g, w: lambda: g(a, b, w))(g, w)
+            label = ("tensor cores: " if i == 0 else "rows: ") + plan.label()
+            run = (lambda launcher: lambda: launcher(a, b, c))(P.GemmLauncher(plan, kernels))
+            if i == 1 and "reduce" in kernels:  # the rule's few-rows kernel without its reduction
+                w = torch.empty(plan.config.split_k, M, N, device="cuda", dtype=torch.float32)
+                fns["alone: " + plan.label()] = (lambda g, w: lambda: g(a, b, w))(kernels["gemm"], w)
             c.fill_(float("nan"))
             run()
             torch.cuda.synchronize()

@@ -26,8 +26,7 @@ from dataclasses import dataclass, replace
 import tilelang
 import tilelang.language as T
 
-from sections.gemm_epilogue import (ACTIVATIONS, REDUCE_TILE, epilogue_macro, epilogue_pass_configs,  # noqa: F401
-                                    splitk_reduce_program)
+from sections.gemm_epilogue import ACTIVATIONS, epilogue_pass_configs, splitk_reduce_program
 from sections.gemm_launch import PART_THREADS, GemmLauncher, pad_rows_program  # noqa: F401  (imported from here too)
 from sections.gemm_rows import ROWS_MAX, ROWS_REDUCE_COLUMNS, RowsConfig, rows_program, rows_reason, rows_schedule
 

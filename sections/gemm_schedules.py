@@ -54,10 +54,10 @@ import tilelang
 import tilelang.language as T
 
 import tourkit
+from sections.gemm_epilogue import epilogue_macro
 from sections.gemm_plans import (MAX_GRID_Y, PART_THREADS, PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher,  # noqa: F401
-                                 GemmPlan, check_problem, consumer_registers, epilogue_macro, fits, gemm_bytes,
-                                 gemm_flops, gemm_pass_configs, gemm_prim_func, lesson_schedules, persistent_schedule,
-                                 plan_problem, rivals, wave_traffic)
+                                 GemmPlan, check_problem, consumer_registers, fits, gemm_bytes, gemm_flops, gemm_pass_configs,
+                                 gemm_prim_func, lesson_schedules, persistent_schedule, plan_problem, rivals, wave_traffic)
 from tourkit import KernelDecl, Section, SectionSkip
 
 # ---- The schedule: a GemmConfig (sections/gemm_plans.py), chosen per problem by choose_schedule ----------
