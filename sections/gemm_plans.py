@@ -17,7 +17,8 @@ than what masking takes (`plan_problem`), T.copy loads the rows as they are, mas
 K step (`masked_seconds`), in tiles whose accumulators leave room for them (`masked_tile_fits`).
 On Hopper, large problems whose rows of B start off 32-byte sectors (N not a multiple of 16) copy B into rows
 of whole 128-byte lines first (`pads_b`): TMA loads such rows slower, and the copy costs less than that; and A
-of at most 8 rows runs on the CUDA cores (`sections/gemm_rows.py`), timed beside the tensor-core plan (`rivals`).
+of one or two rows (up to 8 where rows are unaligned) runs on the CUDA cores (`sections/gemm_rows.py`), timed
+beside the tensor-core plan (`rivals`).
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
@@ -28,7 +29,8 @@ import tilelang.language as T
 
 from sections.gemm_epilogue import ACTIVATIONS, epilogue_pass_configs, splitk_reduce_program
 from sections.gemm_launch import PART_THREADS, GemmLauncher, pad_rows_program  # noqa: F401  (imported from here too)
-from sections.gemm_rows import ROWS_MAX, ROWS_REDUCE_COLUMNS, RowsConfig, rows_program, rows_reason, rows_schedule
+from sections.gemm_rows import (ROWS_REDUCE_COLUMNS, RowsConfig, rows_program, rows_reason, rows_schedule,
+                                takes_rows)
 
 WARP_POLICIES = ("Square", "FullRow", "FullCol")
 DTYPES = ("float16", "bfloat16")
@@ -636,10 +638,10 @@ def pads_b(plan: GemmPlan, family: str, gemm_s: float) -> bool:
 
 def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int,
                  dtype: str = "float16", epilogue: bool = False) -> GemmPlan:
-    """The rule's schedule for a problem: on Hopper, A of at most ROWS_MAX rows on the CUDA cores
-    (`sections/gemm_rows.py`: B streamed once, any N and K, no tensor-core tile of mostly zeros); otherwise a
-    tensor-core schedule (`tensor_core_plan`)."""
-    if M <= ROWS_MAX and family == "hopper":  # measured there (bench/gemm_rows_probe.py)
+    """The rule's schedule for a problem: on Hopper, one or two rows of A, or up to ROWS_MAX of unaligned ones, on
+    the CUDA cores (`sections/gemm_rows.py`: B streamed once, any N and K, no tensor-core tile of mostly zeros);
+    otherwise a tensor-core schedule (`tensor_core_plan`)."""
+    if family == "hopper" and takes_rows(M, N, K):  # measured there (bench/gemm_rows_probe.py)
         config, machine = rows_schedule(M, N, K, sm_count), MACHINES[family]
         return GemmPlan(M, N, K, config, dtype, pad=False,
                         reason=rows_reason(M, N, K, config, sm_count, machine.memory, machine.launch))

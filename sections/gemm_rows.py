@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 import tilelang.language as T
 
 ROWS_MAX = 8  # more rows: the tensor cores' tiles pay (each row adds an FMA to every element of B loaded)
+ALIGNED_ROWS_MAX = 2  # where B's rows are 16-byte aligned the tensor cores stream B as fast from 3 rows on
 VECTORS = (8, 4, 2, 1)  # elements a load may take: the widest whose alignment every row of B keeps
 
 
@@ -100,7 +101,10 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
     bN, rows, run = config.block_N, groups * bK, config.run(K)  # rows: of B a block's step loads, bK a group
     split = splits > 1
     fused = bias and not split  # with a split K the reduction adds the bias and applies the activation
-    epilogue = epilogue_macro(M, bN, fused, None if split else activation)
+    # The sum over groups is a fragment spread over the block's threads, which needs its element count a
+    # multiple of them: where M x block_N is not, it takes ROWS_MAX rows (those past M are zeros, never stored).
+    c_rows = M if (M * bN) % config.threads == 0 else ROWS_MAX
+    epilogue = epilogue_macro(c_rows, bN, fused, None if split else activation)
 
     @T.macro
     def body(A, B, Bias, C):
@@ -111,7 +115,7 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
             b = T.alloc_local((bK * vec,), dtype)
             A_shared = T.alloc_shared((M, rows), dtype)  # every thread needs the same few values of A
             sums = T.alloc_shared((groups, M, bN), "float32")
-            C_local = T.alloc_fragment((M, bN), "float32")
+            C_local = T.alloc_fragment((c_rows, bN), "float32")
             Bias_shared = T.alloc_shared((bN,), dtype) if fused else None
             col = bx * bN + lane * vec
             for i in T.unroll(M * vec):
@@ -135,10 +139,10 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
             for m in T.unroll(M):  # the groups' sums meet in shared memory
                 for j in T.vectorized(vec):
                     sums[group, m, lane * vec + j] = acc[m * vec + j]
-            for m, n in T.Parallel(M, bN):
-                C_local[m, n] = sums[0, m, n]
+            for m, n in T.Parallel(c_rows, bN):
+                C_local[m, n] = T.if_then_else(m < M, sums[0, m, n], 0.0)
                 for g in T.unroll(1, groups):
-                    C_local[m, n] = C_local[m, n] + sums[g, m, n]
+                    C_local[m, n] = C_local[m, n] + T.if_then_else(m < M, sums[g, m, n], 0.0)
             if split:
                 T.copy(C_local, C[bz, 0, bx * bN])
             else:
@@ -181,11 +185,18 @@ def rows_seconds(M: int, N: int, K: int, config: RowsConfig, sm_count: int, memo
     return max(stream_s, math_s) + launch * (2 if config.split_k > 1 else 1)
 
 
+def takes_rows(M: int, N: int, K: int) -> bool:
+    """Whether the few-rows kernel beats the tensor cores' plan: one or two rows of A; up to ROWS_MAX where
+    B's or A's rows are not 16-byte aligned (the tensor cores would load them masked, or copy them padded)."""
+    return M <= ALIGNED_ROWS_MAX or (M <= ROWS_MAX and (N % 8 != 0 or K % 8 != 0))
+
+
 def rows_reason(M: int, N: int, K: int, config: RowsConfig, sm_count: int, memory: float, launch: float) -> str:
     """The rule's line for a few-rows plan: the loads, the strips and splits against the SMs, the estimate."""
     strips = -(-N // config.block_N)
     split = f", K split {config.split_k} ways" if config.split_k > 1 else ""
     estimate = rows_seconds(M, N, K, config, sm_count, memory, launch)
-    return (f"{M} row{'s' * (M > 1)} of A: the CUDA cores, B streamed once in {config.vec}-element loads; {strips} "
+    why = "" if M <= ALIGNED_ROWS_MAX else " (rows not 16-byte aligned: the tensor cores would load them masked)"
+    return (f"{M} row{'s' * (M > 1)} of A{why}: the CUDA cores, B streamed once in {config.vec}-element loads; {strips} "
             f"strips of {config.block_N} columns{split}: {strips * config.split_k} blocks on {sm_count} SMs, "
             f"estimated {estimate * 1e6:.0f} us")

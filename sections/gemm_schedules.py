@@ -26,8 +26,8 @@ You will learn:
 - that T.copy takes rows of any length: unaligned ones (N or K not a multiple of 8) load with narrower,
   masked copies instead of TMA, which small and few-row problems prefer to padding copies (`plan_problem`); and
   that rows starting off 32-byte sectors (N = 1000) load slower than N = 1024: big problems copy B first;
-- when not to use the tensor cores: with A of at most 8 rows (decoding) a GEMM only streams B, and on Hopper
-  the rule takes a CUDA-core kernel written thread by thread (sections/gemm_rows.py) for any N and K.
+- when not to use the tensor cores: with A of one or two rows (decoding), or up to 8 unaligned ones, a GEMM
+  only streams B, and on Hopper the rule takes a CUDA-core kernel written thread by thread (sections/gemm_rows.py).
 
 The algorithm, one thread block per C tile:
 

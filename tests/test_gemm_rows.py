@@ -8,8 +8,8 @@ import pytest
 
 import tourkit
 from sections import gemm_schedules
-from sections.gemm_plans import RowsConfig, plan_problem, rivals
-from sections.gemm_rows import ROWS_MAX, UNROLLED_SPLITS, rows_program, rows_schedule, widest_vector
+from sections.gemm_plans import GemmPlan, RowsConfig, plan_problem, rivals
+from sections.gemm_rows import ROWS_MAX, UNROLLED_SPLITS, rows_program, rows_schedule, takes_rows, widest_vector
 
 H200 = dict(family="hopper", sm_count=132, smem_budget=232448)
 SHAPES = [(1, 4097, 4096), (1, 4096, 4096), (2, 1025, 8191), (8, 11007, 4096), (1, 50257, 4096), (1, 128, 32768),
@@ -37,14 +37,22 @@ def test_widest_vector_keeps_every_row_aligned_and_a_warp_busy():
     assert [widest_vector(n) for n in (4096, 4100, 4098, 4097, 128, 64, 8)] == [8, 4, 2, 1, 4, 2, 1]
 
 
+def rows_plan(M, N, K, dtype="float16", sm_count=H200["sm_count"]):
+    """The few-rows kernel with its schedule for a problem, whether or not the rule would take it."""
+    return GemmPlan(M, N, K, rows_schedule(M, N, K, sm_count), dtype, pad=False)
+
+
 def test_a_few_rows_take_the_cuda_cores_on_hopper_and_are_timed_beside_the_tensor_cores():
-    for M, N, K in [(1, 4096, 4096), (ROWS_MAX, 4097, 4095), (3, 7, 5)]:
+    """One or two rows whatever their alignment; up to ROWS_MAX where N or K is not a multiple of 8."""
+    for M, N, K in [(1, 4096, 4096), (2, 8192, 8192), (ROWS_MAX, 4097, 4095), (3, 7, 5), (5, 4096, 4097)]:
         plan = plan_problem(M, N, K, **H200)
         assert isinstance(plan.config, RowsConfig) and not plan.pad and not plan.padded
         assert "CUDA cores" in plan.describe() and "blocks on 132 SMs" in plan.describe()
         (rival,) = rivals(plan, "hopper", 132, H200["smem_budget"])
         assert not isinstance(rival.config, RowsConfig) and rival.M == M
-    assert not isinstance(plan_problem(ROWS_MAX + 1, 4096, 4096, **H200).config, RowsConfig)
+    for M, N, K in [(ROWS_MAX + 1, 4096, 4096), (ROWS_MAX + 1, 4097, 4095), (3, 4096, 4096), (ROWS_MAX, 14336, 4096)]:
+        assert not takes_rows(M, N, K)
+        assert not isinstance(plan_problem(M, N, K, **H200).config, RowsConfig)
     for family, budget in [("ampere", 166912), ("turing", 65536)]:  # not measured there: tensor cores as before
         assert not isinstance(plan_problem(1, 4096, 4096, family, 108, budget).config, RowsConfig)
 
@@ -107,7 +115,8 @@ def cpu_product(plan, a, b, bias=None, activation=None):
 @pytest.mark.parametrize("M,N,K,split,epilogue,dtype", [
     (3, 1000, 777, None, False, "float16"), (3, 1000, 777, None, True, "float16"), (1, 37, 300, None, True, "float16"),
     (8, 130, 129, None, False, "float16"), (2, 4097, 95, None, False, "float16"), (5, 77, 2000, None, True, "float16"),
-    (4, 200, 1000, 1, True, "float16"), (6, 333, 1500, None, True, "bfloat16"), (1, 64, 70, 1, False, "bfloat16")])
+    (4, 200, 1000, 1, True, "float16"), (6, 333, 1500, None, True, "bfloat16"), (1, 64, 70, 1, False, "bfloat16"),
+    (7, 130, 9, None, True, "float16"), (7, 130, 9, 3, False, "float16")])
 def test_the_generated_cuda_computes_the_product(M, N, K, split, epilogue, dtype):
     """The kernel TileLang writes for the rule's schedule (and for one without a K split), run on the CPU:
     every index, guard and barrier as generated, against a float64 reference on random inputs."""
@@ -119,7 +128,7 @@ def test_the_generated_cuda_computes_the_product(M, N, K, split, epilogue, dtype
 
     if cuda_on_cpu.host_compiler() is None:
         pytest.skip("no host C++ compiler")
-    plan = plan_problem(M, N, K, **H200, dtype=dtype)
+    plan = rows_plan(M, N, K, dtype)
     if split is not None:
         plan = replace(plan, config=replace(plan.config, split_k=split))
     rng = np.random.default_rng(M * N + K)
@@ -162,14 +171,13 @@ def test_the_cpu_harness_runs_a_lesson_kernel_and_refuses_tensor_core_ones():
 @pytest.mark.gpu
 @pytest.mark.parametrize("M,N,K,dtype", [(1, 4097, 4095, "float16"), (8, 11007, 4096, "bfloat16"), (5, 777, 333, "float16"),
                                          (1, 50257, 768, "bfloat16"), (8, 64, 100000, "float16"), (1, 1, 1, "float16"),
-                                         (2, 4096, 4096, "float16"), (7, 130, 9, "float16")])
+                                         (2, 4096, 4096, "float16"), (7, 130, 9, "float16"), (4, 4096, 4096, "float16")])
 @pytest.mark.parametrize("epilogue,split", [(False, None), (True, None), (True, 1)])
 def test_the_kernel_is_correct_on_odd_sizes(M, N, K, dtype, epilogue, split):
-    """The rule's schedule, and the same without a K split (one block a strip, C written by the kernel)."""
+    """The kernel's schedule, and the same without a K split (one block a strip, C written by the kernel)."""
     from test_gemm_shapes import check_on_gpu
 
-    device = tourkit.detect_device()
-    plan = plan_problem(M, N, K, "hopper", device.sm_count, device.smem_per_block_optin, dtype)
+    plan = rows_plan(M, N, K, dtype, tourkit.detect_device().sm_count)
     if split is not None:
         plan = replace(plan, config=replace(plan.config, split_k=split))
     check_on_gpu(plan, epilogue, seed=11)
