@@ -2647,7 +2647,8 @@ than what masking takes (`plan_problem`), T.copy loads the rows as they are, mas
 K step (`masked_seconds`), in tiles whose accumulators leave room for them (`masked_tile_fits`).
 On Hopper, large problems whose rows of B start off 32-byte sectors (N not a multiple of 16) copy B into rows
 of whole 128-byte lines first (`pads_b`): TMA loads such rows slower, and the copy costs less than that; and A
-of at most 8 rows runs on the CUDA cores (`sections/gemm_rows.py`), timed beside the tensor-core plan (`rivals`).
+of one or two rows (up to 8 where rows are unaligned) runs on the CUDA cores (`sections/gemm_rows.py`), timed
+beside the tensor-core plan (`rivals`).
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
@@ -2658,7 +2659,8 @@ import tilelang.language as T
 
 from sections.gemm_epilogue import ACTIVATIONS, epilogue_pass_configs, splitk_reduce_program
 from sections.gemm_launch import PART_THREADS, GemmLauncher, pad_rows_program  # noqa: F401  (imported from here too)
-from sections.gemm_rows import ROWS_MAX, ROWS_REDUCE_COLUMNS, RowsConfig, rows_program, rows_reason, rows_schedule
+from sections.gemm_rows import (ROWS_REDUCE_COLUMNS, RowsConfig, rows_program, rows_reason, rows_schedule,
+                                takes_rows)
 
 WARP_POLICIES = ("Square", "FullRow", "FullCol")
 DTYPES = ("float16", "bfloat16")
@@ -3266,10 +3268,10 @@ def pads_b(plan: GemmPlan, family: str, gemm_s: float) -> bool:
 
 def plan_problem(M: int, N: int, K: int, family: str, sm_count: int, smem_budget: int,
                  dtype: str = "float16", epilogue: bool = False) -> GemmPlan:
-    """The rule's schedule for a problem: on Hopper, A of at most ROWS_MAX rows on the CUDA cores
-    (`sections/gemm_rows.py`: B streamed once, any N and K, no tensor-core tile of mostly zeros); otherwise a
-    tensor-core schedule (`tensor_core_plan`)."""
-    if M <= ROWS_MAX and family == "hopper":  # measured there (bench/gemm_rows_probe.py)
+    """The rule's schedule for a problem: on Hopper, one or two rows of A, or up to ROWS_MAX of unaligned ones, on
+    the CUDA cores (`sections/gemm_rows.py`: B streamed once, any N and K, no tensor-core tile of mostly zeros);
+    otherwise a tensor-core schedule (`tensor_core_plan`)."""
+    if family == "hopper" and takes_rows(M, N, K):  # measured there (bench/gemm_rows_probe.py)
         config, machine = rows_schedule(M, N, K, sm_count), MACHINES[family]
         return GemmPlan(M, N, K, config, dtype, pad=False,
                         reason=rows_reason(M, N, K, config, sm_count, machine.memory, machine.launch))
@@ -3335,6 +3337,7 @@ from dataclasses import dataclass, replace
 import tilelang.language as T
 
 ROWS_MAX = 8  # more rows: the tensor cores' tiles pay (each row adds an FMA to every element of B loaded)
+ALIGNED_ROWS_MAX = 2  # where B's rows are 16-byte aligned the tensor cores stream B as fast from 3 rows on
 VECTORS = (8, 4, 2, 1)  # elements a load may take: the widest whose alignment every row of B keeps
 
 
@@ -3407,7 +3410,10 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
     bN, rows, run = config.block_N, groups * bK, config.run(K)  # rows: of B a block's step loads, bK a group
     split = splits > 1
     fused = bias and not split  # with a split K the reduction adds the bias and applies the activation
-    epilogue = epilogue_macro(M, bN, fused, None if split else activation)
+    # The sum over groups is a fragment spread over the block's threads, which needs its element count a
+    # multiple of them: where M x block_N is not, it takes ROWS_MAX rows (those past M are zeros, never stored).
+    c_rows = M if (M * bN) % config.threads == 0 else ROWS_MAX
+    epilogue = epilogue_macro(c_rows, bN, fused, None if split else activation)
 
     @T.macro
     def body(A, B, Bias, C):
@@ -3418,7 +3424,7 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
             b = T.alloc_local((bK * vec,), dtype)
             A_shared = T.alloc_shared((M, rows), dtype)  # every thread needs the same few values of A
             sums = T.alloc_shared((groups, M, bN), "float32")
-            C_local = T.alloc_fragment((M, bN), "float32")
+            C_local = T.alloc_fragment((c_rows, bN), "float32")
             Bias_shared = T.alloc_shared((bN,), dtype) if fused else None
             col = bx * bN + lane * vec
             for i in T.unroll(M * vec):
@@ -3442,10 +3448,10 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
             for m in T.unroll(M):  # the groups' sums meet in shared memory
                 for j in T.vectorized(vec):
                     sums[group, m, lane * vec + j] = acc[m * vec + j]
-            for m, n in T.Parallel(M, bN):
-                C_local[m, n] = sums[0, m, n]
+            for m, n in T.Parallel(c_rows, bN):
+                C_local[m, n] = T.if_then_else(m < M, sums[0, m, n], 0.0)
                 for g in T.unroll(1, groups):
-                    C_local[m, n] = C_local[m, n] + sums[g, m, n]
+                    C_local[m, n] = C_local[m, n] + T.if_then_else(m < M, sums[g, m, n], 0.0)
             if split:
                 T.copy(C_local, C[bz, 0, bx * bN])
             else:
@@ -3488,12 +3494,19 @@ def rows_seconds(M: int, N: int, K: int, config: RowsConfig, sm_count: int, memo
     return max(stream_s, math_s) + launch * (2 if config.split_k > 1 else 1)
 
 
+def takes_rows(M: int, N: int, K: int) -> bool:
+    """Whether the few-rows kernel beats the tensor cores' plan: one or two rows of A; up to ROWS_MAX where
+    B's or A's rows are not 16-byte aligned (the tensor cores would load them masked, or copy them padded)."""
+    return M <= ALIGNED_ROWS_MAX or (M <= ROWS_MAX and (N % 8 != 0 or K % 8 != 0))
+
+
 def rows_reason(M: int, N: int, K: int, config: RowsConfig, sm_count: int, memory: float, launch: float) -> str:
     """The rule's line for a few-rows plan: the loads, the strips and splits against the SMs, the estimate."""
     strips = -(-N // config.block_N)
     split = f", K split {config.split_k} ways" if config.split_k > 1 else ""
     estimate = rows_seconds(M, N, K, config, sm_count, memory, launch)
-    return (f"{M} row{'s' * (M > 1)} of A: the CUDA cores, B streamed once in {config.vec}-element loads; {strips} "
+    why = "" if M <= ALIGNED_ROWS_MAX else " (rows not 16-byte aligned: the tensor cores would load them masked)"
+    return (f"{M} row{'s' * (M > 1)} of A{why}: the CUDA cores, B streamed once in {config.vec}-element loads; {strips} "
             f"strips of {config.block_N} columns{split}: {strips * config.split_k} blocks on {sm_count} SMs, "
             f"estimated {estimate * 1e6:.0f} us")
 ''')
@@ -3527,8 +3540,8 @@ You will learn:
 - that T.copy takes rows of any length: unaligned ones (N or K not a multiple of 8) load with narrower,
   masked copies instead of TMA, which small and few-row problems prefer to padding copies (`plan_problem`); and
   that rows starting off 32-byte sectors (N = 1000) load slower than N = 1024: big problems copy B first;
-- when not to use the tensor cores: with A of at most 8 rows (decoding) a GEMM only streams B, and on Hopper
-  the rule takes a CUDA-core kernel written thread by thread (sections/gemm_rows.py) for any N and K.
+- when not to use the tensor cores: with A of one or two rows (decoding), or up to 8 unaligned ones, a GEMM
+  only streams B, and on Hopper the rule takes a CUDA-core kernel written thread by thread (sections/gemm_rows.py).
 
 The algorithm, one thread block per C tile:
 
