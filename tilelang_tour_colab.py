@@ -2438,7 +2438,8 @@ _tour_file('sections/gemm_epilogue.py', r'''
 The `fusion` lesson teaches it; the lesson GEMM (`gemm_schedules.gemm_program`) and the Hopper appendix
 kernels (`sections/hopper/gemm_ws.py`, `gemm_pingpong.py`) and the few-rows kernel (`sections/gemm_rows.py`)
 all take `activation_macro(...)` (or `epilogue_macro`, bias first) and apply it to their fp32 accumulator before
-the one store; with a split K, the reduction that adds the partials applies it (`splitk_reduce_program`). Its own
+the one store; with a split K, the reduction that adds the partials applies it (`splitk_reduce_program`; in
+the few-rows kernel, the last block of a strip). Its own
 module, so the builders and the lesson that explains it import it without importing each other.
 """
 
@@ -2510,10 +2511,9 @@ REDUCE_TILE = (32, 256)  # a 128-thread block sums 32 x 256 fp32 partials: 64 a 
 
 
 def splitk_reduce_program(M: int, N: int, splits: int, *, bias: bool = False, activation=None,
-                          dtype: str = "float16", tile: tuple[int, int] = REDUCE_TILE, unroll: bool = False):
-    """C = activation(sum over s of W[s] + Bias): the second kernel of a split-K GEMM. unroll: every split's
-    loads issued together (a few values a thread: the few-rows kernel's many splits), not a round trip each."""
-    bM, bN = tile
+                          dtype: str = "float16"):
+    """C = activation(sum over s of W[s] + Bias): the second kernel of a split-K GEMM."""
+    bM, bN = REDUCE_TILE
     epilogue = epilogue_macro(bM, bN, bias, activation)
 
     @T.macro
@@ -2525,7 +2525,7 @@ def splitk_reduce_program(M: int, N: int, splits: int, *, bias: bool = False, ac
             if bias:
                 T.copy(Bias[bx * bN], Bias_shared)
             T.clear(acc)
-            for s in (T.unroll if unroll else T.serial)(splits):
+            for s in T.serial(splits):
                 T.copy(W[s, by * bM, bx * bN], part)
                 for i, j in T.Parallel(bM, bN):
                     acc[i, j] = acc[i, j] + part[i, j]
@@ -2577,7 +2577,8 @@ def pad_rows_program(rows: int, cols: int, rows_to: int, cols_to: int, dtype: st
 class GemmLauncher:
     """Runs a plan's kernels as one call, launcher(a, b, c) or launcher(a, b, bias, c): copies A and B into
     zero-padded buffers where the problem is not aligned (and C out of one), and with a split K runs the GEMM
-    into fp32 partials and the reduction into C. Buffers (and their views) are made at the first call and
+    into fp32 partials and the reduction into C (the few-rows kernel adds its partials itself, counting each
+    strip's runs in an int32 array). Buffers (and their views) are made at the first call and
     kept: their padding stays zero, and a call spends no time on Python it can skip."""
 
     def __init__(self, plan, kernels: dict, returns_c: bool = False):
@@ -2596,8 +2597,12 @@ class GemmLauncher:
         views = {"a": (lambda t: t[:, :k]), "b": (lambda t: t[:k, :n]), "bias": (lambda t: t[:n]),
                  "c": (lambda t: t[:, :n])}
         splits = getattr(self.plan.config, "split_k", 1)
+        # The few-rows kernel adds its runs itself: each strip counts its runs' arrivals (back to 0 after a call)
+        arrivals = (torch.zeros(-(-N // self.plan.config.block_N), dtype=torch.int32, device=a.device)
+                    if splits > 1 and "reduce" not in self.kernels else None)
         return {"padded": padded, "views": {key: views[key](t) for key, t in padded.items() if t is not None},
-                "w": torch.empty((splits, M, N), dtype=torch.float32, device=a.device) if splits > 1 else None}
+                "w": torch.empty((splits, M, N), dtype=torch.float32, device=a.device) if splits > 1 else None,
+                "arrivals": arrivals}
 
     def __call__(self, a, b, *rest):
         bias, c = rest if len(rest) == 2 else (None, rest[0])
@@ -2617,6 +2622,8 @@ class GemmLauncher:
         epilogue = () if bias is None else (bias,)
         if self.returns_c:
             out = self.kernels["gemm"](a, b)
+        elif self.buffers["arrivals"] is not None:
+            self.kernels["gemm"](a, b, *epilogue, w, self.buffers["arrivals"], out)
         elif w is not None:
             self.kernels["gemm"](a, b, w)
             self.kernels["reduce"](w, *epilogue, out)
@@ -2659,7 +2666,7 @@ import tilelang.language as T
 
 from sections.gemm_epilogue import ACTIVATIONS, epilogue_pass_configs, splitk_reduce_program
 from sections.gemm_launch import PART_THREADS, GemmLauncher, pad_rows_program  # noqa: F401  (imported from here too)
-from sections.gemm_rows import (ROWS_REDUCE_COLUMNS, RowsConfig, rows_program, rows_reason, rows_schedule,
+from sections.gemm_rows import (RowsConfig, rows_program, rows_reason, rows_schedule,
                                 takes_rows)
 
 WARP_POLICIES = ("Square", "FullRow", "FullCol")
@@ -3176,8 +3183,8 @@ class GemmPlan:
     @property
     def parts(self) -> tuple[str, ...]:
         """The plan's programs, in the order a call runs them: B's padded copy, the GEMM, the split-K sum."""
-        return (("pad_b",) if self.pad_b else ()) + ("gemm",) + (("reduce",) if getattr(
-            self.config, "split_k", 1) > 1 else ())
+        separate_sum = getattr(self.config, "split_k", 1) > 1 and not isinstance(self.config, RowsConfig)
+        return (("pad_b",) if self.pad_b else ()) + ("gemm",) + (("reduce",) if separate_sum else ())
 
     def markers(self, family_markers) -> tuple:
         """What the GEMM's CUDA must contain: the family's markers; only its tensor-core instruction where the
@@ -3197,14 +3204,11 @@ class GemmPlan:
 
     def programs(self, bias: bool = False, activation=None) -> dict:
         """{"gemm": prim_func}; with pad_b, {"pad_b": prim_func} first; with a split K, {"reduce": prim_func}
-        last: what the launcher runs, in that order."""
+        last (the few-rows kernel adds its runs itself): what the launcher runs, in that order."""
         M, N, K = self.kernel_shape
         out = {"pad_b": pad_rows_program(self.K, self.N, K, self.b_width, self.dtype)} if self.pad_b else {}
         if isinstance(self.config, RowsConfig):  # a few rows on the CUDA cores (sections/gemm_rows.py)
             out["gemm"] = rows_program(M, N, K, self.config, bias=bias, activation=activation, dtype=self.dtype)
-            if self.config.split_k > 1:
-                out["reduce"] = splitk_reduce_program(M, N, self.config.split_k, bias=bias, activation=activation,
-                                                      dtype=self.dtype, tile=(M, ROWS_REDUCE_COLUMNS), unroll=True)
             return out
         if not isinstance(self.config, GemmConfig):  # an appendix kernel (sections/hopper/): its own builder
             from sections.hopper import gemm_pingpong, gemm_ws
@@ -3324,11 +3328,18 @@ of B with a few hundred loads in flight:
             b = B[this group's block_K rows, this lane's vec columns]   # all issued, then used
             acc += A_shared[:, those rows] · b  # M x vec FMAs per row of B
         sums[group] = acc                       # the groups' sums meet in shared memory
-        C[:, strip] = epilogue(sum over groups) # or, with a K split, fp32 partials that
-                                                #   splitk_reduce_program adds (and applies the epilogue to)
+        if split_k == 1:
+            C[:, strip] = epilogue(sum over groups)
+        else:
+            W[bz, :, strip] = sum over groups   # fp32 partials of this run
+            fence; arrived = atomic_add(Arrivals[bx], 1)
+            if arrived == split_k - 1:          # the strip's last run to finish adds them all
+                C[:, strip] = epilogue(sum over runs of W[:, :, strip]); Arrivals[bx] = 0
 
 Consecutive lanes read consecutive columns, so a warp's loads of a row of B are coalesced whatever N is; the K
-split spreads the strips over every SM (`rows_schedule`).
+split spreads the strips over every SM (`rows_schedule`). The last-arrival sum saves a second launch (a split-K
+reduction kernel), which at one or two rows costs a tenth of the time: `__threadfence` makes a block's partials
+visible to the others before its arrival is counted, so the last block reads every run's.
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
@@ -3397,10 +3408,10 @@ def widest_vector(N: int, lanes: int = 32) -> int:
 
 def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = False, activation=None,
                  dtype: str = "float16"):
-    """C = activation(A @ B + Bias) for A of at most ROWS_MAX rows; with config.split_k > 1 the fp32 partials
-    W[split_k, M, N] of each run of K instead (`splitk_reduce_program` adds them and applies the epilogue)."""
+    """C = activation(A @ B + Bias) for A of at most ROWS_MAX rows. With config.split_k > 1 each block writes its
+    run's fp32 partial sums to W[split_k, M, N] and counts itself in Arrivals[strip]; the strip's last block adds
+    the runs and applies the epilogue (one launch, no separate reduction), then sets the count back to 0."""
     from sections.gemm_epilogue import epilogue_macro
-    from sections.gemm_plans import gemm_prim_func
 
     if M > ROWS_MAX:
         raise ValueError(f"the few-rows kernel takes at most {ROWS_MAX} rows of A, not {M}")
@@ -3408,15 +3419,13 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
         raise ValueError(f"loads of {config.vec} elements need N a multiple of {config.vec}, not {N}")
     vec, lanes, groups, bK, splits = config.vec, config.lanes, config.groups, config.block_K, config.split_k
     bN, rows, run = config.block_N, groups * bK, config.run(K)  # rows: of B a block's step loads, bK a group
-    split = splits > 1
-    fused = bias and not split  # with a split K the reduction adds the bias and applies the activation
     # The sum over groups is a fragment spread over the block's threads, which needs its element count a
     # multiple of them: where M x block_N is not, it takes ROWS_MAX rows (those past M are zeros, never stored).
     c_rows = M if (M * bN) % config.threads == 0 else ROWS_MAX
-    epilogue = epilogue_macro(c_rows, bN, fused, None if split else activation)
+    epilogue = epilogue_macro(c_rows, bN, bias, activation)
 
     @T.macro
-    def body(A, B, Bias, C):
+    def body(A, B, Bias, W, Arrivals, C):
         with T.Kernel(T.ceildiv(N, bN), splits, threads=config.threads) as (bx, bz):
             tx = T.get_thread_binding()
             lane, group = tx % lanes, tx // lanes
@@ -3425,7 +3434,8 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
             A_shared = T.alloc_shared((M, rows), dtype)  # every thread needs the same few values of A
             sums = T.alloc_shared((groups, M, bN), "float32")
             C_local = T.alloc_fragment((c_rows, bN), "float32")
-            Bias_shared = T.alloc_shared((bN,), dtype) if fused else None
+            Bias_shared = T.alloc_shared((bN,), dtype) if bias else None
+            arrived = T.alloc_shared((1,), "int32")
             col = bx * bN + lane * vec
             for i in T.unroll(M * vec):
                 acc[i] = 0.0
@@ -3452,22 +3462,59 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
                 C_local[m, n] = T.if_then_else(m < M, sums[0, m, n], 0.0)
                 for g in T.unroll(1, groups):
                     C_local[m, n] = C_local[m, n] + T.if_then_else(m < M, sums[g, m, n], 0.0)
-            if split:
-                T.copy(C_local, C[bz, 0, bx * bN])
-            else:
-                if bias:
-                    T.copy(Bias[bx * bN], Bias_shared)
+            if bias:
+                T.copy(Bias[bx * bN], Bias_shared)
+            if splits == 1:
                 epilogue(C_local, Bias_shared)
                 T.copy(C_local, C[0, bx * bN])
+            else:
+                T.copy(C_local, W[bz, 0, bx * bN])
+                T.call_extern("void", "__threadfence")  # this run's partials visible to every block before it counts
+                T.sync_threads()
+                if tx == 0:
+                    arrived[0] = T.atomic_add(Arrivals[bx], 1, return_prev=True)
+                T.sync_threads()
+                if arrived[0] == splits - 1:  # the strip's last run: every partial is in W; add them in order
+                    for m, n in T.Parallel(c_rows, bN):
+                        C_local[m, n] = 0.0
+                        for r in T.unroll(splits):  # all the loads in flight together
+                            C_local[m, n] = C_local[m, n] + T.if_then_else(
+                                m < M and bx * bN + n < N, W[r, m, bx * bN + n], 0.0)
+                    epilogue(C_local, Bias_shared)
+                    T.copy(C_local, C[0, bx * bN])
+                    if tx == 0:
+                        Arrivals[bx] = 0  # ready for the next call
 
-    return gemm_prim_func(M, N, K, body, fused, dtype, (splits, M, N) if split else None,
-                          "float32" if split else None)
+    return rows_prim_func(M, N, K, body, bias, dtype, splits, -(-N // bN))
+
+
+def rows_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str, splits: int, strips: int):
+    """The prim_func around body(A, B, Bias, W, Arrivals, C): Bias[N] only with a bias, the partials W and the
+    arrival counts only with a K split; C is last."""
+    from sections.gemm_plans import gemm_prim_func
+
+    if splits == 1:
+        return gemm_prim_func(M, N, K, lambda A, B, Bias, C: body(A, B, Bias, None, None, C), bias, dtype)
+    if bias:
+        @T.prim_func
+        def gemm_bias(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), Bias: T.Tensor((N,), dtype),
+                      W: T.Tensor((splits, M, N), "float32"), Arrivals: T.Tensor((strips,), "int32"),
+                      C: T.Tensor((M, N), dtype)):
+            body(A, B, Bias, W, Arrivals, C)
+
+        return gemm_bias
+
+    @T.prim_func
+    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), W: T.Tensor((splits, M, N), "float32"),
+             Arrivals: T.Tensor((strips,), "int32"), C: T.Tensor((M, N), dtype)):
+        body(A, B, None, W, Arrivals, C)
+
+    return gemm
 
 
 BLOCKS_PER_SM = 4  # blocks of 256 threads an SM keeps busy: their loads in flight hide each other's round trips
 PARTIALS_SHARE = 16  # a K split writes and reads M x N fp32 partials: at most a 1/16 of B's bytes, all splits
 UNROLLED_SPLITS = 64  # the split-K reduction issues every run's loads together up to this many runs
-ROWS_REDUCE_COLUMNS = 256  # columns of C a 128-thread block of that reduction sums (all M rows of them)
 ROWS_STREAM = 0.75  # the share of the memory bandwidth these plain loads sustain
 FMA_PER_SM = 128 * 1.5e9  # fp32 FMAs an SM issues a second (with each loaded element's conversion, one more)
 
@@ -3487,11 +3534,11 @@ def rows_schedule(M: int, N: int, K: int, sm_count: int) -> RowsConfig:
 
 def rows_seconds(M: int, N: int, K: int, config: RowsConfig, sm_count: int, memory: float, launch: float) -> float:
     """B streamed once (and the partials written and read back) at ROWS_STREAM of the bandwidth, or the FMAs,
-    whichever take longer; a launch, and the reduction's with a split K."""
+    whichever take longer, and a launch."""
     partials = 2 * 4 * config.split_k * M * N if config.split_k > 1 else 0
     stream_s = (2 * (K * N + M * K + M * N) + partials) / (ROWS_STREAM * memory)
     math_s = (M + 1) * N * K / (sm_count * FMA_PER_SM)
-    return max(stream_s, math_s) + launch * (2 if config.split_k > 1 else 1)
+    return max(stream_s, math_s) + launch
 
 
 def takes_rows(M: int, N: int, K: int) -> bool:

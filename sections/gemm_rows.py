@@ -15,11 +15,18 @@ of B with a few hundred loads in flight:
             b = B[this group's block_K rows, this lane's vec columns]   # all issued, then used
             acc += A_shared[:, those rows] · b  # M x vec FMAs per row of B
         sums[group] = acc                       # the groups' sums meet in shared memory
-        C[:, strip] = epilogue(sum over groups) # or, with a K split, fp32 partials that
-                                                #   splitk_reduce_program adds (and applies the epilogue to)
+        if split_k == 1:
+            C[:, strip] = epilogue(sum over groups)
+        else:
+            W[bz, :, strip] = sum over groups   # fp32 partials of this run
+            fence; arrived = atomic_add(Arrivals[bx], 1)
+            if arrived == split_k - 1:          # the strip's last run to finish adds them all
+                C[:, strip] = epilogue(sum over runs of W[:, :, strip]); Arrivals[bx] = 0
 
 Consecutive lanes read consecutive columns, so a warp's loads of a row of B are coalesced whatever N is; the K
-split spreads the strips over every SM (`rows_schedule`).
+split spreads the strips over every SM (`rows_schedule`). The last-arrival sum saves a second launch (a split-K
+reduction kernel), which at one or two rows costs a tenth of the time: `__threadfence` makes a block's partials
+visible to the others before its arrival is counted, so the last block reads every run's.
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
@@ -88,10 +95,10 @@ def widest_vector(N: int, lanes: int = 32) -> int:
 
 def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = False, activation=None,
                  dtype: str = "float16"):
-    """C = activation(A @ B + Bias) for A of at most ROWS_MAX rows; with config.split_k > 1 the fp32 partials
-    W[split_k, M, N] of each run of K instead (`splitk_reduce_program` adds them and applies the epilogue)."""
+    """C = activation(A @ B + Bias) for A of at most ROWS_MAX rows. With config.split_k > 1 each block writes its
+    run's fp32 partial sums to W[split_k, M, N] and counts itself in Arrivals[strip]; the strip's last block adds
+    the runs and applies the epilogue (one launch, no separate reduction), then sets the count back to 0."""
     from sections.gemm_epilogue import epilogue_macro
-    from sections.gemm_plans import gemm_prim_func
 
     if M > ROWS_MAX:
         raise ValueError(f"the few-rows kernel takes at most {ROWS_MAX} rows of A, not {M}")
@@ -99,15 +106,13 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
         raise ValueError(f"loads of {config.vec} elements need N a multiple of {config.vec}, not {N}")
     vec, lanes, groups, bK, splits = config.vec, config.lanes, config.groups, config.block_K, config.split_k
     bN, rows, run = config.block_N, groups * bK, config.run(K)  # rows: of B a block's step loads, bK a group
-    split = splits > 1
-    fused = bias and not split  # with a split K the reduction adds the bias and applies the activation
     # The sum over groups is a fragment spread over the block's threads, which needs its element count a
     # multiple of them: where M x block_N is not, it takes ROWS_MAX rows (those past M are zeros, never stored).
     c_rows = M if (M * bN) % config.threads == 0 else ROWS_MAX
-    epilogue = epilogue_macro(c_rows, bN, fused, None if split else activation)
+    epilogue = epilogue_macro(c_rows, bN, bias, activation)
 
     @T.macro
-    def body(A, B, Bias, C):
+    def body(A, B, Bias, W, Arrivals, C):
         with T.Kernel(T.ceildiv(N, bN), splits, threads=config.threads) as (bx, bz):
             tx = T.get_thread_binding()
             lane, group = tx % lanes, tx // lanes
@@ -116,7 +121,8 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
             A_shared = T.alloc_shared((M, rows), dtype)  # every thread needs the same few values of A
             sums = T.alloc_shared((groups, M, bN), "float32")
             C_local = T.alloc_fragment((c_rows, bN), "float32")
-            Bias_shared = T.alloc_shared((bN,), dtype) if fused else None
+            Bias_shared = T.alloc_shared((bN,), dtype) if bias else None
+            arrived = T.alloc_shared((1,), "int32")
             col = bx * bN + lane * vec
             for i in T.unroll(M * vec):
                 acc[i] = 0.0
@@ -143,22 +149,59 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
                 C_local[m, n] = T.if_then_else(m < M, sums[0, m, n], 0.0)
                 for g in T.unroll(1, groups):
                     C_local[m, n] = C_local[m, n] + T.if_then_else(m < M, sums[g, m, n], 0.0)
-            if split:
-                T.copy(C_local, C[bz, 0, bx * bN])
-            else:
-                if bias:
-                    T.copy(Bias[bx * bN], Bias_shared)
+            if bias:
+                T.copy(Bias[bx * bN], Bias_shared)
+            if splits == 1:
                 epilogue(C_local, Bias_shared)
                 T.copy(C_local, C[0, bx * bN])
+            else:
+                T.copy(C_local, W[bz, 0, bx * bN])
+                T.call_extern("void", "__threadfence")  # this run's partials visible to every block before it counts
+                T.sync_threads()
+                if tx == 0:
+                    arrived[0] = T.atomic_add(Arrivals[bx], 1, return_prev=True)
+                T.sync_threads()
+                if arrived[0] == splits - 1:  # the strip's last run: every partial is in W; add them in order
+                    for m, n in T.Parallel(c_rows, bN):
+                        C_local[m, n] = 0.0
+                        for r in T.unroll(splits):  # all the loads in flight together
+                            C_local[m, n] = C_local[m, n] + T.if_then_else(
+                                m < M and bx * bN + n < N, W[r, m, bx * bN + n], 0.0)
+                    epilogue(C_local, Bias_shared)
+                    T.copy(C_local, C[0, bx * bN])
+                    if tx == 0:
+                        Arrivals[bx] = 0  # ready for the next call
 
-    return gemm_prim_func(M, N, K, body, fused, dtype, (splits, M, N) if split else None,
-                          "float32" if split else None)
+    return rows_prim_func(M, N, K, body, bias, dtype, splits, -(-N // bN))
+
+
+def rows_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str, splits: int, strips: int):
+    """The prim_func around body(A, B, Bias, W, Arrivals, C): Bias[N] only with a bias, the partials W and the
+    arrival counts only with a K split; C is last."""
+    from sections.gemm_plans import gemm_prim_func
+
+    if splits == 1:
+        return gemm_prim_func(M, N, K, lambda A, B, Bias, C: body(A, B, Bias, None, None, C), bias, dtype)
+    if bias:
+        @T.prim_func
+        def gemm_bias(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), Bias: T.Tensor((N,), dtype),
+                      W: T.Tensor((splits, M, N), "float32"), Arrivals: T.Tensor((strips,), "int32"),
+                      C: T.Tensor((M, N), dtype)):
+            body(A, B, Bias, W, Arrivals, C)
+
+        return gemm_bias
+
+    @T.prim_func
+    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), W: T.Tensor((splits, M, N), "float32"),
+             Arrivals: T.Tensor((strips,), "int32"), C: T.Tensor((M, N), dtype)):
+        body(A, B, None, W, Arrivals, C)
+
+    return gemm
 
 
 BLOCKS_PER_SM = 4  # blocks of 256 threads an SM keeps busy: their loads in flight hide each other's round trips
 PARTIALS_SHARE = 16  # a K split writes and reads M x N fp32 partials: at most a 1/16 of B's bytes, all splits
 UNROLLED_SPLITS = 64  # the split-K reduction issues every run's loads together up to this many runs
-ROWS_REDUCE_COLUMNS = 256  # columns of C a 128-thread block of that reduction sums (all M rows of them)
 ROWS_STREAM = 0.75  # the share of the memory bandwidth these plain loads sustain
 FMA_PER_SM = 128 * 1.5e9  # fp32 FMAs an SM issues a second (with each loaded element's conversion, one more)
 
@@ -178,11 +221,11 @@ def rows_schedule(M: int, N: int, K: int, sm_count: int) -> RowsConfig:
 
 def rows_seconds(M: int, N: int, K: int, config: RowsConfig, sm_count: int, memory: float, launch: float) -> float:
     """B streamed once (and the partials written and read back) at ROWS_STREAM of the bandwidth, or the FMAs,
-    whichever take longer; a launch, and the reduction's with a split K."""
+    whichever take longer, and a launch."""
     partials = 2 * 4 * config.split_k * M * N if config.split_k > 1 else 0
     stream_s = (2 * (K * N + M * K + M * N) + partials) / (ROWS_STREAM * memory)
     math_s = (M + 1) * N * K / (sm_count * FMA_PER_SM)
-    return max(stream_s, math_s) + launch * (2 if config.split_k > 1 else 1)
+    return max(stream_s, math_s) + launch
 
 
 def takes_rows(M: int, N: int, K: int) -> bool:

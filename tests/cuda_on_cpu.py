@@ -1,7 +1,7 @@
 """Run a plain CUDA kernel that TileLang generated on the CPU, to check its results without a GPU.
 
 For kernels of ordinary loads, stores, arithmetic and `__syncthreads()` only (no tensor cores, TMA, cp.async or
-warp shuffles): the few-rows GEMM and the split-K reduction. The generated source is compiled by the host C++
+warp shuffles): the few-rows GEMM (its atomic arrival count included) and the split-K reduction. The generated source is compiled by the host C++
 compiler with a small prelude standing in for CUDA's types (`half_t` as `_Float16`, `bfloat16_t` as a float's
 upper half, the vector structs) and built-ins; bfloat16 arrays travel as their uint16 bits (`to_bfloat16_bits`).
 Each thread of a block is a std::thread, `__syncthreads()` a barrier, and the grid's blocks run one after
@@ -21,6 +21,7 @@ import numpy as np
 
 PRELUDE = r"""
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -79,6 +80,8 @@ static thread_local Dim3 threadIdx, blockIdx;
 static std::barrier<>* block_barrier;
 static uchar* shared_memory;
 inline void __syncthreads() { block_barrier->arrive_and_wait(); }
+inline void __threadfence() {}  // the blocks run one after another
+template <typename T> inline T AtomicAddRet(T* address, T value) { return std::atomic_ref<T>(*address).fetch_add(value); }
 
 #define __global__
 #define __launch_bounds__(...)
@@ -87,7 +90,7 @@ inline void __syncthreads() { block_barrier->arrive_and_wait(); }
 """
 
 LAUNCH = r"""
-extern "C" void tour_launch(void** args, int gx, int gy, int gz, int threads, long smem) {
+extern "C" void tour_launch(void** args, int gx, int gy, int gz, int threads, long smem, int reverse) {
   std::vector<uchar> shm(smem + 1024);
   shared_memory = shm.data();
   std::barrier<> barrier(threads);
@@ -99,7 +102,7 @@ extern "C" void tour_launch(void** args, int gx, int gy, int gz, int threads, lo
       for (int z = 0; z < gz; ++z)
         for (int y = 0; y < gy; ++y)
           for (int x = 0; x < gx; ++x) {
-            blockIdx = Dim3{x, y, z};
+            blockIdx = reverse ? Dim3{gx - 1 - x, gy - 1 - y, gz - 1 - z} : Dim3{x, y, z};
             KERNEL(CALL_ARGS);
             barrier.arrive_and_wait();  // the next block starts with fresh shared memory
           }
@@ -157,9 +160,10 @@ def build(source: str) -> ctypes.CDLL:
     return ctypes.CDLL(stem + ".so")
 
 
-def run(report, arrays: dict[str, np.ndarray]) -> None:
+def run(report, arrays: dict[str, np.ndarray], reverse: bool = False) -> None:
     """Run a kernel (a tourkernels.KernelReport: its source and launch shape) on numpy arrays named as its
-    parameters; arrays are written in place as the kernel writes them."""
+    parameters; arrays are written in place as the kernel writes them. reverse: the blocks in the opposite
+    order (the last block of the grid first)."""
     lib = build(report.source)  # refuses kernels it cannot run first
     _, params = kernel_signature(report.source)
     missing = [name for _, name in params if name not in arrays]
@@ -170,7 +174,7 @@ def run(report, arrays: dict[str, np.ndarray]) -> None:
             raise ValueError(f"{name} must be C-contiguous")
     pointers = (ctypes.c_void_p * len(params))(*[arrays[name].ctypes.data for _, name in params])
     gx, gy, gz = report.grid
-    lib.tour_launch(pointers, gx, gy, gz, report.threads, ctypes.c_long(report.dynamic_smem_bytes))
+    lib.tour_launch(pointers, gx, gy, gz, report.threads, ctypes.c_long(report.dynamic_smem_bytes), int(reverse))
 
 
 def to_bfloat16_bits(x: np.ndarray) -> np.ndarray:

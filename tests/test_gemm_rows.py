@@ -60,22 +60,23 @@ def test_a_few_rows_take_the_cuda_cores_on_hopper_and_are_timed_beside_the_tenso
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 @pytest.mark.parametrize("shape,dtype,epilogue", [((1, 4097, 4096), "float16", False), ((3, 7, 5), "float16", True),
                                                   ((8, 11007, 4096), "bfloat16", True), ((2, 4096, 4095), "float16", False)])
-def test_the_kernel_and_its_reduction_lower_for_any_n_and_k(arch, shape, dtype, epilogue):
-    """Split or not, with bias + GELU (in the kernel, or in the reduction after a split): every program lowers,
-    fits its declared shared memory, and has no tensor-core instruction."""
-    plan = plan_problem(*shape, **H200, dtype=dtype)
+def test_the_kernel_lowers_for_any_n_and_k_as_one_program(arch, shape, dtype, epilogue):
+    """Split or not, with bias + GELU: one program (a split's runs added by the last to arrive, counted by an
+    atomic after a fence), within its declared shared memory, with no tensor-core instruction."""
+    plan = rows_plan(*shape, dtype)
     activation = "gelu" if epilogue else None
-    programs = plan.programs(bias=epilogue, activation=activation)
-    assert set(programs) == {"gemm"} | ({"reduce"} if plan.config.split_k > 1 else set())
-    for part, func in programs.items():
-        report = tourkit.inspect_kernel(part, func, arch, pass_configs=plan.pass_configs(part, activation), nvcc=False)
-        assert report.smem_bytes <= plan.config.smem_bytes() and report.markers.get("wgmma", 0) == 0
+    (func,) = plan.programs(bias=epilogue, activation=activation).values()
+    assert plan.parts == ("gemm",)
+    report = tourkit.inspect_kernel("gemm", func, arch, pass_configs=plan.pass_configs("gemm", activation), nvcc=False)
+    assert report.smem_bytes <= plan.config.smem_bytes() and report.markers.get("wgmma", 0) == 0
+    split = plan.config.split_k > 1
+    assert ("AtomicAddRet" in report.source) == split and ("__threadfence" in report.source) == split
 
 
 @pytest.mark.parametrize("shape", [(1, 4097, 4096), (8, 4096, 4096), (5, 777, 333)])
 def test_the_kernel_compiles_with_nvcc_without_spilling(shape):
     """Every thread's sums of all M rows stay in registers: the loops over them are unrolled."""
-    plan = plan_problem(*shape, **H200)
+    plan = rows_plan(*shape)
     report = tourkit.inspect_kernel("gemm", plan.programs(bias=True, activation="gelu")["gemm"], "sm_90a",
                                     pass_configs=plan.pass_configs("gemm", "gelu"))
     if report.nvcc.startswith("not run"):
@@ -91,32 +92,42 @@ def test_a_config_that_cannot_load_its_vectors_is_refused():
 
 
 def cpu_product(plan, a, b, bias=None, activation=None):
-    """C as the plan's generated CUDA computes it, run on the CPU (tests/cuda_on_cpu.py): the GEMM, then with
-    a split K the reduction of its partials. Operands and C in the plan's dtype (bfloat16: uint16 bits)."""
+    """C as the plan's generated CUDA computes it, run on the CPU (tests/cuda_on_cpu.py). With a K split the
+    kernel runs twice, its blocks in one order and then the other, so each strip's last run to arrive is a
+    different one, and the arrival counts must be back at 0 after each call. Operands and C in the plan's dtype
+    (bfloat16: uint16 bits)."""
     import numpy as np
 
     import cuda_on_cpu
 
     M, N, _ = plan.kernel_shape
-    reports = {part: tourkit.inspect_kernel(part, func, "sm_90a", pass_configs=plan.pass_configs(part, activation),
-                                            nvcc=False)
-               for part, func in plan.programs(bias=bias is not None, activation=activation).items()}
-    nan = np.nan if a.dtype == np.float16 else 0x7FC0  # bfloat16's NaN bits: a C the kernels leave unwritten fails
-    c, epilogue = np.full((M, N), nan, a.dtype), {} if bias is None else {"Bias": bias}
-    if "reduce" in reports:
-        w = np.full((plan.config.split_k, M, N), np.nan, np.float32)
-        cuda_on_cpu.run(reports["gemm"], {"A": a, "B": b, "C": w})
-        cuda_on_cpu.run(reports["reduce"], {"W": w, "C": c, **epilogue})
-    else:
-        cuda_on_cpu.run(reports["gemm"], {"A": a, "B": b, "C": c, **epilogue})
-    return c
+    (report,) = [tourkit.inspect_kernel(part, func, "sm_90a", pass_configs=plan.pass_configs(part, activation),
+                                        nvcc=False)
+                 for part, func in plan.programs(bias=bias is not None, activation=activation).items()]
+    nan = np.nan if a.dtype == np.float16 else 0x7FC0  # bfloat16's NaN bits: a C the kernel leaves unwritten fails
+    arrays = {"A": a, "B": b, **({} if bias is None else {"Bias": bias})}
+    split = plan.config.split_k
+    if split == 1:
+        arrays["C"] = np.full((M, N), nan, a.dtype)
+        cuda_on_cpu.run(report, arrays)
+        return arrays["C"]
+    arrays["Arrivals"] = np.zeros(-(-N // plan.config.block_N), np.int32)
+    results = []
+    for reverse in (False, True):
+        arrays.update(W=np.full((split, M, N), np.nan, np.float32), C=np.full((M, N), nan, a.dtype))
+        cuda_on_cpu.run(report, arrays, reverse=reverse)
+        assert not arrays["Arrivals"].any(), arrays["Arrivals"]
+        results.append(arrays["C"])
+    assert np.array_equal(*results)  # the runs added in the same order whichever arrived last
+    return results[0]
 
 
 @pytest.mark.parametrize("M,N,K,split,epilogue,dtype", [
     (3, 1000, 777, None, False, "float16"), (3, 1000, 777, None, True, "float16"), (1, 37, 300, None, True, "float16"),
     (8, 130, 129, None, False, "float16"), (2, 4097, 95, None, False, "float16"), (5, 77, 2000, None, True, "float16"),
     (4, 200, 1000, 1, True, "float16"), (6, 333, 1500, None, True, "bfloat16"), (1, 64, 70, 1, False, "bfloat16"),
-    (7, 130, 9, None, True, "float16"), (7, 130, 9, 3, False, "float16")])
+    (7, 130, 9, None, True, "float16"), (7, 130, 9, 3, False, "float16"), (2, 1025, 4001, None, True, "bfloat16"),
+    (6, 333, 1500, 4, True, "float16")])
 def test_the_generated_cuda_computes_the_product(M, N, K, split, epilogue, dtype):
     """The kernel TileLang writes for the rule's schedule (and for one without a K split), run on the CPU:
     every index, guard and barrier as generated, against a float64 reference on random inputs."""
