@@ -2438,8 +2438,8 @@ _tour_file('sections/gemm_epilogue.py', r'''
 The `fusion` lesson teaches it; the lesson GEMM (`gemm_schedules.gemm_program`) and the Hopper appendix
 kernels (`sections/hopper/gemm_ws.py`, `gemm_pingpong.py`) and the few-rows kernel (`sections/gemm_rows.py`)
 all take `activation_macro(...)` (or `epilogue_macro`, bias first) and apply it to their fp32 accumulator before
-the one store; with a split K, the reduction that adds the partials applies it (`splitk_reduce_program`; in
-the few-rows kernel, the last block of a strip). Its own
+the one store; with a split K, the reduction that adds the partials applies it (`splitk_reduce_program`, or in
+the few-rows kernel optionally the last block of a strip). Its own
 module, so the builders and the lesson that explains it import it without importing each other.
 """
 
@@ -2511,9 +2511,10 @@ REDUCE_TILE = (32, 256)  # a 128-thread block sums 32 x 256 fp32 partials: 64 a 
 
 
 def splitk_reduce_program(M: int, N: int, splits: int, *, bias: bool = False, activation=None,
-                          dtype: str = "float16"):
-    """C = activation(sum over s of W[s] + Bias): the second kernel of a split-K GEMM."""
-    bM, bN = REDUCE_TILE
+                          dtype: str = "float16", tile: tuple[int, int] = REDUCE_TILE, unroll: bool = False):
+    """C = activation(sum over s of W[s] + Bias): the second kernel of a split-K GEMM. unroll: every split's
+    loads issued together (a few values a thread: the few-rows kernel's many splits), not a round trip each."""
+    bM, bN = tile
     epilogue = epilogue_macro(bM, bN, bias, activation)
 
     @T.macro
@@ -2525,7 +2526,7 @@ def splitk_reduce_program(M: int, N: int, splits: int, *, bias: bool = False, ac
             if bias:
                 T.copy(Bias[bx * bN], Bias_shared)
             T.clear(acc)
-            for s in T.serial(splits):
+            for s in (T.unroll if unroll else T.serial)(splits):
                 T.copy(W[s, by * bM, bx * bN], part)
                 for i, j in T.Parallel(bM, bN):
                     acc[i, j] = acc[i, j] + part[i, j]
@@ -2666,7 +2667,7 @@ import tilelang.language as T
 
 from sections.gemm_epilogue import ACTIVATIONS, epilogue_pass_configs, splitk_reduce_program
 from sections.gemm_launch import PART_THREADS, GemmLauncher, pad_rows_program  # noqa: F401  (imported from here too)
-from sections.gemm_rows import (RowsConfig, rows_program, rows_reason, rows_schedule,
+from sections.gemm_rows import (ROWS_REDUCE_COLUMNS, RowsConfig, rows_program, rows_reason, rows_schedule,
                                 takes_rows)
 
 WARP_POLICIES = ("Square", "FullRow", "FullCol")
@@ -3183,7 +3184,7 @@ class GemmPlan:
     @property
     def parts(self) -> tuple[str, ...]:
         """The plan's programs, in the order a call runs them: B's padded copy, the GEMM, the split-K sum."""
-        separate_sum = getattr(self.config, "split_k", 1) > 1 and not isinstance(self.config, RowsConfig)
+        separate_sum = getattr(self.config, "split_k", 1) > 1 and not getattr(self.config, "last_adds", False)
         return (("pad_b",) if self.pad_b else ()) + ("gemm",) + (("reduce",) if separate_sum else ())
 
     def markers(self, family_markers) -> tuple:
@@ -3204,11 +3205,14 @@ class GemmPlan:
 
     def programs(self, bias: bool = False, activation=None) -> dict:
         """{"gemm": prim_func}; with pad_b, {"pad_b": prim_func} first; with a split K, {"reduce": prim_func}
-        last (the few-rows kernel adds its runs itself): what the launcher runs, in that order."""
+        last (unless the few-rows kernel's last block adds them, `last_adds`): what the launcher runs, in order."""
         M, N, K = self.kernel_shape
         out = {"pad_b": pad_rows_program(self.K, self.N, K, self.b_width, self.dtype)} if self.pad_b else {}
         if isinstance(self.config, RowsConfig):  # a few rows on the CUDA cores (sections/gemm_rows.py)
             out["gemm"] = rows_program(M, N, K, self.config, bias=bias, activation=activation, dtype=self.dtype)
+            if "reduce" in self.parts:
+                out["reduce"] = splitk_reduce_program(M, N, self.config.split_k, bias=bias, activation=activation,
+                                                      dtype=self.dtype, tile=(M, ROWS_REDUCE_COLUMNS), unroll=True)
             return out
         if not isinstance(self.config, GemmConfig):  # an appendix kernel (sections/hopper/): its own builder
             from sections.hopper import gemm_pingpong, gemm_ws
@@ -3330,16 +3334,17 @@ of B with a few hundred loads in flight:
         sums[group] = acc                       # the groups' sums meet in shared memory
         if split_k == 1:
             C[:, strip] = epilogue(sum over groups)
-        else:
-            W[bz, :, strip] = sum over groups   # fp32 partials of this run
-            fence; arrived = atomic_add(Arrivals[bx], 1)
+        else:                                   # fp32 partials of this run, which splitk_reduce_program adds
+            W[bz, :, strip] = sum over groups   #   (and applies the epilogue to), or with last_adds:
+            fence; arrived = atomic_add(Arrivals[bx], 1); fence
             if arrived == split_k - 1:          # the strip's last run to finish adds them all
                 C[:, strip] = epilogue(sum over runs of W[:, :, strip]); Arrivals[bx] = 0
 
 Consecutive lanes read consecutive columns, so a warp's loads of a row of B are coalesced whatever N is; the K
-split spreads the strips over every SM (`rows_schedule`). The last-arrival sum saves a second launch (a split-K
-reduction kernel), which at one or two rows costs a tenth of the time: `__threadfence` makes a block's partials
-visible to the others before its arrival is counted, so the last block reads every run's.
+split spreads the strips over every SM (`rows_schedule`). The last-arrival sum (`last_adds`) saves the second
+launch, which at one or two rows is a tenth of the time: `__threadfence` makes a block's partials visible to the
+others before its arrival is counted, so the last block reads every run's. It is built and checked, and timed
+by `bench/gemm_rows_probe.py`; the rule keeps the second launch until that timing says otherwise.
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
@@ -3356,13 +3361,15 @@ VECTORS = (8, 4, 2, 1)  # elements a load may take: the widest whose alignment e
 class RowsConfig:
     """threads a block, in groups of `lanes` along a row of B (each thread vec consecutive columns: 8 is 16
     bytes) and threads // lanes groups along K, each loading block_K rows a step; split_k runs of K, each a
-    block of the grid (1: C written directly, else fp32 partials and the split-K reduction)."""
+    block of the grid (1: C written directly, else fp32 partials and the split-K reduction; last_adds: the
+    partials added by the last block of each strip to arrive instead, in the same launch)."""
 
     threads: int = 256
     vec: int = 8
     lanes: int = 32
     block_K: int = 8
     split_k: int = 1
+    last_adds: bool = False
     warp_specialized = False  # no TMA producer: plain loads by every thread
     persistent, swizzle, panel = 0, False, 1
 
@@ -3388,16 +3395,21 @@ class RowsConfig:
         """A's step (every group's rows) and the groups' sums, fp32."""
         return ROWS_MAX * (self.groups * self.block_K * dtype_bytes + self.groups * self.block_N * 4) + 1024
 
+    @property
+    def split_text(self) -> str:
+        if self.split_k == 1:
+            return ""
+        return f", K split {self.split_k}" + (" added by the last to arrive" if self.last_adds else "")
+
     def columns(self) -> dict:
-        split = f", K split {self.split_k}" if self.split_k > 1 else ""
+        split = self.split_text
         return {"kernel": "CUDA cores, few rows", "tile": f"rows x {self.block_N} x {self.groups}x{self.block_K}",
                 "stages": 1, "threads": self.threads, "swizzle": "off",
                 "policy": f"{self.groups} groups along K, {self.vec}-element loads{split}"}
 
     def label(self) -> str:
-        split = f", K split {self.split_k}" if self.split_k > 1 else ""
         return (f"CUDA cores, {self.block_N} columns x {self.groups} groups of {self.block_K} rows, {self.threads} "
-                f"threads, {self.vec}-element loads{split}")
+                f"threads, {self.vec}-element loads{self.split_text}")
 
 
 def widest_vector(N: int, lanes: int = 32) -> int:
@@ -3409,8 +3421,9 @@ def widest_vector(N: int, lanes: int = 32) -> int:
 def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = False, activation=None,
                  dtype: str = "float16"):
     """C = activation(A @ B + Bias) for A of at most ROWS_MAX rows. With config.split_k > 1 each block writes its
-    run's fp32 partial sums to W[split_k, M, N] and counts itself in Arrivals[strip]; the strip's last block adds
-    the runs and applies the epilogue (one launch, no separate reduction), then sets the count back to 0."""
+    run's fp32 partial sums to W[split_k, M, N] (`splitk_reduce_program` adds them and applies the epilogue);
+    with config.last_adds it also counts itself in Arrivals[strip], and the strip's last block adds the runs and
+    applies the epilogue (one launch, no separate reduction), then sets the count back to 0."""
     from sections.gemm_epilogue import epilogue_macro
 
     if M > ROWS_MAX:
@@ -3422,7 +3435,9 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
     # The sum over groups is a fragment spread over the block's threads, which needs its element count a
     # multiple of them: where M x block_N is not, it takes ROWS_MAX rows (those past M are zeros, never stored).
     c_rows = M if (M * bN) % config.threads == 0 else ROWS_MAX
-    epilogue = epilogue_macro(c_rows, bN, bias, activation)
+    in_kernel = splits == 1 or config.last_adds  # the epilogue here, not in the split-K reduction
+    bias = bias and in_kernel
+    epilogue = epilogue_macro(c_rows, bN, bias, activation if in_kernel else None)
 
     @T.macro
     def body(A, B, Bias, W, Arrivals, C):
@@ -3435,7 +3450,7 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
             sums = T.alloc_shared((groups, M, bN), "float32")
             C_local = T.alloc_fragment((c_rows, bN), "float32")
             Bias_shared = T.alloc_shared((bN,), dtype) if bias else None
-            arrived = T.alloc_shared((1,), "int32")
+            arrived = T.alloc_shared((1,), "int32") if config.last_adds else None
             col = bx * bN + lane * vec
             for i in T.unroll(M * vec):
                 acc[i] = 0.0
@@ -3469,10 +3484,12 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
                 T.copy(C_local, C[0, bx * bN])
             else:
                 T.copy(C_local, W[bz, 0, bx * bN])
+            if config.last_adds and splits > 1:
                 T.call_extern("void", "__threadfence")  # this run's partials visible to every block before it counts
                 T.sync_threads()
                 if tx == 0:
                     arrived[0] = T.atomic_add(Arrivals[bx], 1, return_prev=True)
+                    T.call_extern("void", "__threadfence")  # and the others' partials visible to this block
                 T.sync_threads()
                 if arrived[0] == splits - 1:  # the strip's last run: every partial is in W; add them in order
                     for m, n in T.Parallel(c_rows, bN):
@@ -3485,16 +3502,19 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
                     if tx == 0:
                         Arrivals[bx] = 0  # ready for the next call
 
-    return rows_prim_func(M, N, K, body, bias, dtype, splits, -(-N // bN))
+    return rows_prim_func(M, N, K, body, bias, dtype, splits, -(-N // bN), config.last_adds)
 
 
-def rows_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str, splits: int, strips: int):
-    """The prim_func around body(A, B, Bias, W, Arrivals, C): Bias[N] only with a bias, the partials W and the
-    arrival counts only with a K split; C is last."""
+def rows_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str, splits: int, strips: int, last_adds: bool):
+    """The prim_func around body(A, B, Bias, W, Arrivals, C): without a split, C (and Bias[N] with a bias); with
+    one, the partials W[splits, M, N] last in C's place; with last_adds, Bias, W, the arrival counts, then C."""
     from sections.gemm_plans import gemm_prim_func
 
     if splits == 1:
         return gemm_prim_func(M, N, K, lambda A, B, Bias, C: body(A, B, Bias, None, None, C), bias, dtype)
+    if not last_adds:
+        return gemm_prim_func(M, N, K, lambda A, B, Bias, W: body(A, B, None, W, None, None), False, dtype,
+                              (splits, M, N), "float32")
     if bias:
         @T.prim_func
         def gemm_bias(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), Bias: T.Tensor((N,), dtype),
@@ -3515,6 +3535,7 @@ def rows_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str, splits:
 BLOCKS_PER_SM = 4  # blocks of 256 threads an SM keeps busy: their loads in flight hide each other's round trips
 PARTIALS_SHARE = 16  # a K split writes and reads M x N fp32 partials: at most a 1/16 of B's bytes, all splits
 UNROLLED_SPLITS = 64  # the split-K reduction issues every run's loads together up to this many runs
+ROWS_REDUCE_COLUMNS = 256  # columns of C a 128-thread block of the split-K reduction sums (all M rows of them)
 ROWS_STREAM = 0.75  # the share of the memory bandwidth these plain loads sustain
 FMA_PER_SM = 128 * 1.5e9  # fp32 FMAs an SM issues a second (with each loaded element's conversion, one more)
 
@@ -3534,11 +3555,11 @@ def rows_schedule(M: int, N: int, K: int, sm_count: int) -> RowsConfig:
 
 def rows_seconds(M: int, N: int, K: int, config: RowsConfig, sm_count: int, memory: float, launch: float) -> float:
     """B streamed once (and the partials written and read back) at ROWS_STREAM of the bandwidth, or the FMAs,
-    whichever take longer, and a launch."""
+    whichever take longer; a launch, and with a split K the reduction's (unless the last block adds the runs)."""
     partials = 2 * 4 * config.split_k * M * N if config.split_k > 1 else 0
     stream_s = (2 * (K * N + M * K + M * N) + partials) / (ROWS_STREAM * memory)
     math_s = (M + 1) * N * K / (sm_count * FMA_PER_SM)
-    return max(stream_s, math_s) + launch
+    return max(stream_s, math_s) + launch * (2 if config.split_k > 1 and not config.last_adds else 1)
 
 
 def takes_rows(M: int, N: int, K: int) -> bool:

@@ -1,8 +1,8 @@
 """Probe: the few-rows GEMM on the CUDA cores (`sections/gemm_rows.py`) against cuBLAS and the tensor-core plan.
 
 For each problem: the tensor-core plan (`gemm_plans.tensor_core_plan`, pads and split-K included), the
-few-rows kernel with `rows_schedule`'s configuration and neighbours of it (half and twice the K splits, other
-column layouts). Each is checked against a float32 reference on its second call (right
+few-rows kernel with `rows_schedule`'s configuration and neighbours of it (the split's runs added in the
+kernel, half and twice the K splits, other column layouts). Each is checked against a float32 reference on its second call (right
 only if a K split's arrival counts went back to 0), then all are timed in turns with cuBLAS.
 
     python bench/gemm_rows_probe.py [--shapes 1x4097x4096,4x11008x4096:bfloat16] [--rounds 4]
@@ -28,11 +28,13 @@ SHAPES = ("1x4097x4096,1x4096x4096,2x1025x8191,4x4096x4096,8x4096x4096,1x50257x4
 
 
 def variants(M: int, N: int, K: int, sms: int) -> list:
-    """The rule's configuration first, then its neighbours: half and twice the K splits, wider lanes (fewer
-    groups along K), 128-thread blocks, two more rows a step."""
+    """The rule's configuration first, then its neighbours: its split's runs added by the last block to arrive
+    (one launch), half and twice the K splits, wider lanes (fewer groups along K), 128-thread blocks, two more
+    rows a step."""
     pick = R.rows_schedule(M, N, K, sms)
-    out = [pick, replace(pick, split_k=max(1, pick.split_k // 2)), replace(pick, split_k=pick.split_k * 2),
-           replace(pick, lanes=128), replace(pick, threads=128), replace(pick, block_K=pick.block_K * 2)]
+    out = [pick, replace(pick, last_adds=pick.split_k > 1), replace(pick, split_k=max(1, pick.split_k // 2)),
+           replace(pick, split_k=pick.split_k * 2), replace(pick, lanes=128), replace(pick, threads=128),
+           replace(pick, block_K=pick.block_K * 2)]
     return [c for c in dict.fromkeys(out) if c == pick or c.split_k <= R.UNROLLED_SPLITS]
 
 

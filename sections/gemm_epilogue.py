@@ -3,8 +3,8 @@
 The `fusion` lesson teaches it; the lesson GEMM (`gemm_schedules.gemm_program`) and the Hopper appendix
 kernels (`sections/hopper/gemm_ws.py`, `gemm_pingpong.py`) and the few-rows kernel (`sections/gemm_rows.py`)
 all take `activation_macro(...)` (or `epilogue_macro`, bias first) and apply it to their fp32 accumulator before
-the one store; with a split K, the reduction that adds the partials applies it (`splitk_reduce_program`; in
-the few-rows kernel, the last block of a strip). Its own
+the one store; with a split K, the reduction that adds the partials applies it (`splitk_reduce_program`, or in
+the few-rows kernel optionally the last block of a strip). Its own
 module, so the builders and the lesson that explains it import it without importing each other.
 """
 
@@ -76,9 +76,10 @@ REDUCE_TILE = (32, 256)  # a 128-thread block sums 32 x 256 fp32 partials: 64 a 
 
 
 def splitk_reduce_program(M: int, N: int, splits: int, *, bias: bool = False, activation=None,
-                          dtype: str = "float16"):
-    """C = activation(sum over s of W[s] + Bias): the second kernel of a split-K GEMM."""
-    bM, bN = REDUCE_TILE
+                          dtype: str = "float16", tile: tuple[int, int] = REDUCE_TILE, unroll: bool = False):
+    """C = activation(sum over s of W[s] + Bias): the second kernel of a split-K GEMM. unroll: every split's
+    loads issued together (a few values a thread: the few-rows kernel's many splits), not a round trip each."""
+    bM, bN = tile
     epilogue = epilogue_macro(bM, bN, bias, activation)
 
     @T.macro
@@ -90,7 +91,7 @@ def splitk_reduce_program(M: int, N: int, splits: int, *, bias: bool = False, ac
             if bias:
                 T.copy(Bias[bx * bN], Bias_shared)
             T.clear(acc)
-            for s in T.serial(splits):
+            for s in (T.unroll if unroll else T.serial)(splits):
                 T.copy(W[s, by * bM, bx * bN], part)
                 for i, j in T.Parallel(bM, bN):
                     acc[i, j] = acc[i, j] + part[i, j]

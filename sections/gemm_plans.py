@@ -29,7 +29,7 @@ import tilelang.language as T
 
 from sections.gemm_epilogue import ACTIVATIONS, epilogue_pass_configs, splitk_reduce_program
 from sections.gemm_launch import PART_THREADS, GemmLauncher, pad_rows_program  # noqa: F401  (imported from here too)
-from sections.gemm_rows import (RowsConfig, rows_program, rows_reason, rows_schedule,
+from sections.gemm_rows import (ROWS_REDUCE_COLUMNS, RowsConfig, rows_program, rows_reason, rows_schedule,
                                 takes_rows)
 
 WARP_POLICIES = ("Square", "FullRow", "FullCol")
@@ -546,7 +546,7 @@ class GemmPlan:
     @property
     def parts(self) -> tuple[str, ...]:
         """The plan's programs, in the order a call runs them: B's padded copy, the GEMM, the split-K sum."""
-        separate_sum = getattr(self.config, "split_k", 1) > 1 and not isinstance(self.config, RowsConfig)
+        separate_sum = getattr(self.config, "split_k", 1) > 1 and not getattr(self.config, "last_adds", False)
         return (("pad_b",) if self.pad_b else ()) + ("gemm",) + (("reduce",) if separate_sum else ())
 
     def markers(self, family_markers) -> tuple:
@@ -567,11 +567,14 @@ class GemmPlan:
 
     def programs(self, bias: bool = False, activation=None) -> dict:
         """{"gemm": prim_func}; with pad_b, {"pad_b": prim_func} first; with a split K, {"reduce": prim_func}
-        last (the few-rows kernel adds its runs itself): what the launcher runs, in that order."""
+        last (unless the few-rows kernel's last block adds them, `last_adds`): what the launcher runs, in order."""
         M, N, K = self.kernel_shape
         out = {"pad_b": pad_rows_program(self.K, self.N, K, self.b_width, self.dtype)} if self.pad_b else {}
         if isinstance(self.config, RowsConfig):  # a few rows on the CUDA cores (sections/gemm_rows.py)
             out["gemm"] = rows_program(M, N, K, self.config, bias=bias, activation=activation, dtype=self.dtype)
+            if "reduce" in self.parts:
+                out["reduce"] = splitk_reduce_program(M, N, self.config.split_k, bias=bias, activation=activation,
+                                                      dtype=self.dtype, tile=(M, ROWS_REDUCE_COLUMNS), unroll=True)
             return out
         if not isinstance(self.config, GemmConfig):  # an appendix kernel (sections/hopper/): its own builder
             from sections.hopper import gemm_pingpong, gemm_ws

@@ -60,17 +60,22 @@ def test_a_few_rows_take_the_cuda_cores_on_hopper_and_are_timed_beside_the_tenso
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 @pytest.mark.parametrize("shape,dtype,epilogue", [((1, 4097, 4096), "float16", False), ((3, 7, 5), "float16", True),
                                                   ((8, 11007, 4096), "bfloat16", True), ((2, 4096, 4095), "float16", False)])
-def test_the_kernel_lowers_for_any_n_and_k_as_one_program(arch, shape, dtype, epilogue):
-    """Split or not, with bias + GELU: one program (a split's runs added by the last to arrive, counted by an
-    atomic after a fence), within its declared shared memory, with no tensor-core instruction."""
+@pytest.mark.parametrize("last_adds", [False, True])
+def test_the_kernel_and_its_reduction_lower_for_any_n_and_k(arch, shape, dtype, epilogue, last_adds):
+    """Split or not, with bias + GELU (in the kernel, or in the reduction after a split): every program lowers,
+    fits its declared shared memory, and has no tensor-core instruction. With last_adds, one program: a split's
+    runs added by the last block to arrive, counted by an atomic between fences."""
     plan = rows_plan(*shape, dtype)
+    plan = replace(plan, config=replace(plan.config, last_adds=last_adds))
     activation = "gelu" if epilogue else None
-    (func,) = plan.programs(bias=epilogue, activation=activation).values()
-    assert plan.parts == ("gemm",)
-    report = tourkit.inspect_kernel("gemm", func, arch, pass_configs=plan.pass_configs("gemm", activation), nvcc=False)
-    assert report.smem_bytes <= plan.config.smem_bytes() and report.markers.get("wgmma", 0) == 0
+    programs = plan.programs(bias=epilogue, activation=activation)
     split = plan.config.split_k > 1
-    assert ("AtomicAddRet" in report.source) == split and ("__threadfence" in report.source) == split
+    assert tuple(programs) == plan.parts == ("gemm",) + (("reduce",) if split and not last_adds else ())
+    for part, func in programs.items():
+        report = tourkit.inspect_kernel(part, func, arch, pass_configs=plan.pass_configs(part, activation), nvcc=False)
+        assert report.smem_bytes <= plan.config.smem_bytes() and report.markers.get("wgmma", 0) == 0
+    atomics = split and last_adds
+    assert ("AtomicAddRet" in report.source) == atomics and ("__threadfence" in report.source) == atomics
 
 
 @pytest.mark.parametrize("shape", [(1, 4097, 4096), (8, 4096, 4096), (5, 777, 333)])
@@ -92,30 +97,33 @@ def test_a_config_that_cannot_load_its_vectors_is_refused():
 
 
 def cpu_product(plan, a, b, bias=None, activation=None):
-    """C as the plan's generated CUDA computes it, run on the CPU (tests/cuda_on_cpu.py). With a K split the
-    kernel runs twice, its blocks in one order and then the other, so each strip's last run to arrive is a
-    different one, and the arrival counts must be back at 0 after each call. Operands and C in the plan's dtype
-    (bfloat16: uint16 bits)."""
+    """C as the plan's generated CUDA computes it, run on the CPU (tests/cuda_on_cpu.py): the GEMM, then with a
+    K split the reduction of its partials. With last_adds the one kernel runs twice, its blocks in one order and
+    then the other, so each strip's last run to arrive is a different one, and the arrival counts must be back
+    at 0 after each call. Operands and C in the plan's dtype (bfloat16: uint16 bits)."""
     import numpy as np
 
     import cuda_on_cpu
 
     M, N, _ = plan.kernel_shape
-    (report,) = [tourkit.inspect_kernel(part, func, "sm_90a", pass_configs=plan.pass_configs(part, activation),
-                                        nvcc=False)
-                 for part, func in plan.programs(bias=bias is not None, activation=activation).items()]
-    nan = np.nan if a.dtype == np.float16 else 0x7FC0  # bfloat16's NaN bits: a C the kernel leaves unwritten fails
-    arrays = {"A": a, "B": b, **({} if bias is None else {"Bias": bias})}
-    split = plan.config.split_k
+    reports = {part: tourkit.inspect_kernel(part, func, "sm_90a", pass_configs=plan.pass_configs(part, activation),
+                                            nvcc=False)
+               for part, func in plan.programs(bias=bias is not None, activation=activation).items()}
+    nan = np.nan if a.dtype == np.float16 else 0x7FC0  # bfloat16's NaN bits: a C the kernels leave unwritten fails
+    epilogue, split = {} if bias is None else {"Bias": bias}, plan.config.split_k
+    c, w = np.full((M, N), nan, a.dtype), np.full((split, M, N), np.nan, np.float32)
     if split == 1:
-        arrays["C"] = np.full((M, N), nan, a.dtype)
-        cuda_on_cpu.run(report, arrays)
-        return arrays["C"]
-    arrays["Arrivals"] = np.zeros(-(-N // plan.config.block_N), np.int32)
+        cuda_on_cpu.run(reports["gemm"], {"A": a, "B": b, "C": c, **epilogue})
+        return c
+    if "reduce" in reports:
+        cuda_on_cpu.run(reports["gemm"], {"A": a, "B": b, "C": w})
+        cuda_on_cpu.run(reports["reduce"], {"W": w, "C": c, **epilogue})
+        return c
+    arrays = {"A": a, "B": b, "Arrivals": np.zeros(-(-N // plan.config.block_N), np.int32), **epilogue}
     results = []
     for reverse in (False, True):
-        arrays.update(W=np.full((split, M, N), np.nan, np.float32), C=np.full((M, N), nan, a.dtype))
-        cuda_on_cpu.run(report, arrays, reverse=reverse)
+        arrays.update(W=w.copy(), C=c.copy())
+        cuda_on_cpu.run(reports["gemm"], arrays, reverse=reverse)
         assert not arrays["Arrivals"].any(), arrays["Arrivals"]
         results.append(arrays["C"])
     assert np.array_equal(*results)  # the runs added in the same order whichever arrived last
@@ -128,9 +136,11 @@ def cpu_product(plan, a, b, bias=None, activation=None):
     (4, 200, 1000, 1, True, "float16"), (6, 333, 1500, None, True, "bfloat16"), (1, 64, 70, 1, False, "bfloat16"),
     (7, 130, 9, None, True, "float16"), (7, 130, 9, 3, False, "float16"), (2, 1025, 4001, None, True, "bfloat16"),
     (6, 333, 1500, 4, True, "float16")])
-def test_the_generated_cuda_computes_the_product(M, N, K, split, epilogue, dtype):
-    """The kernel TileLang writes for the rule's schedule (and for one without a K split), run on the CPU:
-    every index, guard and barrier as generated, against a float64 reference on random inputs."""
+@pytest.mark.parametrize("last_adds", [False, True])
+def test_the_generated_cuda_computes_the_product(M, N, K, split, epilogue, dtype, last_adds):
+    """The kernel TileLang writes for the rule's schedule (and for one without a K split), with a split's runs
+    added by a second kernel or by the last block to arrive, run on the CPU: every index, guard, barrier and
+    atomic as generated, against a float64 reference on random inputs."""
     import math
 
     import numpy as np
@@ -142,6 +152,9 @@ def test_the_generated_cuda_computes_the_product(M, N, K, split, epilogue, dtype
     plan = rows_plan(M, N, K, dtype)
     if split is not None:
         plan = replace(plan, config=replace(plan.config, split_k=split))
+    if last_adds and plan.config.split_k == 1:
+        pytest.skip("no K split: nothing to add")
+    plan = replace(plan, config=replace(plan.config, last_adds=last_adds))
     rng = np.random.default_rng(M * N + K)
     if dtype == "float16":
         encode, decode = (lambda x: x.astype(np.float16)), (lambda x: x.astype(np.float64))
@@ -183,12 +196,16 @@ def test_the_cpu_harness_runs_a_lesson_kernel_and_refuses_tensor_core_ones():
 @pytest.mark.parametrize("M,N,K,dtype", [(1, 4097, 4095, "float16"), (8, 11007, 4096, "bfloat16"), (5, 777, 333, "float16"),
                                          (1, 50257, 768, "bfloat16"), (8, 64, 100000, "float16"), (1, 1, 1, "float16"),
                                          (2, 4096, 4096, "float16"), (7, 130, 9, "float16"), (4, 4096, 4096, "float16")])
-@pytest.mark.parametrize("epilogue,split", [(False, None), (True, None), (True, 1)])
-def test_the_kernel_is_correct_on_odd_sizes(M, N, K, dtype, epilogue, split):
-    """The kernel's schedule, and the same without a K split (one block a strip, C written by the kernel)."""
+@pytest.mark.parametrize("epilogue,split,last_adds", [(False, None, False), (True, None, False), (True, 1, False),
+                                                     (False, None, True), (True, None, True)])
+def test_the_kernel_is_correct_on_odd_sizes(M, N, K, dtype, epilogue, split, last_adds):
+    """The kernel's schedule, the same without a K split (one block a strip, C written by the kernel), and with
+    its split's runs added by the last block to arrive (checked after two calls: the counts must go back to 0)."""
     from test_gemm_shapes import check_on_gpu
 
     plan = rows_plan(M, N, K, dtype, tourkit.detect_device().sm_count)
     if split is not None:
         plan = replace(plan, config=replace(plan.config, split_k=split))
-    check_on_gpu(plan, epilogue, seed=11)
+    if last_adds and plan.config.split_k == 1:
+        pytest.skip("no K split: nothing to add")
+    check_on_gpu(replace(plan, config=replace(plan.config, last_adds=last_adds)), epilogue, seed=11)
