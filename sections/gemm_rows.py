@@ -219,8 +219,8 @@ BLOCKS_PER_SM = 4  # blocks of 256 threads an SM keeps busy: their loads in flig
 PARTIALS_SHARE = 16  # a K split writes and reads M x N fp32 partials: at most a 1/16 of B's bytes, all splits
 UNROLLED_SPLITS = 64  # the split-K reduction issues every run's loads together up to this many runs
 ROWS_REDUCE_COLUMNS = 256  # columns of C a 128-thread block of the split-K reduction sums (all M rows of them)
-ROWS_STREAM = 0.75  # the share of the memory bandwidth these plain loads sustain
-FMA_PER_SM = 128 * 1.5e9  # fp32 FMAs an SM issues a second (with each loaded element's conversion, one more)
+ROWS_STREAM = 1.0  # the share of the model's memory bandwidth these plain loads sustain (fitted at one or two rows)
+ISSUE_PER_SM = 128 * 1.5e9  # thread instructions an SM issues a second: 4 schedulers of 32 lanes, at a capped clock
 
 
 def rows_schedule(M: int, N: int, K: int, sm_count: int) -> RowsConfig:
@@ -237,11 +237,13 @@ def rows_schedule(M: int, N: int, K: int, sm_count: int) -> RowsConfig:
 
 
 def rows_seconds(M: int, N: int, K: int, config: RowsConfig, sm_count: int, memory: float, launch: float) -> float:
-    """B streamed once (and the partials written and read back) at ROWS_STREAM of the bandwidth, or the FMAs,
-    whichever take longer; a launch, and with a split K the reduction's (unless the last block adds the runs)."""
+    """B streamed once (and the partials written and read back) at ROWS_STREAM of the bandwidth, or the
+    instructions, whichever take longer; a launch, and with a split K the reduction's (unless the last block
+    adds the runs). An element of B costs M FMAs, and per vector of vec elements M reads of A from shared
+    memory and M conversions, its load and vec conversions: with 1-element loads the instructions dominate."""
     partials = 2 * 4 * config.split_k * M * N if config.split_k > 1 else 0
     stream_s = (2 * (K * N + M * K + M * N) + partials) / (ROWS_STREAM * memory)
-    math_s = (M + 1) * N * K / (sm_count * FMA_PER_SM)
+    math_s = N * K * (M * (1 + 2 / config.vec) + 1 + 1 / config.vec) / (sm_count * ISSUE_PER_SM)
     return max(stream_s, math_s) + launch * (2 if config.split_k > 1 and not config.last_adds else 1)
 
 
@@ -257,6 +259,6 @@ def rows_reason(M: int, N: int, K: int, config: RowsConfig, sm_count: int, memor
     split = f", K split {config.split_k} ways" if config.split_k > 1 else ""
     estimate = rows_seconds(M, N, K, config, sm_count, memory, launch)
     why = "" if M <= ALIGNED_ROWS_MAX else " (rows not 16-byte aligned: the tensor cores would load them masked)"
-    return (f"{M} row{'s' * (M > 1)} of A{why}: the CUDA cores, B streamed once in {config.vec}-element loads; {strips} "
-            f"strips of {config.block_N} columns{split}: {strips * config.split_k} blocks on {sm_count} SMs, "
+    return (f"{M} row{'s' * (M > 1)} of A{why}: the CUDA cores, B streamed once in {config.vec}-element loads; "
+            f"{strips} strips of {config.block_N} columns{split}: {strips * config.split_k} blocks on {sm_count} SMs, "
             f"estimated {estimate * 1e6:.0f} us")
