@@ -2438,9 +2438,9 @@ _tour_file('sections/gemm_epilogue.py', r'''
 The `fusion` lesson teaches it; the lesson GEMM (`gemm_schedules.gemm_program`) and the Hopper appendix
 kernels (`sections/hopper/gemm_ws.py`, `gemm_pingpong.py`) and the few-rows kernel (`sections/gemm_rows.py`)
 all take `activation_macro(...)` (or `epilogue_macro`, bias first) and apply it to their fp32 accumulator before
-the one store; with a split K, the reduction that adds the partials applies it (`splitk_reduce_program`, or in
-the few-rows kernel optionally the last block of a strip). Its own
-module, so the builders and the lesson that explains it import it without importing each other.
+the one store; with a split K, the reduction that adds the partials applies it (`splitk_reduce_program`, or
+with the few-rows kernel's `last_adds` the last block of a strip). Its own module, so the builders and the
+lesson that explains it import it without importing each other.
 """
 
 import tilelang
@@ -2578,8 +2578,8 @@ def pad_rows_program(rows: int, cols: int, rows_to: int, cols_to: int, dtype: st
 class GemmLauncher:
     """Runs a plan's kernels as one call, launcher(a, b, c) or launcher(a, b, bias, c): copies A and B into
     zero-padded buffers where the problem is not aligned (and C out of one), and with a split K runs the GEMM
-    into fp32 partials and the reduction into C (the few-rows kernel adds its partials itself, counting each
-    strip's runs in an int32 array). Buffers (and their views) are made at the first call and
+    into fp32 partials and the reduction into C (or, the few-rows kernel with last_adds, one launch that adds
+    them itself, counting each strip's runs in an int32 array). Buffers (and their views) are made at the first call and
     kept: their padding stays zero, and a call spends no time on Python it can skip."""
 
     def __init__(self, plan, kernels: dict, returns_c: bool = False):
@@ -2598,7 +2598,8 @@ class GemmLauncher:
         views = {"a": (lambda t: t[:, :k]), "b": (lambda t: t[:k, :n]), "bias": (lambda t: t[:n]),
                  "c": (lambda t: t[:, :n])}
         splits = getattr(self.plan.config, "split_k", 1)
-        # The few-rows kernel adds its runs itself: each strip counts its runs' arrivals (back to 0 after a call)
+        # A split with no reduction kernel (few rows, last_adds): each strip counts its runs' arrivals, back to 0
+        # after a call
         arrivals = (torch.zeros(-(-N // self.plan.config.block_N), dtype=torch.int32, device=a.device)
                     if splits > 1 and "reduce" not in self.kernels else None)
         return {"padded": padded, "views": {key: views[key](t) for key, t in padded.items() if t is not None},
@@ -3433,8 +3434,9 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
     vec, lanes, groups, bK, splits = config.vec, config.lanes, config.groups, config.block_K, config.split_k
     bN, rows, run = config.block_N, groups * bK, config.run(K)  # rows: of B a block's step loads, bK a group
     # The sum over groups is a fragment spread over the block's threads, which needs its element count a
-    # multiple of them: where M x block_N is not, it takes ROWS_MAX rows (those past M are zeros, never stored).
-    c_rows = M if (M * bN) % config.threads == 0 else ROWS_MAX
+    # multiple of them or fewer: where M x block_N is neither, it takes ROWS_MAX rows (those past M are zeros,
+    # never stored).
+    c_rows = M if (M * bN) % config.threads == 0 or M * bN < config.threads else ROWS_MAX
     in_kernel = splits == 1 or config.last_adds  # the epilogue here, not in the split-K reduction
     bias = bias and in_kernel
     epilogue = epilogue_macro(c_rows, bN, bias, activation if in_kernel else None)

@@ -2,8 +2,8 @@
 
 For each problem: the tensor-core plan (`gemm_plans.tensor_core_plan`, pads and split-K included), the
 few-rows kernel with `rows_schedule`'s configuration and neighbours of it (the split's runs added in the
-kernel, half and twice the K splits, other column layouts). Each is checked against a float32 reference on its second call (right
-only if a K split's arrival counts went back to 0), then all are timed in turns with cuBLAS.
+kernel, half and twice the K splits, other column layouts). Each is checked against a float32 reference on its
+second call (right only if a K split's arrival counts went back to 0), then all are timed in turns with cuBLAS.
 
     python bench/gemm_rows_probe.py [--shapes 1x4097x4096,4x11008x4096:bfloat16] [--rounds 4]
     (on the device: bash .device/run python bench/gemm_rows_probe.py)

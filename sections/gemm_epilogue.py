@@ -3,9 +3,9 @@
 The `fusion` lesson teaches it; the lesson GEMM (`gemm_schedules.gemm_program`) and the Hopper appendix
 kernels (`sections/hopper/gemm_ws.py`, `gemm_pingpong.py`) and the few-rows kernel (`sections/gemm_rows.py`)
 all take `activation_macro(...)` (or `epilogue_macro`, bias first) and apply it to their fp32 accumulator before
-the one store; with a split K, the reduction that adds the partials applies it (`splitk_reduce_program`, or in
-the few-rows kernel optionally the last block of a strip). Its own
-module, so the builders and the lesson that explains it import it without importing each other.
+the one store; with a split K, the reduction that adds the partials applies it (`splitk_reduce_program`, or
+with the few-rows kernel's `last_adds` the last block of a strip). Its own module, so the builders and the
+lesson that explains it import it without importing each other.
 """
 
 import tilelang

@@ -116,8 +116,9 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
     vec, lanes, groups, bK, splits = config.vec, config.lanes, config.groups, config.block_K, config.split_k
     bN, rows, run = config.block_N, groups * bK, config.run(K)  # rows: of B a block's step loads, bK a group
     # The sum over groups is a fragment spread over the block's threads, which needs its element count a
-    # multiple of them: where M x block_N is not, it takes ROWS_MAX rows (those past M are zeros, never stored).
-    c_rows = M if (M * bN) % config.threads == 0 else ROWS_MAX
+    # multiple of them or fewer: where M x block_N is neither, it takes ROWS_MAX rows (those past M are zeros,
+    # never stored).
+    c_rows = M if (M * bN) % config.threads == 0 or M * bN < config.threads else ROWS_MAX
     in_kernel = splits == 1 or config.last_adds  # the epilogue here, not in the split-K reduction
     bias = bias and in_kernel
     epilogue = epilogue_macro(c_rows, bN, bias, activation if in_kernel else None)
