@@ -9,6 +9,7 @@ also unpadded (loaded masked). Prints one table per shape and a summary.
     python bench/gemm_shapes_probe.py --list       # the plans and estimates per shape, no GPU
     python bench/gemm_shapes_probe.py --every-tile --shapes 20000000x16x16,65536x64x4096   # tall, skinny N
     python bench/gemm_shapes_probe.py --no-ws ...   # each schedule also without warp specialization (Hopper)
+    python bench/gemm_shapes_probe.py --last-adds ...   # each K split also added in the same launch
     python bench/gemm_shapes_probe.py --tiles 192x96x384,128x128:s6:Square ...  # tiles outside the candidates
     (on the device: bash .device/run python bench/gemm_shapes_probe.py)
 
@@ -153,6 +154,7 @@ def short(plan):
     more += " direct" if not getattr(config, "staged_store", True) else ""
     more += " noWS" if not getattr(config, "warp_specialized", True) else ""
     more += " flat" if not config.swizzle else ""
+    more += " last" if getattr(config, "last_adds", False) else ""
     return f"{config.block_M}x{config.block_N}x{config.block_K} s{config.num_stages} t{config.threads}{split}{more}"
 
 
@@ -169,6 +171,9 @@ def main():
                     help="time every candidate tile, however far the model puts it behind the pick")
     ap.add_argument("--overlap", action="store_true", help="time shapes while later ones still compile")
     ap.add_argument("--tiles", default="", help="more tiles to time on every shape: BMxBN[xTHREADS][:sSTAGES][:POLICY][:P][:flat],... (extra_tiles)")
+    ap.add_argument("--last-adds", action="store_true",
+                    help="also build each K-split schedule with its runs added by the last block to arrive (one "
+                         "launch) instead of by the split-K reduction kernel")
     ap.add_argument("--no-ws", action="store_true",
                     help="also build each lesson schedule with tl.disable_warp_specialized (Hopper): no producer "
                          "warpgroup, cp.async by every thread, registers as needed, so blocks can share an SM")
@@ -208,6 +213,8 @@ def main():
         config = plan.config
         if args.no_ws and isinstance(config, P.GemmConfig) and config.warp_specialized and config.threads <= 256:
             yield replace(plan, config=replace(config, warp_specialized=False))
+        if args.last_adds and isinstance(config, P.GemmConfig) and config.split_k > 1 and not config.last_adds:
+            yield replace(plan, config=replace(config, last_adds=True))
 
     pool = ThreadPoolExecutor(max_workers=16)
     jobs = []
@@ -243,6 +250,8 @@ def main():
                     launcher = P.GemmLauncher(plan, fut.result())
                     call = (lambda L=launcher: L(a, b, bias, c)) if fused else (lambda L=launcher: L(a, b, c))
                     check = tourkit.validate(label, call, c, ref, TOLERANCE)
+                    if check.passed and getattr(plan.config, "last_adds", False):  # the counts back to 0?
+                        check = tourkit.validate(label + ", second call", call, c, ref, TOLERANCE)
                     rows[label] = [estimate_us(plan, family, sms, smem), check.rel_error, plan]
                     if check.passed:
                         fns[label] = call

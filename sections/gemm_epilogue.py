@@ -4,7 +4,7 @@ The `fusion` lesson teaches it; the lesson GEMM (`gemm_schedules.gemm_program`) 
 kernels (`sections/hopper/gemm_ws.py`, `gemm_pingpong.py`) and the few-rows kernel (`sections/gemm_rows.py`)
 all take `activation_macro(...)` (or `epilogue_macro`, bias first) and apply it to their fp32 accumulator before
 the one store; with a split K, the reduction that adds the partials applies it (`splitk_reduce_program`, or
-with the few-rows kernel's `last_adds` the last block of a strip). Its own module, so the builders and the
+with `last_adds` the last block of a tile to arrive, `last_arrival_macro`). Its own module, so the builders and the
 lesson that explains it import it without importing each other.
 """
 
@@ -111,3 +111,32 @@ def splitk_reduce_program(M: int, N: int, splits: int, *, bias: bool = False, ac
         body(W, None, C)
 
     return splitk_reduce
+
+
+def last_arrival_macro(bM: int, bN: int, M: int, N: int, splits: int, epilogue):
+    """A split K's runs added in the GEMM's own launch: each block, its fp32 partial written to W[run], counts
+    itself in Arrivals[tile]; the tile's last block to arrive adds every run's partial in order (the same sum
+    whichever arrives last), applies the epilogue, stores C and sets the count back to 0 for the next call.
+    `__threadfence` makes a block's partial visible to the others before it counts, and theirs to it after."""
+
+    @T.macro
+    def add_if_last(W, Arrivals, C, C_local, Bias_shared, tile, row0, col0):
+        arrived = T.alloc_shared((1,), "int32")
+        T.call_extern("void", "__threadfence")
+        T.sync_threads()
+        if T.get_thread_binding() == 0:
+            arrived[0] = T.atomic_add(Arrivals[tile], 1, return_prev=True)
+            T.call_extern("void", "__threadfence")
+        T.sync_threads()
+        if arrived[0] == splits - 1:
+            for m, n in T.Parallel(bM, bN):
+                C_local[m, n] = 0.0
+                for r in T.unroll(splits):  # every run's load in flight together
+                    C_local[m, n] = C_local[m, n] + T.if_then_else(
+                        row0 + m < M and col0 + n < N, W[r, row0 + m, col0 + n], 0.0)
+            epilogue(C_local, Bias_shared)
+            T.copy(C_local, C[row0, col0])
+            if T.get_thread_binding() == 0:
+                Arrivals[tile] = 0
+
+    return add_if_last

@@ -27,8 +27,8 @@ def pad_rows_program(rows: int, cols: int, rows_to: int, cols_to: int, dtype: st
 class GemmLauncher:
     """Runs a plan's kernels as one call, launcher(a, b, c) or launcher(a, b, bias, c): copies A and B into
     zero-padded buffers where the problem is not aligned (and C out of one), and with a split K runs the GEMM
-    into fp32 partials and the reduction into C (or, the few-rows kernel with last_adds, one launch that adds
-    them itself, counting each strip's runs in an int32 array). Buffers (and their views) are made at the first call and
+    into fp32 partials and the reduction into C (or, with last_adds, one launch that adds them itself, counting
+    each tile's runs in an int32 array). Buffers (and their views) are made at the first call and
     kept: their padding stays zero, and a call spends no time on Python it can skip."""
 
     def __init__(self, plan, kernels: dict, returns_c: bool = False):
@@ -47,9 +47,10 @@ class GemmLauncher:
         views = {"a": (lambda t: t[:, :k]), "b": (lambda t: t[:k, :n]), "bias": (lambda t: t[:n]),
                  "c": (lambda t: t[:, :n])}
         splits = getattr(self.plan.config, "split_k", 1)
-        # A split with no reduction kernel (few rows, last_adds): each strip counts its runs' arrivals, back to 0
-        # after a call
-        arrivals = (torch.zeros(-(-N // self.plan.config.block_N), dtype=torch.int32, device=a.device)
+        # A split with no reduction kernel (last_adds): each tile counts its runs' arrivals, back to 0 after a call
+        config = self.plan.config
+        tiles = -(-M // getattr(config, "block_M", M)) * -(-N // config.block_N)
+        arrivals = (torch.zeros(tiles, dtype=torch.int32, device=a.device)
                     if splits > 1 and "reduce" not in self.kernels else None)
         return {"padded": padded, "views": {key: views[key](t) for key, t in padded.items() if t is not None},
                 "w": torch.empty((splits, M, N), dtype=torch.float32, device=a.device) if splits > 1 else None,

@@ -59,6 +59,7 @@ class GemmConfig:
     split_k: int = 1
     warp_specialized: bool = True
     persistent: int = 0
+    last_adds: bool = False
 
     def smem_bytes(self, dtype_bytes: int = 2) -> int:
         """An upper bound of the kernel's shared memory: `num_stages` copies of the A and B tiles, or the C tile
@@ -73,7 +74,7 @@ class GemmConfig:
 
     def columns(self) -> dict:
         """The schedule as the table shows it."""
-        split = f", K split {self.split_k}" if self.split_k > 1 else ""
+        split = self.split_words()
         return {"kernel": "T.Pipelined", "tile": f"{self.block_M}x{self.block_N}x{self.block_K}",
                 "stages": self.num_stages, "threads": self.threads,
                 "swizzle": f"panel {self.panel}" if self.swizzle else "off",
@@ -89,7 +90,11 @@ class GemmConfig:
         c = self.columns()
         policy = self.policy_words()
         return (f"{c['kernel']} {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}"
-                + (f", {policy}" if policy != "Square" else "") + (f", K split {self.split_k}" if self.split_k > 1 else ""))
+                + (f", {policy}" if policy != "Square" else "") + self.split_words())
+
+    def split_words(self) -> str:
+        return (f", K split {self.split_k}" + (" added by the last to arrive" if self.last_adds else "")
+                if self.split_k > 1 else "")
 
 
 LESSON_CONFIGS = (GemmConfig, RowsConfig)  # the lessons' kernels; other configs are the appendix's (sections/hopper/)
@@ -305,8 +310,8 @@ def estimate_seconds(M: int, N: int, K: int, config: GemmConfig, family: str, sm
     wave_s = together * max(math_s, load_s) + machine.block_overhead
     memory_s = (M * K + K * N + M * N) * 2 / machine.memory
     total = max(waves * wave_s, memory_s) + machine.launch
-    if config.split_k > 1:
-        total += 2 * config.split_k * M * N * 4 / machine.memory + machine.launch
+    if config.split_k > 1:  # the partials' round trip, and the reduction's launch unless the last block adds them
+        total += 2 * config.split_k * M * N * 4 / machine.memory + (0 if config.last_adds else machine.launch)
     return total
 
 
@@ -488,10 +493,27 @@ def check_problem(M: int, N: int, K: int, activation, dtype: str, aligned_rows: 
 
 
 def gemm_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str, c_shape=None, c_dtype=None,
-                   b_cols: int = 0):
+                   b_cols: int = 0, counts: int = 0):
     """The prim_func around a kernel body(A, B, Bias, C): with or without the Bias[N] argument; C is last
-    (c_shape/c_dtype: the split-K partials instead of C; b_cols: B's rows padded to that many columns)."""
+    (c_shape/c_dtype: the split-K partials instead of C; b_cols: B's rows padded to that many columns).
+    counts > 0: a split K added in the same launch (`last_arrival_macro`), body(A, B, Bias, W, Arrivals, C)
+    over the partials W (c_shape), that many int32 arrival counts and C."""
     c_shape, c_dtype, b_shape = c_shape or (M, N), c_dtype or dtype, (K, b_cols or N)
+    if counts and bias:
+        @T.prim_func
+        def gemm_bias_adds(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), Bias: T.Tensor((N,), dtype),
+                           W: T.Tensor(c_shape, c_dtype), Arrivals: T.Tensor((counts,), "int32"),
+                           C: T.Tensor((M, N), dtype)):
+            body(A, B, Bias, W, Arrivals, C)
+
+        return gemm_bias_adds
+    if counts:
+        @T.prim_func
+        def gemm_adds(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), W: T.Tensor(c_shape, c_dtype),
+                      Arrivals: T.Tensor((counts,), "int32"), C: T.Tensor((M, N), dtype)):
+            body(A, B, None, W, Arrivals, C)
+
+        return gemm_adds
     if bias:
         @T.prim_func
         def gemm_bias(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), Bias: T.Tensor((N,), dtype),
@@ -567,7 +589,7 @@ class GemmPlan:
 
     def programs(self, bias: bool = False, activation=None) -> dict:
         """{"gemm": prim_func}; with pad_b, {"pad_b": prim_func} first; with a split K, {"reduce": prim_func}
-        last (unless the few-rows kernel's last block adds them, `last_adds`): what the launcher runs, in order."""
+        last (unless each tile's last block adds them, `last_adds`): what the launcher runs, in order."""
         M, N, K = self.kernel_shape
         out = {"pad_b": pad_rows_program(self.K, self.N, K, self.b_width, self.dtype)} if self.pad_b else {}
         if isinstance(self.config, RowsConfig):  # a few rows on the CUDA cores (sections/gemm_rows.py)
@@ -585,10 +607,10 @@ class GemmPlan:
             return out
         from sections.gemm_schedules import gemm_program  # the lesson's kernel (it imports this module)
 
-        split = self.config.split_k > 1
-        out["gemm"] = gemm_program(M, N, K, self.config, bias=bias and not split,
-                                   activation=None if split else activation, dtype=self.dtype, b_cols=self.b_width)
-        if split:
+        in_kernel = "reduce" not in self.parts  # the epilogue in the GEMM, not in the split-K reduction
+        out["gemm"] = gemm_program(M, N, K, self.config, bias=bias and in_kernel,
+                                   activation=activation if in_kernel else None, dtype=self.dtype, b_cols=self.b_width)
+        if not in_kernel:
             out["reduce"] = splitk_reduce_program(M, N, self.config.split_k, bias=bias, activation=activation,
                                                   dtype=self.dtype)
         return out

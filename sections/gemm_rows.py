@@ -107,7 +107,7 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
     run's fp32 partial sums to W[split_k, M, N] (`splitk_reduce_program` adds them and applies the epilogue);
     with config.last_adds it also counts itself in Arrivals[strip], and the strip's last block adds the runs and
     applies the epilogue (one launch, no separate reduction), then sets the count back to 0."""
-    from sections.gemm_epilogue import epilogue_macro
+    from sections.gemm_epilogue import epilogue_macro, last_arrival_macro
 
     if M > ROWS_MAX:
         raise ValueError(f"the few-rows kernel takes at most {ROWS_MAX} rows of A, not {M}")
@@ -122,6 +122,7 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
     in_kernel = splits == 1 or config.last_adds  # the epilogue here, not in the split-K reduction
     bias = bias and in_kernel
     epilogue = epilogue_macro(c_rows, bN, bias, activation if in_kernel else None)
+    add_if_last = last_arrival_macro(c_rows, bN, M, N, splits, epilogue)
 
     @T.macro
     def body(A, B, Bias, W, Arrivals, C):
@@ -134,7 +135,6 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
             sums = T.alloc_shared((groups, M, bN), "float32")
             C_local = T.alloc_fragment((c_rows, bN), "float32")
             Bias_shared = T.alloc_shared((bN,), dtype) if bias else None
-            arrived = T.alloc_shared((1,), "int32") if config.last_adds else None
             col = bx * bN + lane * vec
             for i in T.unroll(M * vec):
                 acc[i] = 0.0
@@ -169,22 +169,7 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
             else:
                 T.copy(C_local, W[bz, 0, bx * bN])
             if config.last_adds and splits > 1:
-                T.call_extern("void", "__threadfence")  # this run's partials visible to every block before it counts
-                T.sync_threads()
-                if tx == 0:
-                    arrived[0] = T.atomic_add(Arrivals[bx], 1, return_prev=True)
-                    T.call_extern("void", "__threadfence")  # and the others' partials visible to this block
-                T.sync_threads()
-                if arrived[0] == splits - 1:  # the strip's last run: every partial is in W; add them in order
-                    for m, n in T.Parallel(c_rows, bN):
-                        C_local[m, n] = 0.0
-                        for r in T.unroll(splits):  # all the loads in flight together
-                            C_local[m, n] = C_local[m, n] + T.if_then_else(
-                                m < M and bx * bN + n < N, W[r, m, bx * bN + n], 0.0)
-                    epilogue(C_local, Bias_shared)
-                    T.copy(C_local, C[0, bx * bN])
-                    if tx == 0:
-                        Arrivals[bx] = 0  # ready for the next call
+                add_if_last(W, Arrivals, C, C_local, Bias_shared, bx, 0, bx * bN)
 
     return rows_prim_func(M, N, K, body, bias, dtype, splits, -(-N // bN), config.last_adds)
 
@@ -199,21 +184,7 @@ def rows_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str, splits:
     if not last_adds:
         return gemm_prim_func(M, N, K, lambda A, B, Bias, W: body(A, B, None, W, None, None), False, dtype,
                               (splits, M, N), "float32")
-    if bias:
-        @T.prim_func
-        def gemm_bias(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), Bias: T.Tensor((N,), dtype),
-                      W: T.Tensor((splits, M, N), "float32"), Arrivals: T.Tensor((strips,), "int32"),
-                      C: T.Tensor((M, N), dtype)):
-            body(A, B, Bias, W, Arrivals, C)
-
-        return gemm_bias
-
-    @T.prim_func
-    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), W: T.Tensor((splits, M, N), "float32"),
-             Arrivals: T.Tensor((strips,), "int32"), C: T.Tensor((M, N), dtype)):
-        body(A, B, None, W, Arrivals, C)
-
-    return gemm
+    return gemm_prim_func(M, N, K, body, bias, dtype, (splits, M, N), "float32", counts=strips)
 
 
 BLOCKS_PER_SM = 4  # blocks of 256 threads an SM keeps busy: their loads in flight hide each other's round trips

@@ -54,7 +54,7 @@ import tilelang
 import tilelang.language as T
 
 import tourkit
-from sections.gemm_epilogue import epilogue_macro
+from sections.gemm_epilogue import epilogue_macro, last_arrival_macro
 from sections.gemm_plans import (MAX_GRID_Y, PART_THREADS, PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher,  # noqa: F401
                                  GemmPlan, check_problem, consumer_registers, fits, gemm_bytes, gemm_flops, gemm_pass_configs,
                                  gemm_prim_func, lesson_schedules, persistent_schedule, plan_problem, rivals, wave_traffic)
@@ -66,7 +66,9 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
                  dtype: str = "float16", accum_dtype: str = "float32", b_cols: int = 0):
     """C = activation(A @ B + Bias) over A[M, K], B[K, N], (Bias[N],) C[M, N]: T.Pipelined + T.gemm.
     With config.split_k > 1, block z of the grid takes the z-th run of K steps and C is W[split_k, M, N],
-    fp32 partials that gemm_plans.splitk_reduce_program adds up (and applies the epilogue to).
+    fp32 partials that gemm_plans.splitk_reduce_program adds up (and applies the epilogue to); with
+    config.last_adds the tile's last block to finish adds them (`last_arrival_macro`): body(A, B, Bias, W,
+    Arrivals, Sum), one launch.
     b_cols: B arrives in rows padded to b_cols >= N columns (see GemmPlan.pad_b)."""
     check_problem(M, N, K, activation, dtype, aligned_rows=False)
     if config.policy not in WARP_POLICIES:
@@ -76,9 +78,12 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
     steps = T.ceildiv(T.ceildiv(K, bK), splits)  # K steps of one block (the last run may read past K: zeros)
     out_dtype = "float32" if splits > 1 else dtype
     epilogue = epilogue_macro(bM, bN, bias, activation)  # bias and GELU on the accumulator (the fusion lesson)
+    last_adds = config.last_adds and splits > 1
+    m_tiles, n_tiles = -(-M // bM), -(-N // bN)
+    add_if_last = last_arrival_macro(bM, bN, M, N, splits, epilogue)
 
     @T.macro
-    def tile(A, B, Bias, C, A_shared, B_shared, C_local, Bias_shared, C_shared, bx, by, bz):
+    def tile(A, B, Bias, C, A_shared, B_shared, C_local, Bias_shared, C_shared, bx, by, bz, Arrivals, Sum):
         """One block_M x block_N tile of C (rows by, columns bx), over the bz-th run of K steps."""
         if bias:
             T.copy(Bias[bx * bN], Bias_shared)
@@ -89,13 +94,17 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
             T.copy(B[(bz * steps + k) * bK, bx * bN], B_shared)
             T.gemm(A_shared, B_shared, C_local, policy=policy)
 
-        epilogue(C_local, Bias_shared)
-        out = C[by * bM, bx * bN] if splits == 1 else C[bz, by * bM, bx * bN]
-        if config.staged_store:  # registers -> shared -> global: coalesced stores (TMA on Hopper)
-            T.copy(C_local, C_shared)
-            T.copy(C_shared, out)
+        if last_adds:  # plain stores (a fence covers them, not TMA's); the tile's last block adds the runs
+            T.copy(C_local, C[bz, by * bM, bx * bN])
+            add_if_last(C, Arrivals, Sum, C_local, Bias_shared, by * n_tiles + bx, by * bM, bx * bN)
         else:
-            T.copy(C_local, out)
+            epilogue(C_local, Bias_shared)
+            out = C[by * bM, bx * bN] if splits == 1 else C[bz, by * bM, bx * bN]
+            if config.staged_store:  # registers -> shared -> global: coalesced stores (TMA on Hopper)
+                T.copy(C_local, C_shared)
+                T.copy(C_shared, out)
+            else:
+                T.copy(C_local, out)
 
     @T.macro
     def buffers():
@@ -113,18 +122,17 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
             T.annotate_consumer_reg_alloc(consumer_registers(config.threads))
 
     # A grid's y axis takes at most 65535 blocks: a problem with more rows of tiles lays them along x.
-    m_tiles, n_tiles = -(-M // bM), -(-N // bN)
     rows_along_x = m_tiles > MAX_GRID_Y
 
     @T.macro
-    def body(A, B, Bias, C):
+    def body(A, B, Bias, C, Arrivals=None, Sum=None):
         grid = (m_tiles, n_tiles) if rows_along_x else (n_tiles, m_tiles)
         with T.Kernel(*grid, splits, threads=config.threads) as (gx, gy, bz):
             bx, by = (gy, gx) if rows_along_x else (gx, gy)
             A_shared, B_shared, C_local, Bias_shared, C_shared = buffers()
             registers()
             T.use_swizzle(panel_size=config.panel, enable=config.swizzle)
-            tile(A, B, Bias, C, A_shared, B_shared, C_local, Bias_shared, C_shared, bx, by, bz)
+            tile(A, B, Bias, C, A_shared, B_shared, C_local, Bias_shared, C_shared, bx, by, bz, Arrivals, Sum)
 
     tiles, workers = m_tiles * n_tiles, min(config.persistent, m_tiles * n_tiles)
     panel = min(config.panel if config.swizzle else 1, m_tiles)
@@ -154,7 +162,7 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
     if config.persistent and splits > 1:
         raise ValueError("a persistent schedule walks whole K loops: no split K")
     return gemm_prim_func(M, N, K, persistent_body if config.persistent else body, bias, dtype, c_shape, out_dtype,
-                          b_cols)
+                          b_cols, counts=m_tiles * n_tiles if last_adds else 0)
 
 
 def tile_of(t, m_tiles: int, n_tiles: int, panel: int, lo=min, hi=max):

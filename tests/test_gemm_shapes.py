@@ -3,12 +3,14 @@
 problems on sm_80 and sm_90a (a few through nvcc), the sections' --shape paths (CPU); correctness on odd
 sizes (GPU)."""
 
-
+import re
 from dataclasses import replace
 
 import pytest
 
 import tourkit
+from sections.gemm_rows import RowsConfig
+from tourkit import ARCH_SPECS
 from sections import autotune, fusion, gemm_schedules
 from sections.gemm_plans import (CANDIDATES, ONE_WAVE_TILES, GemmConfig, GemmLauncher, GemmPlan, aligned, blocks_per_sm,
                                  candidate_schedules, check_problem, choose_schedule, estimate_seconds, fits,
@@ -351,6 +353,29 @@ def test_split_k_kernel_and_its_reduction_compile_with_nvcc():
         assert tourkit.inspect_kernel(part, func, "sm_90a").nvcc == "compiled"
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
+@pytest.mark.parametrize("shape,dtype,bias", [((16, 5120, 5120), "float16", False), ((25, 212, 14336), "bfloat16", True),
+                                             ((64, 2050, 8192), "float16", True), ((130, 520, 40000), "float16", False)])
+def test_a_split_k_added_by_its_last_block_is_one_kernel_that_counts_and_fences(arch, shape, dtype, bias):
+    """last_adds: one program, taking the partials, the arrival counts and C; its CUDA fences, counts each tile's
+    runs atomically and sets the count back; the estimate drops the reduction's launch; nvcc compiles it."""
+    family = ARCH_SPECS[arch].family
+    plan = plan_problem(*shape, family, 132, 232448 if family == "hopper" else 166912, dtype)
+    if isinstance(plan.config, RowsConfig) or plan.config.split_k == 1:
+        plan = replace(plan, config=replace(GemmConfig(64, 64, 64, 4, 128, True), split_k=3))
+    adds = replace(plan, config=replace(plan.config, last_adds=True))
+    assert adds.parts == ("gemm",) and "reduce" in plan.parts and "added by the last to arrive" in adds.label()
+    M, N, K = adds.kernel_shape
+    assert (estimate_seconds(M, N, K, adds.config, family, 132, 232448)
+            < estimate_seconds(M, N, K, plan.config, family, 132, 232448))
+    func = adds.programs(bias=bias, activation="gelu" if bias else None)["gemm"]
+    assert [p.name.removesuffix("_handle") for p in func.params][-3:] == ["W", "Arrivals", "C"]
+    report = tourkit.inspect_kernel("gemm", func, arch, nvcc=arch == "sm_90a" and shape[0] == 16)
+    assert report.source.count("__threadfence()") == 2 and "AtomicAddRet" in report.source
+    assert re.search(r"Arrivals\[.*\] = 0;", report.source)
+    assert report.nvcc in ("compiled", "lowered only", "not run (nvcc not found)")
+
+
 @pytest.mark.parametrize("m_tiles,n_tiles,panel", [(16, 12, 10), (7, 5, 10), (33, 4, 8), (1, 9, 10), (10, 10, 10)])
 def test_a_persistent_walk_covers_every_tile_once(m_tiles, n_tiles, panel):
     """tile_of: the t-th tile of the swizzled order, the last panel shorter than the rest."""
@@ -548,6 +573,21 @@ def test_the_rules_pick_is_correct_on_odd_sizes(M, N, K, dtype, epilogue, persis
     if persistent:
         plan = replace(plan, config=GemmConfig(128, 256, 64, 3, 256, True, persistent=device.sm_count))
     check_on_gpu(plan, epilogue, seed=5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K,dtype", [(16, 5120, 5120, "float16"), (25, 212, 14336, "bfloat16"),
+                                         (64, 2050, 8192, "float16"), (130, 520, 40000, "float16"),
+                                         (7, 13, 1000, "float16"), (256, 256, 65536, "bfloat16")])
+@pytest.mark.parametrize("epilogue", [False, True])
+def test_a_split_k_added_by_its_last_block_is_correct(M, N, K, dtype, epilogue):
+    """The tensor-core plan with its K split added in the same launch (at least 3 runs), on two calls."""
+    device = tourkit.detect_device()
+    if dtype == "bfloat16" and device.arch == "sm_75":
+        pytest.skip("bfloat16 needs sm_80")
+    plan = tensor_core_plan(M, N, K, device.family, device.sm_count, device.smem_per_block_optin, dtype)
+    config = plan.config if plan.config.split_k > 2 else replace(plan.config, split_k=3, persistent=0)
+    check_on_gpu(replace(plan, config=replace(config, last_adds=True)), epilogue, seed=7)
 
 
 def check_on_gpu(plan: GemmPlan, epilogue: bool, seed: int) -> None:
