@@ -2439,7 +2439,7 @@ The `fusion` lesson teaches it; the lesson GEMM (`gemm_schedules.gemm_program`) 
 kernels (`sections/hopper/gemm_ws.py`, `gemm_pingpong.py`) and the few-rows kernel (`sections/gemm_rows.py`)
 all take `activation_macro(...)` (or `epilogue_macro`, bias first) and apply it to their fp32 accumulator before
 the one store; with a split K, the reduction that adds the partials applies it (`splitk_reduce_program`, or
-with the few-rows kernel's `last_adds` the last block of a strip). Its own module, so the builders and the
+with `last_adds` the last block of a tile to arrive, `last_arrival_macro`). Its own module, so the builders and the
 lesson that explains it import it without importing each other.
 """
 
@@ -2546,11 +2546,40 @@ def splitk_reduce_program(M: int, N: int, splits: int, *, bias: bool = False, ac
         body(W, None, C)
 
     return splitk_reduce
+
+
+def last_arrival_macro(bM: int, bN: int, M: int, N: int, splits: int, epilogue):
+    """A split K's runs added in the GEMM's own launch: each block, its fp32 partial written to W[run], counts
+    itself in Arrivals[tile]; the tile's last block to arrive adds every run's partial in order (the same sum
+    whichever arrives last), applies the epilogue, stores C and sets the count back to 0 for the next call.
+    `__threadfence` makes a block's partial visible to the others before it counts, and theirs to it after."""
+
+    @T.macro
+    def add_if_last(W, Arrivals, C, C_local, Bias_shared, tile, row0, col0):
+        arrived = T.alloc_shared((1,), "int32")
+        T.call_extern("void", "__threadfence")
+        T.sync_threads()
+        if T.get_thread_binding() == 0:
+            arrived[0] = T.atomic_add(Arrivals[tile], 1, return_prev=True)
+            T.call_extern("void", "__threadfence")
+        T.sync_threads()
+        if arrived[0] == splits - 1:
+            for m, n in T.Parallel(bM, bN):
+                C_local[m, n] = 0.0
+                for r in T.unroll(splits):  # every run's load in flight together
+                    C_local[m, n] = C_local[m, n] + T.if_then_else(
+                        row0 + m < M and col0 + n < N, W[r, row0 + m, col0 + n], 0.0)
+            epilogue(C_local, Bias_shared)
+            T.copy(C_local, C[row0, col0])
+            if T.get_thread_binding() == 0:
+                Arrivals[tile] = 0
+
+    return add_if_last
 ''')
 
 _tour_file('sections/gemm_launch.py', r'''
 """Running a GEMM plan (sections/gemm_plans.py) as one call: the padded copies of its operands, the GEMM, the
-split-K reduction. The launcher knows a plan only by what it asks for (kernel_shape, padded, pad_b, b_width,
+split-K reduction; and the prim_func signature every GEMM kernel shares (`gemm_prim_func`). The launcher knows a plan only by what it asks for (kernel_shape, padded, pad_b, b_width,
 split_k), so this module imports nothing of the plans."""
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
@@ -2575,11 +2604,48 @@ def pad_rows_program(rows: int, cols: int, rows_to: int, cols_to: int, dtype: st
     return pad_rows
 
 
+def gemm_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str, c_shape=None, c_dtype=None,
+                   b_cols: int = 0, counts: int = 0):
+    """The prim_func around a kernel body(A, B, Bias, C): with or without the Bias[N] argument; C is last
+    (c_shape/c_dtype: the split-K partials instead of C; b_cols: B's rows padded to that many columns).
+    counts > 0: a split K added in the same launch (`last_arrival_macro`), body(A, B, Bias, W, Arrivals, C)
+    over the partials W (c_shape), that many int32 arrival counts and C."""
+    c_shape, c_dtype, b_shape = c_shape or (M, N), c_dtype or dtype, (K, b_cols or N)
+    if counts and bias:
+        @T.prim_func
+        def gemm_bias_adds(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), Bias: T.Tensor((N,), dtype),
+                           W: T.Tensor(c_shape, c_dtype), Arrivals: T.Tensor((counts,), "int32"),
+                           C: T.Tensor((M, N), dtype)):
+            body(A, B, Bias, W, Arrivals, C)
+
+        return gemm_bias_adds
+    if counts:
+        @T.prim_func
+        def gemm_adds(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), W: T.Tensor(c_shape, c_dtype),
+                      Arrivals: T.Tensor((counts,), "int32"), C: T.Tensor((M, N), dtype)):
+            body(A, B, None, W, Arrivals, C)
+
+        return gemm_adds
+    if bias:
+        @T.prim_func
+        def gemm_bias(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), Bias: T.Tensor((N,), dtype),
+                      C: T.Tensor(c_shape, c_dtype)):
+            body(A, B, Bias, C)
+
+        return gemm_bias
+
+    @T.prim_func
+    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), C: T.Tensor(c_shape, c_dtype)):
+        body(A, B, None, C)
+
+    return gemm
+
+
 class GemmLauncher:
     """Runs a plan's kernels as one call, launcher(a, b, c) or launcher(a, b, bias, c): copies A and B into
     zero-padded buffers where the problem is not aligned (and C out of one), and with a split K runs the GEMM
-    into fp32 partials and the reduction into C (or, the few-rows kernel with last_adds, one launch that adds
-    them itself, counting each strip's runs in an int32 array). Buffers (and their views) are made at the first call and
+    into fp32 partials and the reduction into C (or, with last_adds, one launch that adds them itself, counting
+    each tile's runs in an int32 array). Buffers (and their views) are made at the first call and
     kept: their padding stays zero, and a call spends no time on Python it can skip."""
 
     def __init__(self, plan, kernels: dict, returns_c: bool = False):
@@ -2598,9 +2664,10 @@ class GemmLauncher:
         views = {"a": (lambda t: t[:, :k]), "b": (lambda t: t[:k, :n]), "bias": (lambda t: t[:n]),
                  "c": (lambda t: t[:, :n])}
         splits = getattr(self.plan.config, "split_k", 1)
-        # A split with no reduction kernel (few rows, last_adds): each strip counts its runs' arrivals, back to 0
-        # after a call
-        arrivals = (torch.zeros(-(-N // self.plan.config.block_N), dtype=torch.int32, device=a.device)
+        # A split with no reduction kernel (last_adds): each tile counts its runs' arrivals, back to 0 after a call
+        config = self.plan.config
+        tiles = -(-M // getattr(config, "block_M", M)) * -(-N // config.block_N)
+        arrivals = (torch.zeros(tiles, dtype=torch.int32, device=a.device)
                     if splits > 1 and "reduce" not in self.kernels else None)
         return {"padded": padded, "views": {key: views[key](t) for key, t in padded.items() if t is not None},
                 "w": torch.empty((splits, M, N), dtype=torch.float32, device=a.device) if splits > 1 else None,
@@ -2667,7 +2734,7 @@ import tilelang
 import tilelang.language as T
 
 from sections.gemm_epilogue import ACTIVATIONS, epilogue_pass_configs, splitk_reduce_program
-from sections.gemm_launch import PART_THREADS, GemmLauncher, pad_rows_program  # noqa: F401  (imported from here too)
+from sections.gemm_launch import PART_THREADS, GemmLauncher, gemm_prim_func, pad_rows_program  # noqa: F401  (imported from here too)
 from sections.gemm_rows import (ROWS_REDUCE_COLUMNS, RowsConfig, rows_program, rows_reason, rows_schedule,
                                 takes_rows)
 
@@ -2698,6 +2765,7 @@ class GemmConfig:
     split_k: int = 1
     warp_specialized: bool = True
     persistent: int = 0
+    last_adds: bool = False
 
     def smem_bytes(self, dtype_bytes: int = 2) -> int:
         """An upper bound of the kernel's shared memory: `num_stages` copies of the A and B tiles, or the C tile
@@ -2712,7 +2780,7 @@ class GemmConfig:
 
     def columns(self) -> dict:
         """The schedule as the table shows it."""
-        split = f", K split {self.split_k}" if self.split_k > 1 else ""
+        split = self.split_words()
         return {"kernel": "T.Pipelined", "tile": f"{self.block_M}x{self.block_N}x{self.block_K}",
                 "stages": self.num_stages, "threads": self.threads,
                 "swizzle": f"panel {self.panel}" if self.swizzle else "off",
@@ -2728,7 +2796,11 @@ class GemmConfig:
         c = self.columns()
         policy = self.policy_words()
         return (f"{c['kernel']} {c['tile']}, {c['stages']} stages, {c['threads']} threads, swizzle {c['swizzle']}"
-                + (f", {policy}" if policy != "Square" else "") + (f", K split {self.split_k}" if self.split_k > 1 else ""))
+                + (f", {policy}" if policy != "Square" else "") + self.split_words())
+
+    def split_words(self) -> str:
+        return (f", K split {self.split_k}" + (" added by the last to arrive" if self.last_adds else "")
+                if self.split_k > 1 else "")
 
 
 LESSON_CONFIGS = (GemmConfig, RowsConfig)  # the lessons' kernels; other configs are the appendix's (sections/hopper/)
@@ -2944,8 +3016,8 @@ def estimate_seconds(M: int, N: int, K: int, config: GemmConfig, family: str, sm
     wave_s = together * max(math_s, load_s) + machine.block_overhead
     memory_s = (M * K + K * N + M * N) * 2 / machine.memory
     total = max(waves * wave_s, memory_s) + machine.launch
-    if config.split_k > 1:
-        total += 2 * config.split_k * M * N * 4 / machine.memory + machine.launch
+    if config.split_k > 1:  # the partials' round trip, and the reduction's launch unless the last block adds them
+        total += 2 * config.split_k * M * N * 4 / machine.memory + (0 if config.last_adds else machine.launch)
     return total
 
 
@@ -3126,26 +3198,6 @@ def check_problem(M: int, N: int, K: int, activation, dtype: str, aligned_rows: 
                          f"{ALIGN}); pad the operands (GemmLauncher does)")
 
 
-def gemm_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str, c_shape=None, c_dtype=None,
-                   b_cols: int = 0):
-    """The prim_func around a kernel body(A, B, Bias, C): with or without the Bias[N] argument; C is last
-    (c_shape/c_dtype: the split-K partials instead of C; b_cols: B's rows padded to that many columns)."""
-    c_shape, c_dtype, b_shape = c_shape or (M, N), c_dtype or dtype, (K, b_cols or N)
-    if bias:
-        @T.prim_func
-        def gemm_bias(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), Bias: T.Tensor((N,), dtype),
-                      C: T.Tensor(c_shape, c_dtype)):
-            body(A, B, Bias, C)
-
-        return gemm_bias
-
-    @T.prim_func
-    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), C: T.Tensor(c_shape, c_dtype)):
-        body(A, B, None, C)
-
-    return gemm
-
-
 @dataclass(frozen=True)
 class GemmPlan:
     """A user's problem and the schedule chosen for it; the kernels run at the aligned sizes (N and K rounded
@@ -3206,7 +3258,7 @@ class GemmPlan:
 
     def programs(self, bias: bool = False, activation=None) -> dict:
         """{"gemm": prim_func}; with pad_b, {"pad_b": prim_func} first; with a split K, {"reduce": prim_func}
-        last (unless the few-rows kernel's last block adds them, `last_adds`): what the launcher runs, in order."""
+        last (unless each tile's last block adds them, `last_adds`): what the launcher runs, in order."""
         M, N, K = self.kernel_shape
         out = {"pad_b": pad_rows_program(self.K, self.N, K, self.b_width, self.dtype)} if self.pad_b else {}
         if isinstance(self.config, RowsConfig):  # a few rows on the CUDA cores (sections/gemm_rows.py)
@@ -3224,10 +3276,10 @@ class GemmPlan:
             return out
         from sections.gemm_schedules import gemm_program  # the lesson's kernel (it imports this module)
 
-        split = self.config.split_k > 1
-        out["gemm"] = gemm_program(M, N, K, self.config, bias=bias and not split,
-                                   activation=None if split else activation, dtype=self.dtype, b_cols=self.b_width)
-        if split:
+        in_kernel = "reduce" not in self.parts  # the epilogue in the GEMM, not in the split-K reduction
+        out["gemm"] = gemm_program(M, N, K, self.config, bias=bias and in_kernel,
+                                   activation=activation if in_kernel else None, dtype=self.dtype, b_cols=self.b_width)
+        if not in_kernel:
             out["reduce"] = splitk_reduce_program(M, N, self.config.split_k, bias=bias, activation=activation,
                                                   dtype=self.dtype)
         return out
@@ -3425,7 +3477,7 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
     run's fp32 partial sums to W[split_k, M, N] (`splitk_reduce_program` adds them and applies the epilogue);
     with config.last_adds it also counts itself in Arrivals[strip], and the strip's last block adds the runs and
     applies the epilogue (one launch, no separate reduction), then sets the count back to 0."""
-    from sections.gemm_epilogue import epilogue_macro
+    from sections.gemm_epilogue import epilogue_macro, last_arrival_macro
 
     if M > ROWS_MAX:
         raise ValueError(f"the few-rows kernel takes at most {ROWS_MAX} rows of A, not {M}")
@@ -3440,6 +3492,7 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
     in_kernel = splits == 1 or config.last_adds  # the epilogue here, not in the split-K reduction
     bias = bias and in_kernel
     epilogue = epilogue_macro(c_rows, bN, bias, activation if in_kernel else None)
+    add_if_last = last_arrival_macro(c_rows, bN, M, N, splits, epilogue)
 
     @T.macro
     def body(A, B, Bias, W, Arrivals, C):
@@ -3452,7 +3505,6 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
             sums = T.alloc_shared((groups, M, bN), "float32")
             C_local = T.alloc_fragment((c_rows, bN), "float32")
             Bias_shared = T.alloc_shared((bN,), dtype) if bias else None
-            arrived = T.alloc_shared((1,), "int32") if config.last_adds else None
             col = bx * bN + lane * vec
             for i in T.unroll(M * vec):
                 acc[i] = 0.0
@@ -3487,22 +3539,7 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
             else:
                 T.copy(C_local, W[bz, 0, bx * bN])
             if config.last_adds and splits > 1:
-                T.call_extern("void", "__threadfence")  # this run's partials visible to every block before it counts
-                T.sync_threads()
-                if tx == 0:
-                    arrived[0] = T.atomic_add(Arrivals[bx], 1, return_prev=True)
-                    T.call_extern("void", "__threadfence")  # and the others' partials visible to this block
-                T.sync_threads()
-                if arrived[0] == splits - 1:  # the strip's last run: every partial is in W; add them in order
-                    for m, n in T.Parallel(c_rows, bN):
-                        C_local[m, n] = 0.0
-                        for r in T.unroll(splits):  # all the loads in flight together
-                            C_local[m, n] = C_local[m, n] + T.if_then_else(
-                                m < M and bx * bN + n < N, W[r, m, bx * bN + n], 0.0)
-                    epilogue(C_local, Bias_shared)
-                    T.copy(C_local, C[0, bx * bN])
-                    if tx == 0:
-                        Arrivals[bx] = 0  # ready for the next call
+                add_if_last(W, Arrivals, C, C_local, Bias_shared, bx, 0, bx * bN)
 
     return rows_prim_func(M, N, K, body, bias, dtype, splits, -(-N // bN), config.last_adds)
 
@@ -3510,28 +3547,14 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
 def rows_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str, splits: int, strips: int, last_adds: bool):
     """The prim_func around body(A, B, Bias, W, Arrivals, C): without a split, C (and Bias[N] with a bias); with
     one, the partials W[splits, M, N] last in C's place; with last_adds, Bias, W, the arrival counts, then C."""
-    from sections.gemm_plans import gemm_prim_func
+    from sections.gemm_launch import gemm_prim_func
 
     if splits == 1:
         return gemm_prim_func(M, N, K, lambda A, B, Bias, C: body(A, B, Bias, None, None, C), bias, dtype)
     if not last_adds:
         return gemm_prim_func(M, N, K, lambda A, B, Bias, W: body(A, B, None, W, None, None), False, dtype,
                               (splits, M, N), "float32")
-    if bias:
-        @T.prim_func
-        def gemm_bias(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), Bias: T.Tensor((N,), dtype),
-                      W: T.Tensor((splits, M, N), "float32"), Arrivals: T.Tensor((strips,), "int32"),
-                      C: T.Tensor((M, N), dtype)):
-            body(A, B, Bias, W, Arrivals, C)
-
-        return gemm_bias
-
-    @T.prim_func
-    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), W: T.Tensor((splits, M, N), "float32"),
-             Arrivals: T.Tensor((strips,), "int32"), C: T.Tensor((M, N), dtype)):
-        body(A, B, None, W, Arrivals, C)
-
-    return gemm
+    return gemm_prim_func(M, N, K, body, bias, dtype, (splits, M, N), "float32", counts=strips)
 
 
 BLOCKS_PER_SM = 4  # blocks of 256 threads an SM keeps busy: their loads in flight hide each other's round trips
@@ -3595,20 +3618,16 @@ You will learn:
   producer warpgroup on Hopper (sm_90a), where the appendix's hand-written kernel (sections/hopper/gemm_ws.py)
   is timed beside it: what the compiler's pipeline gives, and what warp specialization by hand adds;
 - how to choose a schedule for any problem (`--shape MxNxK`, `--dtype bfloat16`; sections/gemm_plans.py):
-  count the tiles against the SMs. 2000x3000x4000 in 128x256 tiles is 192 blocks, 1.45 waves of 132: the
-  second wave runs half empty; 256x192 tiles (three consumer warpgroups) make 128 blocks, 0.97 waves, and
-  3000^3 in 192x192 tiles 1.94 waves instead of 2.18; 1536^3 in 192x96 tiles (three 64x96 warpgroups) is 128
-  blocks where 128x192 tiles leave 36 SMs idle. A skinny problem (64x8192x8192) has too few tall tiles to
-  fill the SMs: 64-row tiles, and where even those are few, a split K (block z sums its run of K into fp32
-  partials, `splitk_reduce_program` adds them). A tall, narrow one (1000000x64x64) takes 256x64 tiles: half
-  the blocks of 128-row ones, each paying its start and store once, and no columns of zeros as a wider tile
-  would. A K loop of one or two steps has nothing to pipeline: its block waits on its first loads and its
-  store. On Hopper such a schedule is compiled without TileLang's producer warpgroup (`gemm_pass_configs`),
-  so two blocks share an SM and one's loads and store run beside the other's MMAs. Where a plain GEMM has
-  more 128x256 tiles than SMs, a persistent schedule (`persistent_body`): one block an SM walks its tiles in
-  one `T.Pipelined` loop over tiles x K steps, so each tile's first loads fly during the last one's store.
-  `choose_schedule` estimates each candidate (waves x a block's math or loads, against streaming the
-  operands once) and says why; neighbours are close calls, so the pick is timed beside its runner-up;
+  count the tiles against the SMs. 2000x3000x4000 in 128x256 tiles is 192 blocks, 1.45 waves of 132 (the
+  second half empty); 256x192 tiles (three consumer warpgroups) make 128 blocks, 0.97 waves. A skinny problem
+  (64x8192x8192) takes 64-row tiles, and where even those are few a split K: block z sums its run of K into
+  fp32 partials, which `splitk_reduce_program` adds, or the tile's last block to finish (`last_adds`). A
+  tall, narrow one (1000000x64x64) takes 256x64 tiles, no columns of zeros. A K loop of one or two steps has
+  nothing to pipeline: on Hopper it drops TileLang's producer warpgroup (`gemm_pass_configs`), so two blocks
+  share an SM. A plain GEMM of more 128x256 tiles than SMs walks them persistently (`persistent_body`): one
+  block an SM, tiles x K steps in one `T.Pipelined` loop, each tile's first loads in flight during the last
+  one's store. `choose_schedule` estimates each candidate (waves x a block's math or loads, against streaming
+  the operands once) and says why; the pick is timed beside its runner-up;
 - that T.copy takes rows of any length: unaligned ones (N or K not a multiple of 8) load with narrower,
   masked copies instead of TMA, which small and few-row problems prefer to padding copies (`plan_problem`); and
   that rows starting off 32-byte sectors (N = 1000) load slower than N = 1024: big problems copy B first;
@@ -3640,7 +3659,7 @@ import tilelang
 import tilelang.language as T
 
 import tourkit
-from sections.gemm_epilogue import epilogue_macro
+from sections.gemm_epilogue import epilogue_macro, last_arrival_macro
 from sections.gemm_plans import (MAX_GRID_Y, PART_THREADS, PRODUCER_REGISTERS, WARP_POLICIES, GemmConfig, GemmLauncher,  # noqa: F401
                                  GemmPlan, check_problem, consumer_registers, fits, gemm_bytes, gemm_flops, gemm_pass_configs,
                                  gemm_prim_func, lesson_schedules, persistent_schedule, plan_problem, rivals, wave_traffic)
@@ -3652,7 +3671,8 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
                  dtype: str = "float16", accum_dtype: str = "float32", b_cols: int = 0):
     """C = activation(A @ B + Bias) over A[M, K], B[K, N], (Bias[N],) C[M, N]: T.Pipelined + T.gemm.
     With config.split_k > 1, block z of the grid takes the z-th run of K steps and C is W[split_k, M, N],
-    fp32 partials that gemm_plans.splitk_reduce_program adds up (and applies the epilogue to).
+    fp32 partials that gemm_plans.splitk_reduce_program adds up (and applies the epilogue to), or with
+    config.last_adds the tile's last block to finish (one launch: body(A, B, Bias, W, Arrivals, Sum)).
     b_cols: B arrives in rows padded to b_cols >= N columns (see GemmPlan.pad_b)."""
     check_problem(M, N, K, activation, dtype, aligned_rows=False)
     if config.policy not in WARP_POLICIES:
@@ -3662,9 +3682,12 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
     steps = T.ceildiv(T.ceildiv(K, bK), splits)  # K steps of one block (the last run may read past K: zeros)
     out_dtype = "float32" if splits > 1 else dtype
     epilogue = epilogue_macro(bM, bN, bias, activation)  # bias and GELU on the accumulator (the fusion lesson)
+    last_adds = config.last_adds and splits > 1
+    m_tiles, n_tiles = -(-M // bM), -(-N // bN)
+    add_if_last = last_arrival_macro(bM, bN, M, N, splits, epilogue)
 
     @T.macro
-    def tile(A, B, Bias, C, A_shared, B_shared, C_local, Bias_shared, C_shared, bx, by, bz):
+    def tile(A, B, Bias, C, A_shared, B_shared, C_local, Bias_shared, C_shared, bx, by, bz, Arrivals, Sum):
         """One block_M x block_N tile of C (rows by, columns bx), over the bz-th run of K steps."""
         if bias:
             T.copy(Bias[bx * bN], Bias_shared)
@@ -3675,13 +3698,15 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
             T.copy(B[(bz * steps + k) * bK, bx * bN], B_shared)
             T.gemm(A_shared, B_shared, C_local, policy=policy)
 
-        epilogue(C_local, Bias_shared)
-        out = C[by * bM, bx * bN] if splits == 1 else C[bz, by * bM, bx * bN]
-        if config.staged_store:  # registers -> shared -> global: coalesced stores (TMA on Hopper)
-            T.copy(C_local, C_shared)
-            T.copy(C_shared, out)
+        if last_adds:  # plain stores (a fence covers them, not TMA's); the tile's last block adds the runs
+            T.copy(C_local, C[bz, by * bM, bx * bN])
+            add_if_last(C, Arrivals, Sum, C_local, Bias_shared, by * n_tiles + bx, by * bM, bx * bN)
         else:
-            T.copy(C_local, out)
+            epilogue(C_local, Bias_shared)
+            out = C[by * bM, bx * bN] if splits == 1 else C[bz, by * bM, bx * bN]
+            if config.staged_store:  # registers -> shared -> global: coalesced stores (TMA on Hopper)
+                T.copy(C_local, C_shared)
+            T.copy(C_shared if config.staged_store else C_local, out)
 
     @T.macro
     def buffers():
@@ -3698,19 +3723,17 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
             T.annotate_producer_reg_dealloc(PRODUCER_REGISTERS)
             T.annotate_consumer_reg_alloc(consumer_registers(config.threads))
 
-    # A grid's y axis takes at most 65535 blocks: a problem with more rows of tiles lays them along x.
-    m_tiles, n_tiles = -(-M // bM), -(-N // bN)
-    rows_along_x = m_tiles > MAX_GRID_Y
+    rows_along_x = m_tiles > MAX_GRID_Y  # a grid's y axis takes at most 65535 blocks: more rows go along x
 
     @T.macro
-    def body(A, B, Bias, C):
+    def body(A, B, Bias, C, Arrivals=None, Sum=None):
         grid = (m_tiles, n_tiles) if rows_along_x else (n_tiles, m_tiles)
         with T.Kernel(*grid, splits, threads=config.threads) as (gx, gy, bz):
             bx, by = (gy, gx) if rows_along_x else (gx, gy)
             A_shared, B_shared, C_local, Bias_shared, C_shared = buffers()
             registers()
             T.use_swizzle(panel_size=config.panel, enable=config.swizzle)
-            tile(A, B, Bias, C, A_shared, B_shared, C_local, Bias_shared, C_shared, bx, by, bz)
+            tile(A, B, Bias, C, A_shared, B_shared, C_local, Bias_shared, C_shared, bx, by, bz, Arrivals, Sum)
 
     tiles, workers = m_tiles * n_tiles, min(config.persistent, m_tiles * n_tiles)
     panel = min(config.panel if config.swizzle else 1, m_tiles)
@@ -3740,7 +3763,7 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
     if config.persistent and splits > 1:
         raise ValueError("a persistent schedule walks whole K loops: no split K")
     return gemm_prim_func(M, N, K, persistent_body if config.persistent else body, bias, dtype, c_shape, out_dtype,
-                          b_cols)
+                          b_cols, counts=m_tiles * n_tiles if last_adds else 0)
 
 
 def tile_of(t, m_tiles: int, n_tiles: int, panel: int, lo=min, hi=max):

@@ -1,5 +1,5 @@
 """Running a GEMM plan (sections/gemm_plans.py) as one call: the padded copies of its operands, the GEMM, the
-split-K reduction. The launcher knows a plan only by what it asks for (kernel_shape, padded, pad_b, b_width,
+split-K reduction; and the prim_func signature every GEMM kernel shares (`gemm_prim_func`). The launcher knows a plan only by what it asks for (kernel_shape, padded, pad_b, b_width,
 split_k), so this module imports nothing of the plans."""
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
@@ -22,6 +22,43 @@ def pad_rows_program(rows: int, cols: int, rows_to: int, cols_to: int, dtype: st
                     P[by * bR + i, bx * bC + j] = S[by * bR + i, bx * bC + j]
 
     return pad_rows
+
+
+def gemm_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str, c_shape=None, c_dtype=None,
+                   b_cols: int = 0, counts: int = 0):
+    """The prim_func around a kernel body(A, B, Bias, C): with or without the Bias[N] argument; C is last
+    (c_shape/c_dtype: the split-K partials instead of C; b_cols: B's rows padded to that many columns).
+    counts > 0: a split K added in the same launch (`last_arrival_macro`), body(A, B, Bias, W, Arrivals, C)
+    over the partials W (c_shape), that many int32 arrival counts and C."""
+    c_shape, c_dtype, b_shape = c_shape or (M, N), c_dtype or dtype, (K, b_cols or N)
+    if counts and bias:
+        @T.prim_func
+        def gemm_bias_adds(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), Bias: T.Tensor((N,), dtype),
+                           W: T.Tensor(c_shape, c_dtype), Arrivals: T.Tensor((counts,), "int32"),
+                           C: T.Tensor((M, N), dtype)):
+            body(A, B, Bias, W, Arrivals, C)
+
+        return gemm_bias_adds
+    if counts:
+        @T.prim_func
+        def gemm_adds(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), W: T.Tensor(c_shape, c_dtype),
+                      Arrivals: T.Tensor((counts,), "int32"), C: T.Tensor((M, N), dtype)):
+            body(A, B, None, W, Arrivals, C)
+
+        return gemm_adds
+    if bias:
+        @T.prim_func
+        def gemm_bias(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), Bias: T.Tensor((N,), dtype),
+                      C: T.Tensor(c_shape, c_dtype)):
+            body(A, B, Bias, C)
+
+        return gemm_bias
+
+    @T.prim_func
+    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), C: T.Tensor(c_shape, c_dtype)):
+        body(A, B, None, C)
+
+    return gemm
 
 
 class GemmLauncher:

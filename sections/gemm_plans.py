@@ -28,7 +28,7 @@ import tilelang
 import tilelang.language as T
 
 from sections.gemm_epilogue import ACTIVATIONS, epilogue_pass_configs, splitk_reduce_program
-from sections.gemm_launch import PART_THREADS, GemmLauncher, pad_rows_program  # noqa: F401  (imported from here too)
+from sections.gemm_launch import PART_THREADS, GemmLauncher, gemm_prim_func, pad_rows_program  # noqa: F401  (imported from here too)
 from sections.gemm_rows import (ROWS_REDUCE_COLUMNS, RowsConfig, rows_program, rows_reason, rows_schedule,
                                 takes_rows)
 
@@ -490,43 +490,6 @@ def check_problem(M: int, N: int, K: int, activation, dtype: str, aligned_rows: 
     if aligned_rows and (K % ALIGN or N % ALIGN):
         raise ValueError(f"GEMM with N={N}, K={K}: rows must be multiples of 16 bytes (N and K multiples of "
                          f"{ALIGN}); pad the operands (GemmLauncher does)")
-
-
-def gemm_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str, c_shape=None, c_dtype=None,
-                   b_cols: int = 0, counts: int = 0):
-    """The prim_func around a kernel body(A, B, Bias, C): with or without the Bias[N] argument; C is last
-    (c_shape/c_dtype: the split-K partials instead of C; b_cols: B's rows padded to that many columns).
-    counts > 0: a split K added in the same launch (`last_arrival_macro`), body(A, B, Bias, W, Arrivals, C)
-    over the partials W (c_shape), that many int32 arrival counts and C."""
-    c_shape, c_dtype, b_shape = c_shape or (M, N), c_dtype or dtype, (K, b_cols or N)
-    if counts and bias:
-        @T.prim_func
-        def gemm_bias_adds(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), Bias: T.Tensor((N,), dtype),
-                           W: T.Tensor(c_shape, c_dtype), Arrivals: T.Tensor((counts,), "int32"),
-                           C: T.Tensor((M, N), dtype)):
-            body(A, B, Bias, W, Arrivals, C)
-
-        return gemm_bias_adds
-    if counts:
-        @T.prim_func
-        def gemm_adds(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), W: T.Tensor(c_shape, c_dtype),
-                      Arrivals: T.Tensor((counts,), "int32"), C: T.Tensor((M, N), dtype)):
-            body(A, B, None, W, Arrivals, C)
-
-        return gemm_adds
-    if bias:
-        @T.prim_func
-        def gemm_bias(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), Bias: T.Tensor((N,), dtype),
-                      C: T.Tensor(c_shape, c_dtype)):
-            body(A, B, Bias, C)
-
-        return gemm_bias
-
-    @T.prim_func
-    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), C: T.Tensor(c_shape, c_dtype)):
-        body(A, B, None, C)
-
-    return gemm
 
 
 @dataclass(frozen=True)

@@ -177,7 +177,7 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
 def rows_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str, splits: int, strips: int, last_adds: bool):
     """The prim_func around body(A, B, Bias, W, Arrivals, C): without a split, C (and Bias[N] with a bias); with
     one, the partials W[splits, M, N] last in C's place; with last_adds, Bias, W, the arrival counts, then C."""
-    from sections.gemm_plans import gemm_prim_func
+    from sections.gemm_launch import gemm_prim_func
 
     if splits == 1:
         return gemm_prim_func(M, N, K, lambda A, B, Bias, C: body(A, B, Bias, None, None, C), bias, dtype)

@@ -9,20 +9,16 @@ You will learn:
   producer warpgroup on Hopper (sm_90a), where the appendix's hand-written kernel (sections/hopper/gemm_ws.py)
   is timed beside it: what the compiler's pipeline gives, and what warp specialization by hand adds;
 - how to choose a schedule for any problem (`--shape MxNxK`, `--dtype bfloat16`; sections/gemm_plans.py):
-  count the tiles against the SMs. 2000x3000x4000 in 128x256 tiles is 192 blocks, 1.45 waves of 132: the
-  second wave runs half empty; 256x192 tiles (three consumer warpgroups) make 128 blocks, 0.97 waves, and
-  3000^3 in 192x192 tiles 1.94 waves instead of 2.18; 1536^3 in 192x96 tiles (three 64x96 warpgroups) is 128
-  blocks where 128x192 tiles leave 36 SMs idle. A skinny problem (64x8192x8192) has too few tall tiles to
-  fill the SMs: 64-row tiles, and where even those are few, a split K (block z sums its run of K into fp32
-  partials, `splitk_reduce_program` adds them). A tall, narrow one (1000000x64x64) takes 256x64 tiles: half
-  the blocks of 128-row ones, each paying its start and store once, and no columns of zeros as a wider tile
-  would. A K loop of one or two steps has nothing to pipeline: its block waits on its first loads and its
-  store. On Hopper such a schedule is compiled without TileLang's producer warpgroup (`gemm_pass_configs`),
-  so two blocks share an SM and one's loads and store run beside the other's MMAs. Where a plain GEMM has
-  more 128x256 tiles than SMs, a persistent schedule (`persistent_body`): one block an SM walks its tiles in
-  one `T.Pipelined` loop over tiles x K steps, so each tile's first loads fly during the last one's store.
-  `choose_schedule` estimates each candidate (waves x a block's math or loads, against streaming the
-  operands once) and says why; neighbours are close calls, so the pick is timed beside its runner-up;
+  count the tiles against the SMs. 2000x3000x4000 in 128x256 tiles is 192 blocks, 1.45 waves of 132 (the
+  second half empty); 256x192 tiles (three consumer warpgroups) make 128 blocks, 0.97 waves. A skinny problem
+  (64x8192x8192) takes 64-row tiles, and where even those are few a split K: block z sums its run of K into
+  fp32 partials, which `splitk_reduce_program` adds, or the tile's last block to finish (`last_adds`). A
+  tall, narrow one (1000000x64x64) takes 256x64 tiles, no columns of zeros. A K loop of one or two steps has
+  nothing to pipeline: on Hopper it drops TileLang's producer warpgroup (`gemm_pass_configs`), so two blocks
+  share an SM. A plain GEMM of more 128x256 tiles than SMs walks them persistently (`persistent_body`): one
+  block an SM, tiles x K steps in one `T.Pipelined` loop, each tile's first loads in flight during the last
+  one's store. `choose_schedule` estimates each candidate (waves x a block's math or loads, against streaming
+  the operands once) and says why; the pick is timed beside its runner-up;
 - that T.copy takes rows of any length: unaligned ones (N or K not a multiple of 8) load with narrower,
   masked copies instead of TMA, which small and few-row problems prefer to padding copies (`plan_problem`); and
   that rows starting off 32-byte sectors (N = 1000) load slower than N = 1024: big problems copy B first;
@@ -66,9 +62,8 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
                  dtype: str = "float16", accum_dtype: str = "float32", b_cols: int = 0):
     """C = activation(A @ B + Bias) over A[M, K], B[K, N], (Bias[N],) C[M, N]: T.Pipelined + T.gemm.
     With config.split_k > 1, block z of the grid takes the z-th run of K steps and C is W[split_k, M, N],
-    fp32 partials that gemm_plans.splitk_reduce_program adds up (and applies the epilogue to); with
-    config.last_adds the tile's last block to finish adds them (`last_arrival_macro`): body(A, B, Bias, W,
-    Arrivals, Sum), one launch.
+    fp32 partials that gemm_plans.splitk_reduce_program adds up (and applies the epilogue to), or with
+    config.last_adds the tile's last block to finish (one launch: body(A, B, Bias, W, Arrivals, Sum)).
     b_cols: B arrives in rows padded to b_cols >= N columns (see GemmPlan.pad_b)."""
     check_problem(M, N, K, activation, dtype, aligned_rows=False)
     if config.policy not in WARP_POLICIES:
@@ -102,9 +97,7 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
             out = C[by * bM, bx * bN] if splits == 1 else C[bz, by * bM, bx * bN]
             if config.staged_store:  # registers -> shared -> global: coalesced stores (TMA on Hopper)
                 T.copy(C_local, C_shared)
-                T.copy(C_shared, out)
-            else:
-                T.copy(C_local, out)
+            T.copy(C_shared if config.staged_store else C_local, out)
 
     @T.macro
     def buffers():
@@ -121,8 +114,7 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
             T.annotate_producer_reg_dealloc(PRODUCER_REGISTERS)
             T.annotate_consumer_reg_alloc(consumer_registers(config.threads))
 
-    # A grid's y axis takes at most 65535 blocks: a problem with more rows of tiles lays them along x.
-    rows_along_x = m_tiles > MAX_GRID_Y
+    rows_along_x = m_tiles > MAX_GRID_Y  # a grid's y axis takes at most 65535 blocks: more rows go along x
 
     @T.macro
     def body(A, B, Bias, C, Arrivals=None, Sum=None):
