@@ -576,10 +576,9 @@ def test_the_rules_pick_is_correct_on_odd_sizes(M, N, K, dtype, epilogue, persis
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M,N,K,dtype", [(16, 5120, 5120, "float16"), (25, 212, 14336, "bfloat16"),
-                                         (64, 2050, 8192, "float16"), (130, 520, 40000, "float16"),
-                                         (7, 13, 1000, "float16"), (256, 256, 65536, "bfloat16")])
-@pytest.mark.parametrize("epilogue", [False, True])
+@pytest.mark.parametrize("M,N,K,dtype,epilogue", [(16, 5120, 5120, "float16", False), (25, 212, 14336, "bfloat16", True),
+                                                  (64, 2050, 8192, "float16", True), (130, 520, 40000, "float16", False),
+                                                  (7, 13, 1000, "float16", True), (256, 256, 65536, "bfloat16", False)])
 def test_a_split_k_added_by_its_last_block_is_correct(M, N, K, dtype, epilogue):
     """The tensor-core plan with its K split added in the same launch (at least 3 runs), on two calls."""
     device = tourkit.detect_device()
