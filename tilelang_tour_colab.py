@@ -2548,11 +2548,13 @@ def splitk_reduce_program(M: int, N: int, splits: int, *, bias: bool = False, ac
     return splitk_reduce
 
 
-def last_arrival_macro(bM: int, bN: int, M: int, N: int, splits: int, epilogue):
+def last_arrival_macro(bM: int, bN: int, M: int, N: int, splits: int, epilogue, threads: int):
     """A split K's runs added in the GEMM's own launch: each block, its fp32 partial written to W[run], counts
     itself in Arrivals[tile]; the tile's last block to arrive adds every run's partial in order (the same sum
     whichever arrives last), applies the epilogue, stores C and sets the count back to 0 for the next call.
-    `__threadfence` makes a block's partial visible to the others before it counts, and theirs to it after."""
+    `__threadfence` makes a block's partial visible to the others before it counts, and theirs to it after.
+    The sum issues about 64 loads a thread at a time: all runs of its few elements, or a few runs of many."""
+    runs = max(1, min(splits, 64 * threads // (bM * bN)))  # runs whose loads are in flight together
 
     @T.macro
     def add_if_last(W, Arrivals, C, C_local, Bias_shared, tile, row0, col0):
@@ -2564,11 +2566,13 @@ def last_arrival_macro(bM: int, bN: int, M: int, N: int, splits: int, epilogue):
             T.call_extern("void", "__threadfence")
         T.sync_threads()
         if arrived[0] == splits - 1:
-            for m, n in T.Parallel(bM, bN):
-                C_local[m, n] = 0.0
-                for r in T.unroll(splits):  # every run's load in flight together
-                    C_local[m, n] = C_local[m, n] + T.if_then_else(
-                        row0 + m < M and col0 + n < N, W[r, row0 + m, col0 + n], 0.0)
+            T.clear(C_local)
+            for first in T.serial(-(-splits // runs)):
+                for m, n in T.Parallel(bM, bN):
+                    for r in T.unroll(runs):
+                        C_local[m, n] = C_local[m, n] + T.if_then_else(
+                            first * runs + r < splits and row0 + m < M and col0 + n < N,
+                            W[first * runs + r, row0 + m, col0 + n], 0.0)
             epilogue(C_local, Bias_shared)
             T.copy(C_local, C[row0, col0])
             if T.get_thread_binding() == 0:
@@ -3406,6 +3410,8 @@ from dataclasses import dataclass, replace
 import tilelang.language as T
 
 ROWS_MAX = 8  # more rows: the tensor cores' tiles pay (each row adds an FMA to every element of B loaded)
+KERNEL_ROWS_MAX = 32  # what the kernel can be built for (bench/gemm_rows_probe.py times it beyond the rule's)
+ACC_REGISTERS = 64  # fp32 sums a thread keeps (M x vec): wider loads give way to more rows
 ALIGNED_ROWS_MAX = 2  # where B's rows are 16-byte aligned the tensor cores stream B as fast from 3 rows on
 VECTORS = (8, 4, 2, 1)  # elements a load may take: the widest whose alignment every row of B keeps
 
@@ -3415,7 +3421,8 @@ class RowsConfig:
     """threads a block, in groups of `lanes` along a row of B (each thread vec consecutive columns: 8 is 16
     bytes) and threads // lanes groups along K, each loading block_K rows a step; split_k runs of K, each a
     block of the grid (1: C written directly, else fp32 partials and the split-K reduction; last_adds: the
-    partials added by the last block of each strip to arrive instead, in the same launch)."""
+    partials added by the last block of each strip to arrive instead, in the same launch); rows: the most rows
+    of A it is built for (its shared memory is sized for them)."""
 
     threads: int = 256
     vec: int = 8
@@ -3423,6 +3430,7 @@ class RowsConfig:
     block_K: int = 8
     split_k: int = 1
     last_adds: bool = False
+    rows: int = ROWS_MAX
     warp_specialized = False  # no TMA producer: plain loads by every thread
     persistent, swizzle, panel = 0, False, 1
 
@@ -3436,7 +3444,7 @@ class RowsConfig:
 
     @property
     def block_M(self) -> int:
-        return ROWS_MAX
+        return self.rows
 
     def run(self, K: int) -> int:
         """Rows of K a block sums: K's share of a split, rounded up to whole steps (groups x block_K rows);
@@ -3446,7 +3454,7 @@ class RowsConfig:
 
     def smem_bytes(self, dtype_bytes: int = 2) -> int:
         """A's step (every group's rows) and the groups' sums, fp32."""
-        return ROWS_MAX * (self.groups * self.block_K * dtype_bytes + self.groups * self.block_N * 4) + 1024
+        return self.rows * (self.groups * self.block_K * dtype_bytes + self.groups * self.block_N * 4) + 1024
 
     @property
     def split_text(self) -> str:
@@ -3479,20 +3487,20 @@ def rows_program(M: int, N: int, K: int, config: RowsConfig, *, bias: bool = Fal
     applies the epilogue (one launch, no separate reduction), then sets the count back to 0."""
     from sections.gemm_epilogue import epilogue_macro, last_arrival_macro
 
-    if M > ROWS_MAX:
-        raise ValueError(f"the few-rows kernel takes at most {ROWS_MAX} rows of A, not {M}")
+    if M > config.rows or config.rows > KERNEL_ROWS_MAX:
+        raise ValueError(f"this few-rows kernel takes at most {min(config.rows, KERNEL_ROWS_MAX)} rows of A, not {M}")
     if N % config.vec:
         raise ValueError(f"loads of {config.vec} elements need N a multiple of {config.vec}, not {N}")
     vec, lanes, groups, bK, splits = config.vec, config.lanes, config.groups, config.block_K, config.split_k
     bN, rows, run = config.block_N, groups * bK, config.run(K)  # rows: of B a block's step loads, bK a group
     # The sum over groups is a fragment spread over the block's threads, which needs its element count a
-    # multiple of them or fewer: where M x block_N is neither, it takes ROWS_MAX rows (those past M are zeros,
-    # never stored).
-    c_rows = M if (M * bN) % config.threads == 0 or M * bN < config.threads else ROWS_MAX
+    # multiple of them or fewer: where M x block_N is neither, it takes the next row count that is (the rows
+    # past M are zeros, never stored).
+    c_rows = next(r for r in range(M, M + config.threads) if (r * bN) % config.threads == 0 or r * bN < config.threads)
     in_kernel = splits == 1 or config.last_adds  # the epilogue here, not in the split-K reduction
     bias = bias and in_kernel
     epilogue = epilogue_macro(c_rows, bN, bias, activation if in_kernel else None)
-    add_if_last = last_arrival_macro(c_rows, bN, M, N, splits, epilogue)
+    add_if_last = last_arrival_macro(c_rows, bN, M, N, splits, epilogue, config.threads)
 
     @T.macro
     def body(A, B, Bias, W, Arrivals, C):
@@ -3569,8 +3577,9 @@ def rows_schedule(M: int, N: int, K: int, sm_count: int) -> RowsConfig:
     """Loads as wide as B's rows allow, 128 bytes of them in flight a thread (block_K rows); a warp's lanes
     along a row of B, the block's 8 warps along K; K split across blocks until the strips of columns make
     BLOCKS_PER_SM blocks an SM, each group at least two steps, the partials a small share of B."""
-    vec = widest_vector(N)
-    config = RowsConfig(256, vec, 32, 64 // vec)
+    vec = max(v for v in VECTORS if v <= widest_vector(N) and M * v <= max(ACC_REGISTERS, M))
+    # 128 bytes of B in flight a thread; half as many beyond ROWS_MAX rows, whose sums take the registers
+    config = RowsConfig(256, vec, 32, (64 if M <= ROWS_MAX else 32) // vec, rows=max(ROWS_MAX, -(-M // 8) * 8))
     strips, rows = -(-N // config.block_N), config.groups * config.block_K
     wanted = -(-BLOCKS_PER_SM * sm_count // strips)
     most = max(1, min(K // (2 * rows), K // (PARTIALS_SHARE * 2 * M), UNROLLED_SPLITS))
@@ -3684,7 +3693,7 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
     epilogue = epilogue_macro(bM, bN, bias, activation)  # bias and GELU on the accumulator (the fusion lesson)
     last_adds = config.last_adds and splits > 1
     m_tiles, n_tiles = -(-M // bM), -(-N // bN)
-    add_if_last = last_arrival_macro(bM, bN, M, N, splits, epilogue)
+    add_if_last = last_arrival_macro(bM, bN, M, N, splits, epilogue, config.threads)
 
     @T.macro
     def tile(A, B, Bias, C, A_shared, B_shared, C_local, Bias_shared, C_shared, bx, by, bz, Arrivals, Sum):

@@ -1,7 +1,7 @@
 """Probe: the few-rows GEMM on the CUDA cores (`sections/gemm_rows.py`) against cuBLAS and the tensor-core plan.
 
 For each problem: the tensor-core plan (`gemm_plans.tensor_core_plan`, pads and split-K included), the
-few-rows kernel with `rows_schedule`'s configuration and neighbours of it (the split's runs added in the
+few-rows kernel (up to KERNEL_ROWS_MAX rows, beyond the rule's) with `rows_schedule`'s configuration and neighbours of it (the split's runs added in the
 kernel, half and twice the K splits, other column layouts). Each is checked against a float32 reference on its
 second call (right only if a K split's arrival counts went back to 0), then all are timed in turns with cuBLAS.
 
@@ -35,6 +35,10 @@ def variants(M: int, N: int, K: int, sms: int) -> list:
     out = [pick, replace(pick, last_adds=pick.split_k > 1), replace(pick, split_k=max(1, pick.split_k // 2)),
            replace(pick, split_k=pick.split_k * 2), replace(pick, lanes=128), replace(pick, threads=128),
            replace(pick, block_K=pick.block_K * 2)]
+    if M > R.ROWS_MAX:  # more rows than the rule takes: the FMAs, not B's stream, may bound it; more blocks
+        out += [replace(pick, split_k=pick.split_k * 4, last_adds=True),
+                replace(pick, split_k=pick.split_k * 2, last_adds=True),
+                replace(pick, split_k=pick.split_k * 4, last_adds=True, block_K=pick.block_K * 2)]
     return [c for c in dict.fromkeys(out) if c == pick or c.split_k <= R.UNROLLED_SPLITS]
 
 
@@ -63,7 +67,7 @@ def main():
 
     def plans(M, N, K, dtype):
         """The tensor-core plan, then (few rows) the few-rows kernel's variants, the rule's first."""
-        rows = variants(M, N, K, sms) if M <= R.ROWS_MAX else []
+        rows = variants(M, N, K, sms) if M <= R.KERNEL_ROWS_MAX else []
         return [P.tensor_core_plan(M, N, K, "hopper", sms, smem, dtype)] + [P.GemmPlan(M, N, K, c, dtype, pad=False)
                                                                             for c in rows]
 

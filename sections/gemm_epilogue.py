@@ -113,11 +113,13 @@ def splitk_reduce_program(M: int, N: int, splits: int, *, bias: bool = False, ac
     return splitk_reduce
 
 
-def last_arrival_macro(bM: int, bN: int, M: int, N: int, splits: int, epilogue):
+def last_arrival_macro(bM: int, bN: int, M: int, N: int, splits: int, epilogue, threads: int):
     """A split K's runs added in the GEMM's own launch: each block, its fp32 partial written to W[run], counts
     itself in Arrivals[tile]; the tile's last block to arrive adds every run's partial in order (the same sum
     whichever arrives last), applies the epilogue, stores C and sets the count back to 0 for the next call.
-    `__threadfence` makes a block's partial visible to the others before it counts, and theirs to it after."""
+    `__threadfence` makes a block's partial visible to the others before it counts, and theirs to it after.
+    The sum issues about 64 loads a thread at a time: all runs of its few elements, or a few runs of many."""
+    runs = max(1, min(splits, 64 * threads // (bM * bN)))  # runs whose loads are in flight together
 
     @T.macro
     def add_if_last(W, Arrivals, C, C_local, Bias_shared, tile, row0, col0):
@@ -129,11 +131,13 @@ def last_arrival_macro(bM: int, bN: int, M: int, N: int, splits: int, epilogue):
             T.call_extern("void", "__threadfence")
         T.sync_threads()
         if arrived[0] == splits - 1:
-            for m, n in T.Parallel(bM, bN):
-                C_local[m, n] = 0.0
-                for r in T.unroll(splits):  # every run's load in flight together
-                    C_local[m, n] = C_local[m, n] + T.if_then_else(
-                        row0 + m < M and col0 + n < N, W[r, row0 + m, col0 + n], 0.0)
+            T.clear(C_local)
+            for first in T.serial(-(-splits // runs)):
+                for m, n in T.Parallel(bM, bN):
+                    for r in T.unroll(runs):
+                        C_local[m, n] = C_local[m, n] + T.if_then_else(
+                            first * runs + r < splits and row0 + m < M and col0 + n < N,
+                            W[first * runs + r, row0 + m, col0 + n], 0.0)
             epilogue(C_local, Bias_shared)
             T.copy(C_local, C[row0, col0])
             if T.get_thread_binding() == 0:

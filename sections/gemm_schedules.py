@@ -75,7 +75,7 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
     epilogue = epilogue_macro(bM, bN, bias, activation)  # bias and GELU on the accumulator (the fusion lesson)
     last_adds = config.last_adds and splits > 1
     m_tiles, n_tiles = -(-M // bM), -(-N // bN)
-    add_if_last = last_arrival_macro(bM, bN, M, N, splits, epilogue)
+    add_if_last = last_arrival_macro(bM, bN, M, N, splits, epilogue, config.threads)
 
     @T.macro
     def tile(A, B, Bias, C, A_shared, B_shared, C_local, Bias_shared, C_shared, bx, by, bz, Arrivals, Sum):

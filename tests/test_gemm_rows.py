@@ -135,7 +135,8 @@ def cpu_product(plan, a, b, bias=None, activation=None):
     (8, 130, 129, None, False, "float16"), (2, 4097, 95, None, False, "float16"), (5, 77, 2000, None, True, "float16"),
     (4, 200, 1000, 1, True, "float16"), (6, 333, 1500, None, True, "bfloat16"), (1, 64, 70, 1, False, "bfloat16"),
     (7, 130, 9, None, True, "float16"), (7, 130, 9, 3, False, "float16"), (2, 1025, 4001, None, True, "bfloat16"),
-    (6, 333, 1500, 4, True, "float16")])
+    (6, 333, 1500, 4, True, "float16"), (25, 212, 700, None, True, "bfloat16"), (12, 100, 101, 2, False, "float16"),
+    (32, 77, 300, None, False, "float16")])  # the last three: more rows than the rule gives the kernel
 @pytest.mark.parametrize("last_adds", [False, True])
 def test_the_generated_cuda_computes_the_product(M, N, K, split, epilogue, dtype, last_adds):
     """The kernel TileLang writes for the rule's schedule (and for one without a K split), with a split's runs
