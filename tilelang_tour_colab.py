@@ -2548,6 +2548,18 @@ def splitk_reduce_program(M: int, N: int, splits: int, *, bias: bool = False, ac
     return splitk_reduce
 
 
+LAST_ADDS_BYTES = 56 * 1024  # one tile's fp32 partials, all runs: up to this, its last block adds them
+
+
+def sums_in_kernel(M: int, N: int, config) -> bool:
+    """Whether a K split's runs are added by each tile's last block (`last_adds`, one launch) rather than by
+    `splitk_reduce_program`: where a tile's partials inside C (runs x rows x columns, fp32) are at most
+    LAST_ADDS_BYTES, the launch saved outweighs one block reading them all; beyond, the second kernel, which
+    spreads the sum over every SM, wins (bench/gemm_shapes_probe.py --last-adds, bench/gemm_rows_probe.py)."""
+    rows, columns = min(config.block_M, M), min(config.block_N, N)
+    return config.split_k > 1 and config.split_k * rows * columns * 4 <= LAST_ADDS_BYTES
+
+
 def last_arrival_macro(bM: int, bN: int, M: int, N: int, splits: int, epilogue, threads: int):
     """A split K's runs added in the GEMM's own launch: each block, its fp32 partial written to W[run], counts
     itself in Arrivals[tile]; the tile's last block to arrive adds every run's partial in order (the same sum
@@ -2737,7 +2749,7 @@ from dataclasses import dataclass, replace
 import tilelang
 import tilelang.language as T
 
-from sections.gemm_epilogue import ACTIVATIONS, epilogue_pass_configs, splitk_reduce_program
+from sections.gemm_epilogue import ACTIVATIONS, epilogue_pass_configs, splitk_reduce_program, sums_in_kernel
 from sections.gemm_launch import PART_THREADS, GemmLauncher, gemm_prim_func, pad_rows_program  # noqa: F401  (imported from here too)
 from sections.gemm_rows import (ROWS_REDUCE_COLUMNS, RowsConfig, rows_program, rows_reason, rows_schedule,
                                 takes_rows)
@@ -3108,7 +3120,7 @@ def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_bud
 
     order = sorted(range(len(options)), key=lambda i: (round(times[i], 9), padded_area(options[i]),
                                                        options[i].block_M * options[i].block_N, i))
-    pick = options[order[0]]
+    pick = replace(options[order[0]], last_adds=sums_in_kernel(M, N, options[order[0]]))
     return pick, explain(M, N, K, pick, times[order[0]], options, times, sm_count, smem_budget, family)
 
 
@@ -3120,6 +3132,7 @@ def neighbours(plan, family: str, sm_count: int, smem_budget: int, epilogue: boo
               if (c.block_M, c.block_N) != (plan.config.block_M, plan.config.block_N)]
     cost = masked_seconds if masked else estimate_seconds
     runner_up = min(others, key=lambda c: cost(M, N, K, c, family, sm_count, smem_budget), default=None)
+    runner_up = runner_up and replace(runner_up, last_adds=sums_in_kernel(M, N, runner_up))  # as the rule would run it
     configs = [c for c in (runner_up, lesson_schedules(family)[0]) if c is not None and fits(c, smem_budget)
                and (not masked or masked_tile_fits(c, family, N, K))]
     return [c for i, c in enumerate(configs) if c != plan.config and c not in configs[:i]]
@@ -3140,7 +3153,8 @@ def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget, family
     is the lesson's tile, the next best candidate) would make and take."""
     def said(c):
         blocks = -(-M // c.block_M) * -(-N // c.block_N) * c.split_k
-        split = f" with K split {c.split_k} ways ({k_steps(K, c)} steps each)" if c.split_k > 1 else ""
+        split = (f" with K split {c.split_k} ways ({k_steps(K, c)} steps each"
+                 + (", added by each tile's last block" if c.last_adds else "") + ")") if c.split_k > 1 else ""
         waves = blocks / (sm_count * blocks_per_sm(c, smem_budget, family))
         if c.persistent:
             return f"{c.block_M}x{c.block_N} tiles: {blocks} walked by {sm_count} persistent blocks ({waves:.2f} each)"
@@ -3398,16 +3412,18 @@ of B with a few hundred loads in flight:
                 C[:, strip] = epilogue(sum over runs of W[:, :, strip]); Arrivals[bx] = 0
 
 Consecutive lanes read consecutive columns, so a warp's loads of a row of B are coalesced whatever N is; the K
-split spreads the strips over every SM (`rows_schedule`). The last-arrival sum (`last_adds`) saves the second
-launch, which at one or two rows is a tenth of the time: `__threadfence` makes a block's partials visible to the
-others before its arrival is counted, so the last block reads every run's. It is built and checked, and timed
-by `bench/gemm_rows_probe.py`; the rule keeps the second launch until that timing says otherwise.
+split spreads the strips over every SM (`rows_schedule`). The split's runs are added by the strip's last block
+to arrive (`last_adds`), which saves the reduction's launch, at one or two rows a tenth of the time:
+`__threadfence` makes a block's partials visible to the others before its arrival is counted, so the last block
+reads every run's (`gemm_epilogue.last_arrival_macro`, shared with the tensor-core GEMM).
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
 from dataclasses import dataclass, replace
 
 import tilelang.language as T
+
+from sections.gemm_epilogue import sums_in_kernel
 
 ROWS_MAX = 8  # more rows: the tensor cores' tiles pay (each row adds an FMA to every element of B loaded)
 KERNEL_ROWS_MAX = 32  # what the kernel can be built for (bench/gemm_rows_probe.py times it beyond the rule's)
@@ -3584,7 +3600,8 @@ def rows_schedule(M: int, N: int, K: int, sm_count: int) -> RowsConfig:
     wanted = -(-BLOCKS_PER_SM * sm_count // strips)
     most = max(1, min(K // (2 * rows), K // (PARTIALS_SHARE * 2 * M), UNROLLED_SPLITS))
     config = replace(config, split_k=max(1, min(wanted, most)))
-    return replace(config, split_k=-(-K // config.run(K)))  # no run left empty by the rounding to whole steps
+    config = replace(config, split_k=-(-K // config.run(K)))  # no run left empty by the rounding to whole steps
+    return replace(config, last_adds=sums_in_kernel(M, N, config))
 
 
 def rows_seconds(M: int, N: int, K: int, config: RowsConfig, sm_count: int, memory: float, launch: float) -> float:

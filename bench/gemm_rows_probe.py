@@ -28,11 +28,11 @@ SHAPES = ("1x4097x4096,1x4096x4096,2x1025x8191,4x4096x4096,8x4096x4096,1x50257x4
 
 
 def variants(M: int, N: int, K: int, sms: int) -> list:
-    """The rule's configuration first, then its neighbours: its split's runs added by the last block to arrive
-    (one launch), half and twice the K splits, wider lanes (fewer groups along K), 128-thread blocks, two more
+    """The rule's configuration first, then its neighbours: its split's runs added the other way (by the last
+    block to arrive, or by a second kernel), half and twice the K splits, wider lanes (fewer groups along K), 128-thread blocks, two more
     rows a step."""
     pick = R.rows_schedule(M, N, K, sms)
-    out = [pick, replace(pick, last_adds=pick.split_k > 1), replace(pick, split_k=max(1, pick.split_k // 2)),
+    out = [pick, replace(pick, last_adds=not pick.last_adds and pick.split_k > 1), replace(pick, split_k=max(1, pick.split_k // 2)),
            replace(pick, split_k=pick.split_k * 2), replace(pick, lanes=128), replace(pick, threads=128),
            replace(pick, block_K=pick.block_K * 2)]
     if M > R.ROWS_MAX:  # more rows than the rule takes: the FMAs, not B's stream, may bound it; more blocks

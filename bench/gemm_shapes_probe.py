@@ -77,11 +77,13 @@ def plans_for(M, N, K, dtype, fused, family, sms, smem, reach=2.0):
     options = P.candidate_schedules(M, Na, Ka, family, sms, smem)
     est = {c: P.estimate_seconds(M, Na, Ka, c, family, sms, smem) for c in options}
     configs = [pick.config]
+    pick_est = (est.get(replace(pick.config, last_adds=False)) if isinstance(pick.config, P.GemmConfig) else None)
+    pick_est = pick_est if pick_est is not None else min(est.values())
     for base in P.CANDIDATES[family]:
         same = [c for c in options if (c.block_M, c.block_N, c.threads) == (base.block_M, base.block_N, base.threads)]
         if same:
             best = min(same, key=est.get)
-            if best not in configs and est[best] < reach * est[pick.config]:
+            if best not in configs and est[best] < reach * pick_est:
                 configs.append(best)
     for split in (pick.config.split_k * 2, pick.config.split_k // 2):
         other = replace(pick.config, split_k=split)
@@ -213,8 +215,8 @@ def main():
         config = plan.config
         if args.no_ws and isinstance(config, P.GemmConfig) and config.warp_specialized and config.threads <= 256:
             yield replace(plan, config=replace(config, warp_specialized=False))
-        if args.last_adds and isinstance(config, P.GemmConfig) and config.split_k > 1 and not config.last_adds:
-            yield replace(plan, config=replace(config, last_adds=True))
+        if args.last_adds and isinstance(config, P.GemmConfig) and config.split_k > 1:
+            yield replace(plan, config=replace(config, last_adds=not config.last_adds))
 
     pool = ThreadPoolExecutor(max_workers=16)
     jobs = []

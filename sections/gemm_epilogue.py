@@ -113,6 +113,18 @@ def splitk_reduce_program(M: int, N: int, splits: int, *, bias: bool = False, ac
     return splitk_reduce
 
 
+LAST_ADDS_BYTES = 56 * 1024  # one tile's fp32 partials, all runs: up to this, its last block adds them
+
+
+def sums_in_kernel(M: int, N: int, config) -> bool:
+    """Whether a K split's runs are added by each tile's last block (`last_adds`, one launch) rather than by
+    `splitk_reduce_program`: where a tile's partials inside C (runs x rows x columns, fp32) are at most
+    LAST_ADDS_BYTES, the launch saved outweighs one block reading them all; beyond, the second kernel, which
+    spreads the sum over every SM, wins (bench/gemm_shapes_probe.py --last-adds, bench/gemm_rows_probe.py)."""
+    rows, columns = min(config.block_M, M), min(config.block_N, N)
+    return config.split_k > 1 and config.split_k * rows * columns * 4 <= LAST_ADDS_BYTES
+
+
 def last_arrival_macro(bM: int, bN: int, M: int, N: int, splits: int, epilogue, threads: int):
     """A split K's runs added in the GEMM's own launch: each block, its fp32 partial written to W[run], counts
     itself in Arrivals[tile]; the tile's last block to arrive adds every run's partial in order (the same sum

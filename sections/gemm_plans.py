@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import tilelang
 import tilelang.language as T
 
-from sections.gemm_epilogue import ACTIVATIONS, epilogue_pass_configs, splitk_reduce_program
+from sections.gemm_epilogue import ACTIVATIONS, epilogue_pass_configs, splitk_reduce_program, sums_in_kernel
 from sections.gemm_launch import PART_THREADS, GemmLauncher, gemm_prim_func, pad_rows_program  # noqa: F401  (imported from here too)
 from sections.gemm_rows import (ROWS_REDUCE_COLUMNS, RowsConfig, rows_program, rows_reason, rows_schedule,
                                 takes_rows)
@@ -398,7 +398,7 @@ def choose_schedule(M: int, N: int, K: int, family: str, sm_count: int, smem_bud
 
     order = sorted(range(len(options)), key=lambda i: (round(times[i], 9), padded_area(options[i]),
                                                        options[i].block_M * options[i].block_N, i))
-    pick = options[order[0]]
+    pick = replace(options[order[0]], last_adds=sums_in_kernel(M, N, options[order[0]]))
     return pick, explain(M, N, K, pick, times[order[0]], options, times, sm_count, smem_budget, family)
 
 
@@ -410,6 +410,7 @@ def neighbours(plan, family: str, sm_count: int, smem_budget: int, epilogue: boo
               if (c.block_M, c.block_N) != (plan.config.block_M, plan.config.block_N)]
     cost = masked_seconds if masked else estimate_seconds
     runner_up = min(others, key=lambda c: cost(M, N, K, c, family, sm_count, smem_budget), default=None)
+    runner_up = runner_up and replace(runner_up, last_adds=sums_in_kernel(M, N, runner_up))  # as the rule would run it
     configs = [c for c in (runner_up, lesson_schedules(family)[0]) if c is not None and fits(c, smem_budget)
                and (not masked or masked_tile_fits(c, family, N, K))]
     return [c for i, c in enumerate(configs) if c != plan.config and c not in configs[:i]]
@@ -430,7 +431,8 @@ def explain(M, N, K, pick, pick_s, options, times, sm_count, smem_budget, family
     is the lesson's tile, the next best candidate) would make and take."""
     def said(c):
         blocks = -(-M // c.block_M) * -(-N // c.block_N) * c.split_k
-        split = f" with K split {c.split_k} ways ({k_steps(K, c)} steps each)" if c.split_k > 1 else ""
+        split = (f" with K split {c.split_k} ways ({k_steps(K, c)} steps each"
+                 + (", added by each tile's last block" if c.last_adds else "") + ")") if c.split_k > 1 else ""
         waves = blocks / (sm_count * blocks_per_sm(c, smem_budget, family))
         if c.persistent:
             return f"{c.block_M}x{c.block_N} tiles: {blocks} walked by {sm_count} persistent blocks ({waves:.2f} each)"

@@ -24,16 +24,18 @@ of B with a few hundred loads in flight:
                 C[:, strip] = epilogue(sum over runs of W[:, :, strip]); Arrivals[bx] = 0
 
 Consecutive lanes read consecutive columns, so a warp's loads of a row of B are coalesced whatever N is; the K
-split spreads the strips over every SM (`rows_schedule`). The last-arrival sum (`last_adds`) saves the second
-launch, which at one or two rows is a tenth of the time: `__threadfence` makes a block's partials visible to the
-others before its arrival is counted, so the last block reads every run's. It is built and checked, and timed
-by `bench/gemm_rows_probe.py`; the rule keeps the second launch until that timing says otherwise.
+split spreads the strips over every SM (`rows_schedule`). The split's runs are added by the strip's last block
+to arrive (`last_adds`), which saves the reduction's launch, at one or two rows a tenth of the time:
+`__threadfence` makes a block's partials visible to the others before its arrival is counted, so the last block
+reads every run's (`gemm_epilogue.last_arrival_macro`, shared with the tensor-core GEMM).
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
 from dataclasses import dataclass, replace
 
 import tilelang.language as T
+
+from sections.gemm_epilogue import sums_in_kernel
 
 ROWS_MAX = 8  # more rows: the tensor cores' tiles pay (each row adds an FMA to every element of B loaded)
 KERNEL_ROWS_MAX = 32  # what the kernel can be built for (bench/gemm_rows_probe.py times it beyond the rule's)
@@ -210,7 +212,8 @@ def rows_schedule(M: int, N: int, K: int, sm_count: int) -> RowsConfig:
     wanted = -(-BLOCKS_PER_SM * sm_count // strips)
     most = max(1, min(K // (2 * rows), K // (PARTIALS_SHARE * 2 * M), UNROLLED_SPLITS))
     config = replace(config, split_k=max(1, min(wanted, most)))
-    return replace(config, split_k=-(-K // config.run(K)))  # no run left empty by the rounding to whole steps
+    config = replace(config, split_k=-(-K // config.run(K)))  # no run left empty by the rounding to whole steps
+    return replace(config, last_adds=sums_in_kernel(M, N, config))
 
 
 def rows_seconds(M: int, N: int, K: int, config: RowsConfig, sm_count: int, memory: float, launch: float) -> float:

@@ -9,7 +9,8 @@ import pytest
 import tourkit
 from sections import gemm_schedules
 from sections.gemm_plans import GemmPlan, RowsConfig, plan_problem, rivals
-from sections.gemm_rows import ROWS_MAX, UNROLLED_SPLITS, rows_program, rows_schedule, takes_rows, widest_vector
+from sections.gemm_epilogue import LAST_ADDS_BYTES
+from sections.gemm_rows import ACC_REGISTERS, ROWS_MAX, UNROLLED_SPLITS, rows_program, rows_schedule, takes_rows, widest_vector
 
 H200 = dict(family="hopper", sm_count=132, smem_budget=232448)
 SHAPES = [(1, 4097, 4096), (1, 4096, 4096), (2, 1025, 8191), (8, 11007, 4096), (1, 50257, 4096), (1, 128, 32768),
@@ -31,6 +32,20 @@ def test_the_schedule_loads_aligned_vectors_and_spreads_b_over_the_sms(M, N, K):
     strips = -(-N // config.block_N)
     if strips * K >= 4 * 132 * 2 * rows * 16:  # room for 4 blocks an SM with a split that keeps the partials small
         assert strips * config.split_k >= 2 * 132, (strips, config)
+    # a strip's runs added by its last block where their partials are small
+    partials = config.split_k * M * min(config.block_N, N) * 4
+    assert config.last_adds == (config.split_k > 1 and partials <= LAST_ADDS_BYTES)
+
+
+def test_more_rows_than_the_rule_takes_narrow_the_loads_and_size_the_shared_memory():
+    """Past ROWS_MAX (the probe times up to KERNEL_ROWS_MAX): at most ACC_REGISTERS sums a thread, half the bytes
+    in flight, shared memory for the rows asked; a config built for fewer rows refuses more."""
+    for M, N, K in [(12, 1000, 1001), (25, 212, 14336), (32, 777, 5000)]:
+        config = rows_schedule(M, N, K, 132)
+        assert M * config.vec <= ACC_REGISTERS and config.vec * config.block_K == 32 and config.rows >= M
+        assert config.smem_bytes() > rows_schedule(1, N, K, 132).smem_bytes()
+    with pytest.raises(ValueError, match="at most 8 rows"):
+        rows_program(12, 1000, 1001, rows_schedule(8, 1000, 1001, 132))
 
 
 def test_widest_vector_keeps_every_row_aligned_and_a_warp_busy():

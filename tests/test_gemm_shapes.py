@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 import tourkit
+from sections.gemm_epilogue import LAST_ADDS_BYTES
 from sections.gemm_rows import RowsConfig
 from tourkit import ARCH_SPECS
 from sections import autotune, fusion, gemm_schedules
@@ -185,7 +186,7 @@ def test_the_pick_always_fits_the_shared_memory_and_splits_sensibly(family, shap
     M, N, K = shape
     for budget in (BUDGETS[family], 101376, 65536):  # also smaller GPUs of the family (sm_86, sm_75 sized)
         config, _ = choose_schedule(M, aligned(N), aligned(K), family, 82 if family != "hopper" else 132, budget)
-        assert fits(config, budget) and config in candidate_schedules(M, aligned(N), aligned(K), family,
+        assert fits(config, budget) and replace(config, last_adds=False) in candidate_schedules(M, aligned(N), aligned(K), family,
                                                                          82 if family != "hopper" else 132, budget)
         steps = -(-aligned(K) // config.block_K)
         assert config.split_k == 1 or steps // config.split_k >= 4
@@ -305,10 +306,12 @@ def test_the_rules_kernels_lower_for_users_problems(arch, shape, dtype, epilogue
     assert list(expected) == [m for m in plan.markers(tourkit.tensor_core_markers(arch)) if m in expected]
     assert report.smem_bytes <= plan.config.smem_bytes()
     assert dtype == "float16" or "bfloat16_t" in report.source
-    if plan.config.split_k > 1:
+    if "reduce" in programs:
         reduce = tourkit.inspect_kernel("reduce", programs["reduce"], arch, nvcc=False)
         assert ("exp2f(" in reduce.source) == epilogue  # the epilogue runs in the reduction
         assert "exp2f(" not in report.source
+    elif plan.config.split_k > 1:  # each tile's last block adds the runs and applies the epilogue
+        assert "AtomicAddRet" in report.source and ("exp2f(" in report.source) == epilogue
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
@@ -363,6 +366,7 @@ def test_a_split_k_added_by_its_last_block_is_one_kernel_that_counts_and_fences(
     plan = plan_problem(*shape, family, 132, 232448 if family == "hopper" else 166912, dtype)
     if isinstance(plan.config, RowsConfig) or plan.config.split_k == 1:
         plan = replace(plan, config=replace(GemmConfig(64, 64, 64, 4, 128, True), split_k=3))
+    plan = replace(plan, config=replace(plan.config, last_adds=False))
     adds = replace(plan, config=replace(plan.config, last_adds=True))
     assert adds.parts == ("gemm",) and "reduce" in plan.parts and "added by the last to arrive" in adds.label()
     M, N, K = adds.kernel_shape
@@ -374,6 +378,18 @@ def test_a_split_k_added_by_its_last_block_is_one_kernel_that_counts_and_fences(
     assert report.source.count("__threadfence()") == 2 and "AtomicAddRet" in report.source
     assert re.search(r"Arrivals\[.*\] = 0;", report.source)
     assert report.nvcc in ("compiled", "lowered only", "not run (nvcc not found)")
+
+
+def test_a_split_is_added_in_the_gemms_launch_where_a_tiles_partials_are_small():
+    """A tile's last block adds the runs where its partials inside C (runs x rows x columns, fp32) are at most
+    LAST_ADDS_BYTES; bigger ones go to the reduction kernel, which spreads the sum over every SM."""
+    for shape, adds in [((4096, 8, 4096), True), ((16, 5120, 5120), True), ((4096, 32, 8192), True),
+                        ((128, 4096, 11008), False), ((256, 256, 65536), False), ((64, 2050, 8192), False)]:
+        config = plan_problem(*shape, **H200).config
+        assert config.split_k > 1 and config.last_adds == adds, (shape, config)
+        assert (config.split_k * min(config.block_M, shape[0]) * min(config.block_N, shape[1]) * 4
+                <= LAST_ADDS_BYTES) == adds
+    assert not plan_problem(64, 8192, 8192, **H200).config.last_adds  # no split: nothing to add
 
 
 @pytest.mark.parametrize("m_tiles,n_tiles,panel", [(16, 12, 10), (7, 5, 10), (33, 4, 8), (1, 9, 10), (10, 10, 10)])
