@@ -205,7 +205,7 @@ def rows_schedule(M: int, N: int, K: int, sm_count: int) -> RowsConfig:
     """Loads as wide as B's rows allow, 128 bytes of them in flight a thread (block_K rows); a warp's lanes
     along a row of B, the block's 8 warps along K; K split across blocks until the strips of columns make
     BLOCKS_PER_SM blocks an SM, each group at least two steps, the partials a small share of B."""
-    vec = max(v for v in VECTORS if v <= widest_vector(N) and M * v <= max(ACC_REGISTERS, M))
+    vec = max(v for v in VECTORS if v <= widest_vector(N) and (M * v <= ACC_REGISTERS or v == 1))
     # 128 bytes of B in flight a thread; half as many beyond ROWS_MAX rows, whose sums take the registers
     config = RowsConfig(256, vec, 32, (64 if M <= ROWS_MAX else 32) // vec, rows=max(ROWS_MAX, -(-M // 8) * 8))
     strips, rows = -(-N // config.block_N), config.groups * config.block_K
