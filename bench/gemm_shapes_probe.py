@@ -47,17 +47,18 @@ def parse(text: str):
 
 
 def extra_tiles(text, K, smem, sms=132):
-    """GemmConfigs of --tiles: BMxBN[xTHREADS][:sSTAGES][:POLICY][:P][:flat] (256 threads by default; 384: three
-    consumer warp groups, one 64-row strip each; 4 stages or as many as fit; FullRow unless named; P: walked by
-    `sms` persistent blocks; flat: no L2 swizzle), fitted to K."""
+    """GemmConfigs of --tiles: BMxBN[xTHREADS][:sSTAGES][:POLICY][:P][:flat][:kSPLITS] (256 threads by default;
+    384: three consumer warp groups, one 64-row strip each; 4 stages or as many as fit; FullRow unless named; P:
+    walked by `sms` persistent blocks; flat: no L2 swizzle; kSPLITS: K split that many ways), fitted to K."""
     out = []
     for item in filter(None, text.split(",")):
         dims, *options = item.split(":")
         bm, bn, *rest = (int(v) for v in dims.lower().split("x"))
         stages = next((int(o[1:]) for o in options if o.startswith("s") and o[1:].isdigit()), 4)
         policy = next((o for o in options if o in P.WARP_POLICIES), "FullRow")
+        splits = next((int(o[1:]) for o in options if o.startswith("k") and o[1:].isdigit()), 1)
         config = P.GemmConfig(bm, bn, 64, stages, rest[0] if rest else 256, "flat" not in options, policy=policy,
-                              persistent=sms if "P" in options else 0)
+                              persistent=sms if "P" in options else 0, split_k=splits)
         config = P.fitted_to_k(config, K)
         while not P.fits(config, smem) and config.num_stages > 2:
             config = replace(config, num_stages=config.num_stages - 1)
@@ -139,6 +140,32 @@ PERSISTENT = [P.PERSISTENT, P.GemmConfig(128, 192, 64, 4, 256, True, policy="Ful
               P.GemmConfig(128, 128, 64, 5, 256, True)]
 
 
+def part_calls(launcher, a, b, c) -> dict:
+    """The pieces of one (unfused) launcher call, each alone, for --parts: the operands' padded copies, the GEMM
+    kernel on copies made once, the split-K reduction. Call after the launcher has run once (its buffers)."""
+    plan, kernels, buffers = launcher.plan, launcher.kernels, launcher.buffers
+    padded, views, w, arrivals = buffers["padded"], buffers["views"], buffers["w"], buffers["arrivals"]
+    a_in = padded["a"] if "a" in views else a
+    b_in = padded["b"] if padded["b"] is not None else b
+    out = padded["c"] if "c" in views else c
+    calls = {}
+    copies = [(views[key], t) for key, t in (("a", a), ("b", b)) if key in views and "pad_b" not in kernels]
+    if copies:
+        calls["copies"] = lambda: [view.copy_(t) for view, t in copies]
+    if "pad_b" in kernels:
+        calls["pad_b"] = lambda: kernels["pad_b"](b, padded["b"])
+    if arrivals is not None:
+        calls["gemm"] = lambda: kernels["gemm"](a_in, b_in, w, arrivals, out)
+    elif w is not None:
+        calls["gemm"] = lambda: kernels["gemm"](a_in, b_in, w)
+        calls["reduce"] = lambda: kernels["reduce"](w, out)
+    else:
+        calls["gemm"] = lambda: kernels["gemm"](a_in, b_in, out)
+    if "c" in views:
+        calls["c out"] = lambda: c.copy_(out[:, :plan.N])
+    return calls
+
+
 def estimate_us(plan, family, sms, smem):
     if not isinstance(plan.config, P.GemmConfig):
         return 0.0
@@ -172,7 +199,9 @@ def main():
     ap.add_argument("--every-tile", action="store_true",
                     help="time every candidate tile, however far the model puts it behind the pick")
     ap.add_argument("--overlap", action="store_true", help="time shapes while later ones still compile")
-    ap.add_argument("--tiles", default="", help="more tiles to time on every shape: BMxBN[xTHREADS][:sSTAGES][:POLICY][:P][:flat],... (extra_tiles)")
+    ap.add_argument("--tiles", default="", help="more tiles to time on every shape: BMxBN[xTHREADS][:sSTAGES][:POLICY][:P][:flat][:kSPLITS],... (extra_tiles)")
+    ap.add_argument("--parts", action="store_true",
+                    help="also time each plan's pieces alone: padded copies, the GEMM kernel, the reduction")
     ap.add_argument("--last-adds", action="store_true",
                     help="also build each K-split schedule with its runs added by the last block to arrive (one "
                          "launch) instead of by the split-K reduction kernel")
@@ -257,6 +286,10 @@ def main():
                     rows[label] = [estimate_us(plan, family, sms, smem), check.rel_error, plan]
                     if check.passed:
                         fns[label] = call
+                        if args.parts and not fused:
+                            parts = part_calls(launcher, a, b, c)
+                            if len(parts) > 1:
+                                fns.update({f"{label} [{part}]": fn for part, fn in parts.items()})
                     else:
                         log(f"  {name} {label}: FAILED {check.line()}")
                 except Exception as exc:
@@ -274,6 +307,8 @@ def main():
                 if label in ms:
                     log(f"  {label:<28} est {est:8.1f} us  got {ms[label] * 1e3:8.1f} us  "
                         f"{base / ms[label]:.3f}x  err {err:.1e}{'  <- pick' if label == short(plans[0][0]) else ''}")
+                for part in (k for k in ms if k.startswith(label + " [")):
+                    log(f"      {part[len(label) + 1:]:<24} {ms[part] * 1e3:8.1f} us alone")
             pick = short(plans[0][0])
             ours = {k: v for k, v in ms.items() if k in rows}
             best = min(ours, key=ours.get) if ours else "-"
