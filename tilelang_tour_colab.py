@@ -5795,8 +5795,12 @@ def rows_split_over_cluster(M: int, N: int, cluster: int, per_thread: int, threa
                 mine[0] = row_max[i]
                 mine[1] = row_sum[i]
             T.cluster_wait()  # every block of the cluster has started
-            for r in T.unroll(cluster):  # this block's pair into row `bx % cluster` of every block's pairs
-                T.copy_cluster(mine[0:2], pairs[bx % cluster, 0:2], dst_block=r)
+            # This block's pair into row `bx % cluster` of every block's pairs, by the first warp. TileLang's sync
+            # pass cannot tell the blocks' copies of `pairs` apart, so it orders the stores: one copy after
+            # another (explicit), a one-warp barrier between them (as a loop it would warn of a race instead).
+            if T.get_thread_binding() < 32:
+                for r in T.unroll(cluster, explicit=True):
+                    T.copy_cluster(mine[0:2], pairs[bx % cluster, 0:2], dst_block=r)
             T.cluster_sync()  # every pair has arrived everywhere
             for i in T.Parallel(1):
                 row_max[i] = pairs[0, 0]
