@@ -2936,6 +2936,13 @@ def masked_tile_fits(config, family: str, N: int, K: int) -> bool:
             + MASKED_REGISTERS_BESIDE <= room and not (alone and tile in MASKED_SPILLS_ALONE))
 
 
+def loading_masked(config, family: str):
+    """A schedule as built to load its rows masked. Off Hopper, without TileLang's producer warps: where it has
+    TMA but no register split (Blackwell), a producer for masked copies is as large as the consumers and halves
+    their registers (the 128x256 tile spills); there every thread copies instead, as on Ampere."""
+    return config if family == "hopper" else replace(config, warp_specialized=False)
+
+
 # Masked copies are plain loads through registers, not TMA or cp.async running ahead of the MMAs: a K step of
 # such a block takes about a memory round trip however little it computes, so a masked plan takes at least its
 # waves x K steps of that (`masked_seconds`). Fitted to masked plans of few rows timed beside padded ones
@@ -3135,6 +3142,7 @@ def neighbours(plan, family: str, sm_count: int, smem_budget: int, epilogue: boo
     runner_up = runner_up and replace(runner_up, last_adds=sums_in_kernel(M, N, runner_up))  # as the rule would run it
     configs = [c for c in (runner_up, lesson_schedules(family)[0]) if c is not None and fits(c, smem_budget)
                and (not masked or masked_tile_fits(c, family, N, K))]
+    configs = [loading_masked(c, family) for c in configs] if masked else configs
     return [c for i, c in enumerate(configs) if c != plan.config and c not in configs[:i]]
 
 
@@ -3265,8 +3273,8 @@ class GemmPlan:
         masked = N % ALIGN or K % ALIGN
         if isinstance(self.config, RowsConfig):  # plain loads and FMAs: nothing to look for
             return ()
-        if not getattr(self.config, "warp_specialized", True):  # Hopper without a producer: cp.async, no TMA
-            return ("wgmma",) + (() if masked else ("cp_async",))
+        if not getattr(self.config, "warp_specialized", True) and "wgmma" in family_markers:  # Hopper, no producer
+            return ("wgmma",) + (() if masked else ("cp_async",))  # cp.async, no TMA
         return tuple(m for m in family_markers if not masked or m in ("wgmma", "mma_sync"))
 
     def pass_configs(self, part: str, activation=None) -> dict:
@@ -3381,7 +3389,7 @@ def tensor_core_plan(M: int, N: int, K: int, family: str, sm_count: int, smem_bu
            else f"zero-padded copies would take {us(copies_s)}, more than the GEMM")
     if not masked_tile_fits(choose_schedule(M, N, K, family, sm_count, smem_budget, epilogue)[0], family, N, K):
         why += "; a tile whose fp32 accumulators leave its threads registers for the masked copies"
-    return replace(plan, config=masked, pad=False,
+    return replace(plan, config=loading_masked(masked, family), pad=False,
                    reason=f"{masked_reason}; {unaligned_rows(N, K)}: loaded as they are, masked ({why})")
 ''')
 

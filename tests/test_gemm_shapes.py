@@ -299,9 +299,11 @@ def test_the_rules_kernels_lower_for_users_problems(arch, shape, dtype, epilogue
                                     pass_configs=plan.pass_configs("gemm", activation))
     aligned_rows = shape[1] % 8 == 0 and shape[2] % 8 == 0
     expected = EXPECTED[arch] if aligned_rows or plan.padded else UNPADDED[arch]
-    if not plan.config.warp_specialized:  # a short K loop on Hopper: every thread issues cp.async, no TMA
+    if not plan.config.warp_specialized and arch == "sm_90a":  # a short K loop: every thread issues cp.async
         expected = ["wgmma", "cp_async"]
-        assert report.markers["tma_load"] == 0 and arch == "sm_90a"
+        assert report.markers["tma_load"] == 0
+    elif not plan.config.warp_specialized:  # off Hopper only rows loaded masked go without TileLang's producer
+        assert not plan.pad and not aligned_rows
     tourkit.require_markers(report, expected)
     assert list(expected) == [m for m in plan.markers(tourkit.tensor_core_markers(arch)) if m in expected]
     assert report.smem_bytes <= plan.config.smem_bytes()
