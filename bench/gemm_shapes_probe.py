@@ -140,6 +140,34 @@ PERSISTENT = [P.PERSISTENT, P.GemmConfig(128, 192, 64, 4, 256, True, policy="Ful
               P.GemmConfig(128, 128, 64, 5, 256, True)]
 
 
+REDUCE_BLOCKS = 132  # a C of at least this many REDUCE_TILE tiles keeps them (a wave on Hopper)
+REDUCE_LOADS = 64  # else: fewer partials a thread, every split's loads in flight at once, at most this many
+
+
+def spread_reduce_tile(M: int, N: int, splits: int) -> tuple[tuple[int, int], bool]:
+    """A candidate for the reduction's tile, (rows, columns) of C a 128-thread block sums, and its unroll. The
+    reduction's REDUCE_TILE (32 x 256, a round trip a split) makes few blocks of a small C (one for 25 x 216):
+    each waits out every split's round trip in turn. Here a C of fewer than REDUCE_BLOCKS such tiles gets
+    tiles no wider than C of as many partials a thread as keep a wave of blocks (one at least), with every
+    split's loads issued together."""
+    from sections.gemm_epilogue import REDUCE_TILE
+
+    bM, bN = REDUCE_TILE
+    if -(-M // bM) * -(-N // bN) >= REDUCE_BLOCKS:
+        return REDUCE_TILE, False
+    def tile(per_thread):
+        columns = min(bN, 128 * per_thread, 1 << max(0, N - 1).bit_length())
+        return 128 * per_thread // columns, columns
+
+    def blocks(rows_columns):
+        return -(-M // rows_columns[0]) * -(-N // rows_columns[1])
+
+    per_thread = 1  # doubled while its loads stay under REDUCE_LOADS and the blocks a wave
+    while per_thread * 2 * splits <= REDUCE_LOADS and blocks(tile(per_thread * 2)) >= REDUCE_BLOCKS:
+        per_thread *= 2
+    return tile(per_thread), True
+
+
 def part_calls(launcher, a, b, c) -> dict:
     """The pieces of one (unfused) launcher call, each alone, for --parts: the operands' padded copies, the GEMM
     kernel on copies made once, the split-K reduction. Call after the launcher has run once (its buffers)."""
@@ -200,6 +228,8 @@ def main():
                     help="time every candidate tile, however far the model puts it behind the pick")
     ap.add_argument("--overlap", action="store_true", help="time shapes while later ones still compile")
     ap.add_argument("--tiles", default="", help="more tiles to time on every shape: BMxBN[xTHREADS][:sSTAGES][:POLICY][:P][:flat][:kSPLITS],... (extra_tiles)")
+    ap.add_argument("--spread-reduce", action="store_true",
+                    help="also time each split-K reduction in spread_reduce_tile's smaller blocks, unrolled")
     ap.add_argument("--parts", action="store_true",
                     help="also time each plan's pieces alone: padded copies, the GEMM kernel, the reduction")
     ap.add_argument("--last-adds", action="store_true",
@@ -226,6 +256,7 @@ def main():
 
     import tourkit
     from sections import fusion
+    from sections.gemm_epilogue import splitk_reduce_program
     from sections.gemm_schedules import TOLERANCE, reference
 
     tourkit.quiet_tilelang()
@@ -233,9 +264,14 @@ def main():
     family, sms, smem = device.family, device.sm_count, device.smem_per_block_optin
     log(f"{device.name}: {sms} SMs, {smem} B shared memory a block, family {family}")
 
-    def build(plan, fused):
+    def build(plan, fused, spread_reduce=False):
         act = "gelu" if fused else None
         progs = plan.programs(bias=fused, activation=act)
+        if spread_reduce:  # the reduction in `spread_reduce_tile`'s blocks, every split's loads in flight at once
+            M, N, _ = plan.kernel_shape
+            tile, unroll = spread_reduce_tile(M, N, plan.config.split_k)
+            progs["reduce"] = splitk_reduce_program(M, N, plan.config.split_k, bias=fused, activation=act,
+                                                    dtype=plan.dtype, tile=tile, unroll=unroll)
         return {k: tilelang.compile(f, out_idx=None, target="cuda", pass_configs=plan.pass_configs(k, act))
                 for k, f in progs.items()}
 
@@ -254,11 +290,15 @@ def main():
         if not fused:
             plans = list(dict.fromkeys(plans + [replace(plans[0], config=c) for c in extra_tiles(args.tiles, K, smem, sms)]))
         built = list(dict.fromkeys(plan for p in plans for plan in builds(p)))
-        jobs.append(((M, N, K, dtype, fused), [(plan, pool.submit(build, plan, fused)) for plan in built]))
+        todo = [(plan, pool.submit(build, plan, fused), "") for plan in built]
+        if args.spread_reduce:
+            todo += [(plan, pool.submit(build, plan, fused, True), " spread-reduce") for plan in built
+                     if "reduce" in plan.parts and isinstance(plan.config, P.GemmConfig)]
+        jobs.append(((M, N, K, dtype, fused), todo))
 
     if not args.overlap:
         for _, plans in jobs:
-            for _, fut in plans:
+            for _, fut, _ in plans:
                 fut.exception()  # wait; a failed compile is reported where its shape is timed
         log(f"compiled in {time.perf_counter() - started:.0f} s")
     summary = []
@@ -275,8 +315,8 @@ def main():
             c = torch.empty((M, N), dtype=tdt, device="cuda")
             ref = reference(a, b, bias, "gelu" if fused else None)
             fns, rows = {}, {}
-            for plan, fut in plans:
-                label = short(plan)
+            for plan, fut, tag in plans:
+                label = short(plan) + tag
                 try:
                     launcher = P.GemmLauncher(plan, fut.result())
                     call = (lambda L=launcher: L(a, b, bias, c)) if fused else (lambda L=launcher: L(a, b, c))
