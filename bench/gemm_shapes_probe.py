@@ -155,6 +155,7 @@ def spread_reduce_tile(M: int, N: int, splits: int) -> tuple[tuple[int, int], bo
     bM, bN = REDUCE_TILE
     if -(-M // bM) * -(-N // bN) >= REDUCE_BLOCKS:
         return REDUCE_TILE, False
+
     def tile(per_thread):
         columns = min(bN, 128 * per_thread, 1 << max(0, N - 1).bit_length())
         return 128 * per_thread // columns, columns
