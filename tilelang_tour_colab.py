@@ -2511,9 +2511,11 @@ REDUCE_TILE = (32, 256)  # a 128-thread block sums 32 x 256 fp32 partials: 64 a 
 
 
 def splitk_reduce_program(M: int, N: int, splits: int, *, bias: bool = False, activation=None,
-                          dtype: str = "float16", tile: tuple[int, int] = REDUCE_TILE, unroll: bool = False):
+                          dtype: str = "float16", tile: tuple[int, int] = REDUCE_TILE, unroll: bool = False,
+                          c_cols: int = 0):
     """C = activation(sum over s of W[s] + Bias): the second kernel of a split-K GEMM. unroll: every split's
-    loads issued together (a few values a thread: the few-rows kernel's many splits), not a round trip each."""
+    loads issued together (a few values a thread: the few-rows kernel's many splits), not a round trip each.
+    c_cols: C's own columns, at most N (W's, padded): its plain stores take a C of any width."""
     bM, bN = tile
     epilogue = epilogue_macro(bM, bN, bias, activation)
 
@@ -2536,13 +2538,13 @@ def splitk_reduce_program(M: int, N: int, splits: int, *, bias: bool = False, ac
     if bias:
         @T.prim_func
         def splitk_reduce_bias(W: T.Tensor((splits, M, N), "float32"), Bias: T.Tensor((N,), dtype),
-                               C: T.Tensor((M, N), dtype)):
+                               C: T.Tensor((M, c_cols or N), dtype)):
             body(W, Bias, C)
 
         return splitk_reduce_bias
 
     @T.prim_func
-    def splitk_reduce(W: T.Tensor((splits, M, N), "float32"), C: T.Tensor((M, N), dtype)):
+    def splitk_reduce(W: T.Tensor((splits, M, N), "float32"), C: T.Tensor((M, c_cols or N), dtype)):
         body(W, None, C)
 
     return splitk_reduce
@@ -2595,8 +2597,9 @@ def last_arrival_macro(bM: int, bN: int, M: int, N: int, splits: int, epilogue, 
 
 _tour_file('sections/gemm_launch.py', r'''
 """Running a GEMM plan (sections/gemm_plans.py) as one call: the padded copies of its operands, the GEMM, the
-split-K reduction; and the prim_func signature every GEMM kernel shares (`gemm_prim_func`). The launcher knows a plan only by what it asks for (kernel_shape, padded, pad_b, b_width,
-split_k), so this module imports nothing of the plans."""
+split-K reduction; and the prim_func signature every GEMM kernel shares (`gemm_prim_func`). The launcher knows a
+plan only by what it asks for (kernel_shape, padded, pad_b, b_width, c_width, split_k), so this module imports
+nothing of the plans."""
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
 import tilelang.language as T
@@ -2621,24 +2624,25 @@ def pad_rows_program(rows: int, cols: int, rows_to: int, cols_to: int, dtype: st
 
 
 def gemm_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str, c_shape=None, c_dtype=None,
-                   b_cols: int = 0, counts: int = 0):
+                   b_cols: int = 0, counts: int = 0, c_cols: int = 0):
     """The prim_func around a kernel body(A, B, Bias, C): with or without the Bias[N] argument; C is last
     (c_shape/c_dtype: the split-K partials instead of C; b_cols: B's rows padded to that many columns).
     counts > 0: a split K added in the same launch (`last_arrival_macro`), body(A, B, Bias, W, Arrivals, C)
-    over the partials W (c_shape), that many int32 arrival counts and C."""
-    c_shape, c_dtype, b_shape = c_shape or (M, N), c_dtype or dtype, (K, b_cols or N)
+    over the partials W (c_shape), that many int32 arrival counts and C (c_cols: C's own columns, at most N: the
+    sum's plain stores write a C of any width, so the launcher makes no padded C to copy out)."""
+    c_shape, c_dtype, b_shape, sum_shape = c_shape or (M, N), c_dtype or dtype, (K, b_cols or N), (M, c_cols or N)
     if counts and bias:
         @T.prim_func
         def gemm_bias_adds(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), Bias: T.Tensor((N,), dtype),
                            W: T.Tensor(c_shape, c_dtype), Arrivals: T.Tensor((counts,), "int32"),
-                           C: T.Tensor((M, N), dtype)):
+                           C: T.Tensor(sum_shape, dtype)):
             body(A, B, Bias, W, Arrivals, C)
 
         return gemm_bias_adds
     if counts:
         @T.prim_func
         def gemm_adds(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), W: T.Tensor(c_shape, c_dtype),
-                      Arrivals: T.Tensor((counts,), "int32"), C: T.Tensor((M, N), dtype)):
+                      Arrivals: T.Tensor((counts,), "int32"), C: T.Tensor(sum_shape, dtype)):
             body(A, B, None, W, Arrivals, C)
 
         return gemm_adds
@@ -2676,7 +2680,7 @@ class GemmLauncher:
         padded = {"a": torch.zeros((M, K), **new) if K != k else None,
                   "b": torch.zeros((K, self.plan.b_width), **new) if self.plan.padded or self.plan.pad_b else None,
                   "bias": torch.zeros((N,), **new) if N != n else None,
-                  "c": torch.empty((M, N), **new) if N != n else None}
+                  "c": torch.empty((M, N), **new) if self.plan.c_width != n else None}
         views = {"a": (lambda t: t[:, :k]), "b": (lambda t: t[:k, :n]), "bias": (lambda t: t[:n]),
                  "c": (lambda t: t[:, :n])}
         splits = getattr(self.plan.config, "split_k", 1)
@@ -3256,6 +3260,12 @@ class GemmPlan:
         n = self.kernel_shape[1]
         return -(-n // LINE) * LINE if self.pad_b else n
 
+    @property
+    def c_width(self) -> int:
+        """Columns of the C the plan's last kernel writes: the kernel's N, but with a split K the problem's own N
+        (the sum's plain stores take rows of any width, so no padded C is copied out)."""
+        return self.N if getattr(self.config, "split_k", 1) > 1 else self.kernel_shape[1]
+
     def label(self) -> str:
         """The schedule's label, and B's padded copy where the plan makes one."""
         return self.config.label() + (f", B copied into rows of {self.b_width}" if self.pad_b else "")
@@ -3304,10 +3314,11 @@ class GemmPlan:
 
         in_kernel = "reduce" not in self.parts  # the epilogue in the GEMM, not in the split-K reduction
         out["gemm"] = gemm_program(M, N, K, self.config, bias=bias and in_kernel,
-                                   activation=activation if in_kernel else None, dtype=self.dtype, b_cols=self.b_width)
+                                   activation=activation if in_kernel else None, dtype=self.dtype, b_cols=self.b_width,
+                                   c_cols=self.c_width)
         if not in_kernel:
             out["reduce"] = splitk_reduce_program(M, N, self.config.split_k, bias=bias, activation=activation,
-                                                  dtype=self.dtype)
+                                                  dtype=self.dtype, c_cols=self.c_width)
         return out
 
     def describe(self) -> str:
@@ -3702,12 +3713,12 @@ from tourkit import KernelDecl, Section, SectionSkip
 # ---- The schedule: a GemmConfig (sections/gemm_plans.py), chosen per problem by choose_schedule ----------
 
 def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = False, activation: str | None = None,
-                 dtype: str = "float16", accum_dtype: str = "float32", b_cols: int = 0):
+                 dtype: str = "float16", accum_dtype: str = "float32", b_cols: int = 0, c_cols: int = 0):
     """C = activation(A @ B + Bias) over A[M, K], B[K, N], (Bias[N],) C[M, N]: T.Pipelined + T.gemm.
     With config.split_k > 1, block z of the grid takes the z-th run of K steps and C is W[split_k, M, N],
     fp32 partials that gemm_plans.splitk_reduce_program adds up (and applies the epilogue to), or with
     config.last_adds the tile's last block to finish (one launch: body(A, B, Bias, W, Arrivals, Sum)).
-    b_cols: B arrives in rows padded to b_cols >= N columns (see GemmPlan.pad_b)."""
+    b_cols: B arrives in rows padded to b_cols >= N columns (GemmPlan.pad_b); c_cols: last_adds' C's own N."""
     check_problem(M, N, K, activation, dtype, aligned_rows=False)
     if config.policy not in WARP_POLICIES:
         raise ValueError(f"warp policy {config.policy!r} is not one of {WARP_POLICIES}")
@@ -3797,7 +3808,7 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
     if config.persistent and splits > 1:
         raise ValueError("a persistent schedule walks whole K loops: no split K")
     return gemm_prim_func(M, N, K, persistent_body if config.persistent else body, bias, dtype, c_shape, out_dtype,
-                          b_cols, counts=m_tiles * n_tiles if last_adds else 0)
+                          b_cols, counts=m_tiles * n_tiles if last_adds else 0, c_cols=c_cols)
 
 
 def tile_of(t, m_tiles: int, n_tiles: int, panel: int, lo=min, hi=max):

@@ -231,6 +231,8 @@ def main():
     ap.add_argument("--tiles", default="", help="more tiles to time on every shape: BMxBN[xTHREADS][:sSTAGES][:POLICY][:P][:flat][:kSPLITS],... (extra_tiles)")
     ap.add_argument("--spread-reduce", action="store_true",
                     help="also time each split-K reduction in spread_reduce_tile's smaller blocks, unrolled")
+    ap.add_argument("--b-kernel", action="store_true",
+                    help="also run each padded plan with B's zero-padded copy made by the pad_rows kernel, not copy_")
     ap.add_argument("--parts", action="store_true",
                     help="also time each plan's pieces alone: padded copies, the GEMM kernel, the reduction")
     ap.add_argument("--last-adds", action="store_true",
@@ -265,14 +267,16 @@ def main():
     family, sms, smem = device.family, device.sm_count, device.smem_per_block_optin
     log(f"{device.name}: {sms} SMs, {smem} B shared memory a block, family {family}")
 
-    def build(plan, fused, spread_reduce=False):
+    def build(plan, fused, spread_reduce=False, b_kernel=False):
         act = "gelu" if fused else None
         progs = plan.programs(bias=fused, activation=act)
+        M, N, K = plan.kernel_shape
         if spread_reduce:  # the reduction in `spread_reduce_tile`'s blocks, every split's loads in flight at once
-            M, N, _ = plan.kernel_shape
             tile, unroll = spread_reduce_tile(M, N, plan.config.split_k)
             progs["reduce"] = splitk_reduce_program(M, N, plan.config.split_k, bias=fused, activation=act,
-                                                    dtype=plan.dtype, tile=tile, unroll=unroll)
+                                                    dtype=plan.dtype, tile=tile, unroll=unroll, c_cols=plan.c_width)
+        if b_kernel:  # B's zero-padded copy by the pad_rows kernel (the launcher runs a "pad_b" program) not copy_
+            progs = {"pad_b": P.pad_rows_program(plan.K, plan.N, K, plan.b_width, plan.dtype), **progs}
         return {k: tilelang.compile(f, out_idx=None, target="cuda", pass_configs=plan.pass_configs(k, act))
                 for k, f in progs.items()}
 
@@ -295,6 +299,9 @@ def main():
         if args.spread_reduce:
             todo += [(plan, pool.submit(build, plan, fused, True), " spread-reduce") for plan in built
                      if "reduce" in plan.parts and isinstance(plan.config, P.GemmConfig)]
+        if args.b_kernel:
+            todo += [(plan, pool.submit(build, plan, fused, False, True), " b-kernel") for plan in built
+                     if plan.padded and not plan.pad_b]
         jobs.append(((M, N, K, dtype, fused), todo))
 
     if not args.overlap:

@@ -76,9 +76,11 @@ REDUCE_TILE = (32, 256)  # a 128-thread block sums 32 x 256 fp32 partials: 64 a 
 
 
 def splitk_reduce_program(M: int, N: int, splits: int, *, bias: bool = False, activation=None,
-                          dtype: str = "float16", tile: tuple[int, int] = REDUCE_TILE, unroll: bool = False):
+                          dtype: str = "float16", tile: tuple[int, int] = REDUCE_TILE, unroll: bool = False,
+                          c_cols: int = 0):
     """C = activation(sum over s of W[s] + Bias): the second kernel of a split-K GEMM. unroll: every split's
-    loads issued together (a few values a thread: the few-rows kernel's many splits), not a round trip each."""
+    loads issued together (a few values a thread: the few-rows kernel's many splits), not a round trip each.
+    c_cols: C's own columns, at most N (W's, padded): its plain stores take a C of any width."""
     bM, bN = tile
     epilogue = epilogue_macro(bM, bN, bias, activation)
 
@@ -101,13 +103,13 @@ def splitk_reduce_program(M: int, N: int, splits: int, *, bias: bool = False, ac
     if bias:
         @T.prim_func
         def splitk_reduce_bias(W: T.Tensor((splits, M, N), "float32"), Bias: T.Tensor((N,), dtype),
-                               C: T.Tensor((M, N), dtype)):
+                               C: T.Tensor((M, c_cols or N), dtype)):
             body(W, Bias, C)
 
         return splitk_reduce_bias
 
     @T.prim_func
-    def splitk_reduce(W: T.Tensor((splits, M, N), "float32"), C: T.Tensor((M, N), dtype)):
+    def splitk_reduce(W: T.Tensor((splits, M, N), "float32"), C: T.Tensor((M, c_cols or N), dtype)):
         body(W, None, C)
 
     return splitk_reduce

@@ -1,6 +1,7 @@
 """Running a GEMM plan (sections/gemm_plans.py) as one call: the padded copies of its operands, the GEMM, the
-split-K reduction; and the prim_func signature every GEMM kernel shares (`gemm_prim_func`). The launcher knows a plan only by what it asks for (kernel_shape, padded, pad_b, b_width,
-split_k), so this module imports nothing of the plans."""
+split-K reduction; and the prim_func signature every GEMM kernel shares (`gemm_prim_func`). The launcher knows a
+plan only by what it asks for (kernel_shape, padded, pad_b, b_width, c_width, split_k), so this module imports
+nothing of the plans."""
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations.
 import tilelang.language as T
@@ -25,24 +26,25 @@ def pad_rows_program(rows: int, cols: int, rows_to: int, cols_to: int, dtype: st
 
 
 def gemm_prim_func(M: int, N: int, K: int, body, bias: bool, dtype: str, c_shape=None, c_dtype=None,
-                   b_cols: int = 0, counts: int = 0):
+                   b_cols: int = 0, counts: int = 0, c_cols: int = 0):
     """The prim_func around a kernel body(A, B, Bias, C): with or without the Bias[N] argument; C is last
     (c_shape/c_dtype: the split-K partials instead of C; b_cols: B's rows padded to that many columns).
     counts > 0: a split K added in the same launch (`last_arrival_macro`), body(A, B, Bias, W, Arrivals, C)
-    over the partials W (c_shape), that many int32 arrival counts and C."""
-    c_shape, c_dtype, b_shape = c_shape or (M, N), c_dtype or dtype, (K, b_cols or N)
+    over the partials W (c_shape), that many int32 arrival counts and C (c_cols: C's own columns, at most N: the
+    sum's plain stores write a C of any width, so the launcher makes no padded C to copy out)."""
+    c_shape, c_dtype, b_shape, sum_shape = c_shape or (M, N), c_dtype or dtype, (K, b_cols or N), (M, c_cols or N)
     if counts and bias:
         @T.prim_func
         def gemm_bias_adds(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), Bias: T.Tensor((N,), dtype),
                            W: T.Tensor(c_shape, c_dtype), Arrivals: T.Tensor((counts,), "int32"),
-                           C: T.Tensor((M, N), dtype)):
+                           C: T.Tensor(sum_shape, dtype)):
             body(A, B, Bias, W, Arrivals, C)
 
         return gemm_bias_adds
     if counts:
         @T.prim_func
         def gemm_adds(A: T.Tensor((M, K), dtype), B: T.Tensor(b_shape, dtype), W: T.Tensor(c_shape, c_dtype),
-                      Arrivals: T.Tensor((counts,), "int32"), C: T.Tensor((M, N), dtype)):
+                      Arrivals: T.Tensor((counts,), "int32"), C: T.Tensor(sum_shape, dtype)):
             body(A, B, None, W, Arrivals, C)
 
         return gemm_adds
@@ -80,7 +82,7 @@ class GemmLauncher:
         padded = {"a": torch.zeros((M, K), **new) if K != k else None,
                   "b": torch.zeros((K, self.plan.b_width), **new) if self.plan.padded or self.plan.pad_b else None,
                   "bias": torch.zeros((N,), **new) if N != n else None,
-                  "c": torch.empty((M, N), **new) if N != n else None}
+                  "c": torch.empty((M, N), **new) if self.plan.c_width != n else None}
         views = {"a": (lambda t: t[:, :k]), "b": (lambda t: t[:k, :n]), "bias": (lambda t: t[:n]),
                  "c": (lambda t: t[:, :n])}
         splits = getattr(self.plan.config, "split_k", 1)

@@ -534,6 +534,12 @@ class GemmPlan:
         n = self.kernel_shape[1]
         return -(-n // LINE) * LINE if self.pad_b else n
 
+    @property
+    def c_width(self) -> int:
+        """Columns of the C the plan's last kernel writes: the kernel's N, but with a split K the problem's own N
+        (the sum's plain stores take rows of any width, so no padded C is copied out)."""
+        return self.N if getattr(self.config, "split_k", 1) > 1 else self.kernel_shape[1]
+
     def label(self) -> str:
         """The schedule's label, and B's padded copy where the plan makes one."""
         return self.config.label() + (f", B copied into rows of {self.b_width}" if self.pad_b else "")
@@ -582,10 +588,11 @@ class GemmPlan:
 
         in_kernel = "reduce" not in self.parts  # the epilogue in the GEMM, not in the split-K reduction
         out["gemm"] = gemm_program(M, N, K, self.config, bias=bias and in_kernel,
-                                   activation=activation if in_kernel else None, dtype=self.dtype, b_cols=self.b_width)
+                                   activation=activation if in_kernel else None, dtype=self.dtype, b_cols=self.b_width,
+                                   c_cols=self.c_width)
         if not in_kernel:
             out["reduce"] = splitk_reduce_program(M, N, self.config.split_k, bias=bias, activation=activation,
-                                                  dtype=self.dtype)
+                                                  dtype=self.dtype, c_cols=self.c_width)
         return out
 
     def describe(self) -> str:

@@ -59,12 +59,12 @@ from tourkit import KernelDecl, Section, SectionSkip
 # ---- The schedule: a GemmConfig (sections/gemm_plans.py), chosen per problem by choose_schedule ----------
 
 def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = False, activation: str | None = None,
-                 dtype: str = "float16", accum_dtype: str = "float32", b_cols: int = 0):
+                 dtype: str = "float16", accum_dtype: str = "float32", b_cols: int = 0, c_cols: int = 0):
     """C = activation(A @ B + Bias) over A[M, K], B[K, N], (Bias[N],) C[M, N]: T.Pipelined + T.gemm.
     With config.split_k > 1, block z of the grid takes the z-th run of K steps and C is W[split_k, M, N],
     fp32 partials that gemm_plans.splitk_reduce_program adds up (and applies the epilogue to), or with
     config.last_adds the tile's last block to finish (one launch: body(A, B, Bias, W, Arrivals, Sum)).
-    b_cols: B arrives in rows padded to b_cols >= N columns (see GemmPlan.pad_b)."""
+    b_cols: B arrives in rows padded to b_cols >= N columns (GemmPlan.pad_b); c_cols: last_adds' C's own N."""
     check_problem(M, N, K, activation, dtype, aligned_rows=False)
     if config.policy not in WARP_POLICIES:
         raise ValueError(f"warp policy {config.policy!r} is not one of {WARP_POLICIES}")
@@ -154,7 +154,7 @@ def gemm_program(M: int, N: int, K: int, config: GemmConfig, *, bias: bool = Fal
     if config.persistent and splits > 1:
         raise ValueError("a persistent schedule walks whole K loops: no split K")
     return gemm_prim_func(M, N, K, persistent_body if config.persistent else body, bias, dtype, c_shape, out_dtype,
-                          b_cols, counts=m_tiles * n_tiles if last_adds else 0)
+                          b_cols, counts=m_tiles * n_tiles if last_adds else 0, c_cols=c_cols)
 
 
 def tile_of(t, m_tiles: int, n_tiles: int, panel: int, lo=min, hi=max):

@@ -244,8 +244,9 @@ def fake_kernels(plan):
         else:
             out.copy_(a.float() @ b.float() + (rest[0].float() if len(rest) == 2 else 0))
 
-    def reduce(w, *rest):
-        rest[-1].copy_(w.sum(0) + (rest[0].float() if len(rest) == 2 else 0))
+    def reduce(w, *rest):  # C at its own width where the plan's sum writes it straight (c_width)
+        assert w.shape == (splits, M, N) and rest[-1].shape == (M, plan.c_width)
+        rest[-1].copy_((w.sum(0) + (rest[0].float() if len(rest) == 2 else 0))[:, :plan.c_width])
 
     return {"gemm": gemm, "reduce": reduce}
 
@@ -263,6 +264,22 @@ def test_launcher_pads_splits_and_reduces(M, N, K, splits, bias):
         bb, c = torch.randn(N, generator=gen, dtype=torch.float64), torch.empty(M, N, dtype=torch.float64)
         run(a, b, bb, c) if bias else run(a, b, c)
         assert torch.allclose(c, a @ b + (bb if bias else 0), atol=1e-3)
+
+
+def test_a_split_k_sum_writes_c_at_its_own_width():
+    """With a split K the sum's plain stores write C as the user's rows are (no padded C copied out): its
+    parameter is C's own shape, for the reduction kernel and the one-launch sum; without a split, the padded one."""
+    for last_adds in (False, True):
+        plan = GemmPlan(25, 212, 14336, GemmConfig(64, 64, 64, 4, 128, True, split_k=8, last_adds=last_adds),
+                        "bfloat16")
+        assert plan.c_width == 212 and plan.kernel_shape[1] == 216
+        programs = plan.programs(bias=True, activation="gelu")
+        writer = programs["gemm" if last_adds else "reduce"]
+        assert [int(x) for x in writer.buffer_map[writer.params[-1]].shape] == [25, 212]
+        source = tourkit.inspect_kernel("sum", writer, "sm_90a", nvcc=False).source
+        assert re.search(r"\* 212\)", source)  # C's rows are 212 elements apart
+    plain = GemmPlan(25, 212, 14336, GemmConfig(64, 64, 64, 4, 128, True), "bfloat16")
+    assert plain.c_width == 216
 
 
 def test_launcher_of_a_kernel_that_returns_c():

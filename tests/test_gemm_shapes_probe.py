@@ -10,6 +10,7 @@ import torch
 import tourkit
 from sections import gemm_plans as P
 from sections.gemm_epilogue import REDUCE_TILE, splitk_reduce_program
+from sections.gemm_launch import PAD_TILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -61,7 +62,7 @@ def test_a_spread_reduction_lowers_and_builds(M, N, splits, bias):
         assert report.nvcc == "compiled" and report.spills == "0", (report.nvcc, report.spills)
 
 
-def test_the_parts_of_a_padded_split_call_are_its_copies_gemm_reduction_and_c_out():
+def test_the_parts_of_a_padded_split_call_are_its_copies_gemm_and_reduction():
     probe = load_probe()
     plan = P.GemmPlan(25, 212, 14336, P.GemmConfig(64, 64, 64, 8, 128, True, split_k=8), "float16")
     calls = []
@@ -72,7 +73,7 @@ def test_the_parts_of_a_padded_split_call_are_its_copies_gemm_reduction_and_c_ou
     launcher(a, b, c)
     assert calls == [("gemm", 3), ("reduce", 2)]
     parts = probe.part_calls(launcher, a, b, c)
-    assert list(parts) == ["copies", "gemm", "reduce", "c out"]
+    assert list(parts) == ["copies", "gemm", "reduce"]  # the reduction writes C at its own width
     calls.clear()
     for part in ("gemm", "reduce"):
         parts[part]()
@@ -80,3 +81,20 @@ def test_the_parts_of_a_padded_split_call_are_its_copies_gemm_reduction_and_c_ou
     launcher.buffers["padded"]["b"].zero_()
     parts["copies"]()
     assert torch.equal(launcher.buffers["padded"]["b"][:, :212], b)
+
+
+def test_a_padded_call_without_a_split_copies_c_out():
+    probe = load_probe()
+    plan = P.GemmPlan(25, 212, 14336, P.GemmConfig(64, 64, 64, 8, 128, True), "float16")
+    launcher = P.GemmLauncher(plan, {"gemm": lambda a, b, c: c.copy_(a.float() @ b.float())})
+    a, b, c = torch.randn(25, 14336).half(), torch.randn(14336, 212).half(), torch.empty(25, 212).half()
+    launcher(a, b, c)
+    assert list(probe.part_calls(launcher, a, b, c)) == ["copies", "gemm", "c out"]
+
+
+@pytest.mark.parametrize("rows, cols", [(14336, 212), (8192, 2050), (999, 13)])
+def test_b_padded_by_the_copy_kernel_lowers_for_unaligned_rows(rows, cols):
+    """--b-kernel: the pad_rows program copies B's unaligned rows into the kernel's aligned ones."""
+    program = P.pad_rows_program(rows, cols, P.aligned(rows), P.aligned(cols), "bfloat16")
+    report = tourkit.inspect_kernel("pad_b", program, "sm_90a", nvcc=False)
+    assert tuple(report.grid[:2]) == (-(-cols // PAD_TILE[1]), -(-rows // PAD_TILE[0]))
