@@ -281,6 +281,9 @@ def candidate_plans(M: int, N: int, family: str = "hopper", sms: int = 132, arch
     registers = [Plan("registers", R, T) for R in (1, 2, 4, 8) for T in THREADS]
     for plan in staged + registers:
         add(plan)
+    if pick is not None and pick.min_blocks:  # the pick's register cap against none and one block fewer
+        for blocks in (0, pick.min_blocks - 1):
+            add(dataclasses.replace(pick, min_blocks=blocks, chosen=False))
     for plan in [p for p in plans if p.kind in ("staged", "registers") and not p.min_blocks]:
         need = one_wave_min_blocks(plan, M, N, sms, arch)
         if need:
