@@ -2508,15 +2508,39 @@ def epilogue_macro(bM: int, bN: int, bias: bool, activation):
 
 
 REDUCE_TILE = (32, 256)  # a 128-thread block sums 32 x 256 fp32 partials: 64 a thread, vectorized
+REDUCE_BLOCKS = 132  # a C of at least this many REDUCE_TILE tiles keeps them (a wave on Hopper)
+REDUCE_LOADS = 64  # else: fewer partials a thread, every split's loads in flight at once, at most this many
+
+
+def reduce_tile(M: int, N: int, splits: int) -> tuple[tuple[int, int], bool]:
+    """The reduction's tile, (rows, columns) of C a 128-thread block sums, and whether its splits are unrolled.
+    REDUCE_TILE makes few blocks of a small C (one for 25 x 216), each waiting out every split's round trip in
+    turn; so a C of fewer than REDUCE_BLOCKS such tiles takes tiles no wider than C, of as many partials a thread
+    as still make a wave of blocks (one at least), every split's loads issued together (REDUCE_LOADS at most)."""
+    bM, bN = REDUCE_TILE
+    if -(-M // bM) * -(-N // bN) >= REDUCE_BLOCKS:
+        return REDUCE_TILE, False
+
+    def tile(per_thread):
+        columns = min(bN, 128 * per_thread, 1 << max(0, N - 1).bit_length())
+        return 128 * per_thread // columns, columns
+
+    def blocks(rows_columns):
+        return -(-M // rows_columns[0]) * -(-N // rows_columns[1])
+
+    per_thread = 1  # doubled while its loads stay under REDUCE_LOADS and the blocks a wave
+    while per_thread * 2 * splits <= REDUCE_LOADS and blocks(tile(per_thread * 2)) >= REDUCE_BLOCKS:
+        per_thread *= 2
+    return tile(per_thread), True
 
 
 def splitk_reduce_program(M: int, N: int, splits: int, *, bias: bool = False, activation=None,
-                          dtype: str = "float16", tile: tuple[int, int] = REDUCE_TILE, unroll: bool = False,
+                          dtype: str = "float16", tile: tuple[int, int] | None = None, unroll: bool = False,
                           c_cols: int = 0):
-    """C = activation(sum over s of W[s] + Bias): the second kernel of a split-K GEMM. unroll: every split's
-    loads issued together (a few values a thread: the few-rows kernel's many splits), not a round trip each.
-    c_cols: C's own columns, at most N (W's, padded): its plain stores take a C of any width."""
-    bM, bN = tile
+    """C = activation(sum over s of W[s] + Bias): the second kernel of a split-K GEMM, in `reduce_tile`'s blocks
+    unless given a tile. unroll: every split's loads issued together (a few values a thread), not a round trip
+    each. c_cols: C's own columns, at most N (W's, padded): its plain stores take a C of any width."""
+    (bM, bN), unroll = (tile, unroll) if tile else reduce_tile(M, N, splits)
     epilogue = epilogue_macro(bM, bN, bias, activation)
 
     @T.macro

@@ -140,35 +140,6 @@ PERSISTENT = [P.PERSISTENT, P.GemmConfig(128, 192, 64, 4, 256, True, policy="Ful
               P.GemmConfig(128, 128, 64, 5, 256, True)]
 
 
-REDUCE_BLOCKS = 132  # a C of at least this many REDUCE_TILE tiles keeps them (a wave on Hopper)
-REDUCE_LOADS = 64  # else: fewer partials a thread, every split's loads in flight at once, at most this many
-
-
-def spread_reduce_tile(M: int, N: int, splits: int) -> tuple[tuple[int, int], bool]:
-    """A candidate for the reduction's tile, (rows, columns) of C a 128-thread block sums, and its unroll. The
-    reduction's REDUCE_TILE (32 x 256, a round trip a split) makes few blocks of a small C (one for 25 x 216):
-    each waits out every split's round trip in turn. Here a C of fewer than REDUCE_BLOCKS such tiles gets
-    tiles no wider than C of as many partials a thread as keep a wave of blocks (one at least), with every
-    split's loads issued together."""
-    from sections.gemm_epilogue import REDUCE_TILE
-
-    bM, bN = REDUCE_TILE
-    if -(-M // bM) * -(-N // bN) >= REDUCE_BLOCKS:
-        return REDUCE_TILE, False
-
-    def tile(per_thread):
-        columns = min(bN, 128 * per_thread, 1 << max(0, N - 1).bit_length())
-        return 128 * per_thread // columns, columns
-
-    def blocks(rows_columns):
-        return -(-M // rows_columns[0]) * -(-N // rows_columns[1])
-
-    per_thread = 1  # doubled while its loads stay under REDUCE_LOADS and the blocks a wave
-    while per_thread * 2 * splits <= REDUCE_LOADS and blocks(tile(per_thread * 2)) >= REDUCE_BLOCKS:
-        per_thread *= 2
-    return tile(per_thread), True
-
-
 def part_calls(launcher, a, b, c) -> dict:
     """The pieces of one (unfused) launcher call, each alone, for --parts: the operands' padded copies, the GEMM
     kernel on copies made once, the split-K reduction. Call after the launcher has run once (its buffers)."""
@@ -229,8 +200,9 @@ def main():
                     help="time every candidate tile, however far the model puts it behind the pick")
     ap.add_argument("--overlap", action="store_true", help="time shapes while later ones still compile")
     ap.add_argument("--tiles", default="", help="more tiles to time on every shape: BMxBN[xTHREADS][:sSTAGES][:POLICY][:P][:flat][:kSPLITS],... (extra_tiles)")
-    ap.add_argument("--spread-reduce", action="store_true",
-                    help="also time each split-K reduction in spread_reduce_tile's smaller blocks, unrolled")
+    ap.add_argument("--fixed-reduce", action="store_true",
+                    help="also time each split-K reduction in REDUCE_TILE's blocks, whatever C's size (not "
+                         "reduce_tile's), a round trip a split")
     ap.add_argument("--b-kernel", action="store_true",
                     help="also run each padded plan with B's zero-padded copy made by the pad_rows kernel, not copy_")
     ap.add_argument("--parts", action="store_true",
@@ -259,7 +231,7 @@ def main():
 
     import tourkit
     from sections import fusion
-    from sections.gemm_epilogue import splitk_reduce_program
+    from sections.gemm_epilogue import REDUCE_TILE, splitk_reduce_program
     from sections.gemm_schedules import TOLERANCE, reference
 
     tourkit.quiet_tilelang()
@@ -267,14 +239,13 @@ def main():
     family, sms, smem = device.family, device.sm_count, device.smem_per_block_optin
     log(f"{device.name}: {sms} SMs, {smem} B shared memory a block, family {family}")
 
-    def build(plan, fused, spread_reduce=False, b_kernel=False):
+    def build(plan, fused, fixed_reduce=False, b_kernel=False):
         act = "gelu" if fused else None
         progs = plan.programs(bias=fused, activation=act)
         M, N, K = plan.kernel_shape
-        if spread_reduce:  # the reduction in `spread_reduce_tile`'s blocks, every split's loads in flight at once
-            tile, unroll = spread_reduce_tile(M, N, plan.config.split_k)
+        if fixed_reduce:  # the reduction in REDUCE_TILE's blocks whatever C's size, a round trip a split
             progs["reduce"] = splitk_reduce_program(M, N, plan.config.split_k, bias=fused, activation=act,
-                                                    dtype=plan.dtype, tile=tile, unroll=unroll, c_cols=plan.c_width)
+                                                    dtype=plan.dtype, tile=REDUCE_TILE, c_cols=plan.c_width)
         if b_kernel:  # B's zero-padded copy by the pad_rows kernel (the launcher runs a "pad_b" program) not copy_
             progs = {"pad_b": P.pad_rows_program(plan.K, plan.N, K, plan.b_width, plan.dtype), **progs}
         return {k: tilelang.compile(f, out_idx=None, target="cuda", pass_configs=plan.pass_configs(k, act))
@@ -296,8 +267,8 @@ def main():
             plans = list(dict.fromkeys(plans + [replace(plans[0], config=c) for c in extra_tiles(args.tiles, K, smem, sms)]))
         built = list(dict.fromkeys(plan for p in plans for plan in builds(p)))
         todo = [(plan, pool.submit(build, plan, fused), "") for plan in built]
-        if args.spread_reduce:
-            todo += [(plan, pool.submit(build, plan, fused, True), " spread-reduce") for plan in built
+        if args.fixed_reduce:
+            todo += [(plan, pool.submit(build, plan, fused, True), " fixed-reduce") for plan in built
                      if "reduce" in plan.parts and isinstance(plan.config, P.GemmConfig)]
         if args.b_kernel:
             todo += [(plan, pool.submit(build, plan, fused, False, True), " b-kernel") for plan in built

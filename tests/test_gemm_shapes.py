@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 import tourkit
+from sections import gemm_epilogue as E
 from sections.gemm_epilogue import LAST_ADDS_BYTES
 from sections.gemm_rows import RowsConfig
 from tourkit import ARCH_SPECS
@@ -264,6 +265,33 @@ def test_launcher_pads_splits_and_reduces(M, N, K, splits, bias):
         bb, c = torch.randn(N, generator=gen, dtype=torch.float64), torch.empty(M, N, dtype=torch.float64)
         run(a, b, bb, c) if bias else run(a, b, c)
         assert torch.allclose(c, a @ b + (bb if bias else 0), atol=1e-3)
+
+
+@pytest.mark.parametrize("M, N, splits", [(25, 216, 32), (25, 216, 8), (128, 4096, 3), (256, 256, 8),
+                                          (64, 2050, 8), (4096, 8, 4), (3, 1, 64), (7, 130, 8)])
+def test_a_small_c_is_reduced_in_more_blocks_each_splits_loads_in_flight(M, N, splits):
+    (bM, bN), unroll = E.reduce_tile(M, N, splits)
+    per_thread = bM * bN // 128
+    assert unroll and per_thread * splits <= max(E.REDUCE_LOADS, splits)  # one load a thread a split at least
+    assert bN <= max(N, 1) * 2 - 1 or bN == 1  # no wider than C (a power of two)
+    blocks = -(-M // bM) * -(-N // bN)
+    assert blocks >= -(-M // E.REDUCE_TILE[0]) * -(-N // E.REDUCE_TILE[1])  # at least the blocks REDUCE_TILE makes
+    assert per_thread == 1 or blocks >= E.REDUCE_BLOCKS  # more than a partial a thread only over a wave
+
+
+def test_a_c_of_a_wave_of_tiles_keeps_the_reduction_tile():
+    assert E.reduce_tile(2000, 3000, 2) == (E.REDUCE_TILE, False)
+    assert E.reduce_tile(4096, 4096, 4) == (E.REDUCE_TILE, False)
+
+
+@pytest.mark.parametrize("M, N, splits, bias", [(25, 216, 32, False), (64, 2050, 8, True), (4096, 8, 4, False)])
+def test_the_reduction_builds_in_its_tiles_blocks(M, N, splits, bias):
+    tile, _ = E.reduce_tile(M, N, splits)
+    program = E.splitk_reduce_program(M, N, splits, bias=bias, activation="gelu" if bias else None)
+    report = tourkit.inspect_kernel("reduce", program, "sm_90a", nvcc=tourkit.find_nvcc() is not None)
+    assert tuple(report.grid[:2]) == (-(-N // tile[1]), -(-M // tile[0]))
+    if tourkit.find_nvcc() is not None:
+        assert report.nvcc == "compiled" and report.spills == "0", (report.nvcc, report.spills)
 
 
 def test_a_split_k_sum_writes_c_at_its_own_width():

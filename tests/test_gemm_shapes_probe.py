@@ -1,5 +1,5 @@
-"""bench/gemm_shapes_probe.py: its --tiles split, the pieces --parts times, and the reduction tiles
---spread-reduce tries (CPU)."""
+"""bench/gemm_shapes_probe.py: its --tiles split, the pieces --parts times, B's copy by the pad_rows kernel
+(CPU)."""
 
 import importlib.util
 import os
@@ -9,7 +9,6 @@ import torch
 
 import tourkit
 from sections import gemm_plans as P
-from sections.gemm_epilogue import REDUCE_TILE, splitk_reduce_program
 from sections.gemm_launch import PAD_TILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,37 +28,6 @@ def test_a_tile_of_tiles_takes_its_k_split_stages_and_threads():
     assert (plain.split_k, plain.num_stages, plain.threads) == (1, 4, 256)
     assert (split.split_k, split.num_stages) == (32, 3)
     assert (narrow.block_N, narrow.threads, narrow.split_k) == (128, 128, 16)
-
-
-@pytest.mark.parametrize("M, N, splits", [(25, 216, 32), (25, 216, 8), (128, 4096, 3), (256, 256, 8),
-                                          (64, 2050, 8), (4096, 8, 4), (3, 1, 64), (7, 130, 8)])
-def test_a_small_c_is_spread_over_more_blocks_each_splits_loads_in_flight(M, N, splits):
-    probe = load_probe()
-    (bM, bN), unroll = probe.spread_reduce_tile(M, N, splits)
-    per_thread = bM * bN // 128
-    assert unroll and per_thread * splits <= max(probe.REDUCE_LOADS, splits)  # one load a thread a split at least
-    assert bN <= max(N, 1) * 2 - 1 or bN == 1  # no wider than C (a power of two)
-    blocks = -(-M // bM) * -(-N // bN)
-    assert blocks >= -(-M // REDUCE_TILE[0]) * -(-N // REDUCE_TILE[1])  # at least the blocks REDUCE_TILE makes
-    assert per_thread == 1 or blocks >= probe.REDUCE_BLOCKS  # more than a partial a thread only over a wave
-
-
-def test_a_c_of_a_wave_of_tiles_keeps_the_reduction_tile():
-    probe = load_probe()
-    assert probe.spread_reduce_tile(2000, 3000, 2) == (REDUCE_TILE, False)
-    assert probe.spread_reduce_tile(4096, 4096, 4) == (REDUCE_TILE, False)
-
-
-@pytest.mark.parametrize("M, N, splits, bias", [(25, 216, 32, False), (64, 2050, 8, True), (4096, 8, 4, False)])
-def test_a_spread_reduction_lowers_and_builds(M, N, splits, bias):
-    probe = load_probe()
-    tile, unroll = probe.spread_reduce_tile(M, N, splits)
-    program = splitk_reduce_program(M, N, splits, bias=bias, activation="gelu" if bias else None, tile=tile,
-                                    unroll=unroll)
-    report = tourkit.inspect_kernel("reduce", program, "sm_90a", nvcc=tourkit.find_nvcc() is not None)
-    assert tuple(report.grid[:2]) == (-(-N // tile[1]), -(-M // tile[0]))
-    if tourkit.find_nvcc() is not None:
-        assert report.nvcc == "compiled" and report.spills == "0", (report.nvcc, report.spills)
 
 
 def test_the_parts_of_a_padded_split_call_are_its_copies_gemm_and_reduction():
