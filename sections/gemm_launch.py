@@ -102,7 +102,7 @@ class GemmLauncher:
         padded, views, w = self.buffers["padded"], self.buffers["views"], self.buffers["w"]
         operands = {"a": a, "b": b, "bias": bias}
         for key, tensor in operands.items():
-            if key == "b" and "pad_b" in self.kernels:  # a 16-byte vector copy (torch's copy_ is slower here)
+            if key == "b" and "pad_b" in self.kernels:  # the plan's copy kernel (torch's copy_ is slower here)
                 self.kernels["pad_b"](tensor.contiguous(), padded["b"])
                 operands["b"] = padded["b"]
             elif tensor is not None and key in views:

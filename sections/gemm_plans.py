@@ -545,10 +545,16 @@ class GemmPlan:
         return self.config.label() + (f", B copied into rows of {self.b_width}" if self.pad_b else "")
 
     @property
+    def copies_b(self) -> bool:
+        """B copied by the plan's own program first (pad_rows_program): into rows of whole lines (pad_b), or into
+        the zero-padded B of the kernel's aligned sizes, which the program writes faster than torch's copy_."""
+        return self.pad_b or self.padded
+
+    @property
     def parts(self) -> tuple[str, ...]:
         """The plan's programs, in the order a call runs them: B's padded copy, the GEMM, the split-K sum."""
         separate_sum = getattr(self.config, "split_k", 1) > 1 and not getattr(self.config, "last_adds", False)
-        return (("pad_b",) if self.pad_b else ()) + ("gemm",) + (("reduce",) if separate_sum else ())
+        return (("pad_b",) if self.copies_b else ()) + ("gemm",) + (("reduce",) if separate_sum else ())
 
     def markers(self, family_markers) -> tuple:
         """What the GEMM's CUDA must contain: the family's markers; only its tensor-core instruction where the
@@ -567,10 +573,10 @@ class GemmPlan:
         return gemm_pass_configs(self.config, activation) if part == "gemm" else epilogue_pass_configs(activation)
 
     def programs(self, bias: bool = False, activation=None) -> dict:
-        """{"gemm": prim_func}; with pad_b, {"pad_b": prim_func} first; with a split K, {"reduce": prim_func}
+        """{"gemm": prim_func}; with copies_b, {"pad_b": prim_func} first; with a split K, {"reduce": prim_func}
         last (unless each tile's last block adds them, `last_adds`): what the launcher runs, in order."""
         M, N, K = self.kernel_shape
-        out = {"pad_b": pad_rows_program(self.K, self.N, K, self.b_width, self.dtype)} if self.pad_b else {}
+        out = {"pad_b": pad_rows_program(self.K, self.N, K, self.b_width, self.dtype)} if self.copies_b else {}
         if isinstance(self.config, RowsConfig):  # a few rows on the CUDA cores (sections/gemm_rows.py)
             out["gemm"] = rows_program(M, N, K, self.config, bias=bias, activation=activation, dtype=self.dtype)
             if "reduce" in self.parts:

@@ -139,7 +139,7 @@ def test_section_compile_only_through_the_runner(arch):
     run = tilelang_tour.main(["--only", "gemm_schedules", "--compile-only", "--arch", arch])
     result = run.results[0]
     assert result.status == "passed", result.error_message
-    assert result.headline["kernels"] == (10 if arch == "sm_90a" else 8)  # a split-K pick and its reduction
+    assert result.headline["kernels"] == (10 if arch == "sm_90a" else 9)  # a split-K pick and its reduction; B copies
 
 
 @pytest.mark.gpu

@@ -62,7 +62,7 @@ def test_a_padded_call_without_a_split_copies_c_out():
 
 @pytest.mark.parametrize("rows, cols", [(14336, 212), (8192, 2050), (999, 13)])
 def test_b_padded_by_the_copy_kernel_lowers_for_unaligned_rows(rows, cols):
-    """--b-kernel: the pad_rows program copies B's unaligned rows into the kernel's aligned ones."""
+    """A padded plan's pad_rows program copies B's unaligned rows into the kernel's aligned ones."""
     program = P.pad_rows_program(rows, cols, P.aligned(rows), P.aligned(cols), "bfloat16")
     report = tourkit.inspect_kernel("pad_b", program, "sm_90a", nvcc=False)
     assert tuple(report.grid[:2]) == (-(-cols // PAD_TILE[1]), -(-rows // PAD_TILE[0]))
