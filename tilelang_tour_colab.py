@@ -5881,7 +5881,8 @@ Softmax reads every element once and writes it once, so a good plan keeps enough
 and never holds more of a row than the registers or shared memory can take:
 
 * a thread holds MIN_SHARE to 2·MIN_SHARE elements of a row (16-byte vectors where rows start 16-byte
-  aligned, i.e. N % 8 == 0; otherwise the widest access the width allows; single elements: ODD_MIN_SHARE);
+  aligned, i.e. N % 8 == 0; otherwise the widest access the width allows; single elements: ODD_MIN_SHARE,
+  or down to ODD_NARROW_SHARE so that a narrow odd row has up to a warp of threads);
 * so a row is split over a power-of-two number of threads, and a block of BLOCK_THREADS threads holds several
   narrow rows (64 columns: 4 threads a row, 32 rows a block), a wide row alone;
 * a row longer than REGISTER_ROW_LIMIT is walked twice with the online max and sum: staged in shared memory
@@ -5904,8 +5905,14 @@ from dataclasses import dataclass, field
 
 MIN_SHARE = 12  # elements of a row a thread holds at least in the register kernel, on average (8 is too few)
 ODD_MIN_SHARE = 32  # ... when loads are single elements (odd widths): more loads in flight per thread
+# ...but an odd row narrower than that takes more threads, each at least ODD_NARROW_SHARE elements, up to a warp:
+# with a few threads a row, a warp's single-element loads spread over many rows, and such plans ran at a third
+# of torch.softmax's speed (BENCHMARKS.md, "softmax: the plans").
+ODD_NARROW_SHARE = 8
+WARP = 32
 BLOCK_THREADS = 128  # a block of narrow rows (as fast as 256 or 512, and smaller blocks fill the SMs evenly)
-ODD_MIN_BLOCKS = 8  # short odd rows (up to 2048): registers capped so that 8 blocks of 128 threads fit an SM
+ODD_MIN_BLOCKS = 8  # short odd rows (up to 2048): registers capped so that 8 blocks of 128 threads fit an SM...
+ODD_CAPPED_MAX_SHARE = 57  # ...where a thread's floats fit those 64 registers (ptxas: 57 do, 58 spill)
 REGISTER_ROW_LIMIT = 8192  # widest row kept in registers (16 floats on each of 512 threads; 1024 are slower)
 ONLINE_THREADS, ONLINE_PER_THREAD = 512, 16  # long rows: 8192 columns a step, two vectors a thread
 SMEM_SLACK = 8192  # bytes of shared memory a staged kernel keeps for barriers and the reductions
@@ -5961,12 +5968,17 @@ def threads_per_row(N: int) -> int:
     """The most threads (a power of two, at most 1024) that still give each thread MIN_SHARE elements of the row
     on average (ODD_MIN_SHARE when loads are single elements): fewer threads would leave each with more work
     than the registers like, more would leave each too few bytes in flight. A thread then holds at most
-    2·MIN_SHARE elements, padding included (a share is whole vectors)."""
-    share = MIN_SHARE if vector_width(N) > 1 else ODD_MIN_SHARE
-    t = 1
-    while t < 1024 and N >= 2 * t * share:
-        t *= 2
-    return t
+    2·MIN_SHARE elements, padding included (a share is whole vectors). An odd row takes at least as many
+    threads as give each ODD_NARROW_SHARE elements, up to a warp."""
+    def doubled(share: int, most: int = 1024) -> int:
+        t = 1
+        while t < most and N >= 2 * t * share:
+            t *= 2
+        return t
+
+    if vector_width(N) > 1:
+        return doubled(MIN_SHARE)
+    return max(doubled(ODD_MIN_SHARE), doubled(ODD_NARROW_SHARE, WARP))
 
 
 def register_plan(M: int, N: int) -> SoftmaxPlan:
@@ -5974,7 +5986,8 @@ def register_plan(M: int, N: int) -> SoftmaxPlan:
     rows = max(1, BLOCK_THREADS // t)
     share = per_thread(N, t)
     # Odd rows of up to 2048 hold up to 64 floats a thread: capping the registers keeps 8 blocks on an SM.
-    min_blocks = ODD_MIN_BLOCKS if vector_width(N) == 1 and share > 32 and N <= 2048 else 0
+    capped = vector_width(N) == 1 and 32 < share <= ODD_CAPPED_MAX_SHARE and N <= 2048
+    min_blocks = ODD_MIN_BLOCKS if capped else 0
     why = (f"a row of {N} fits in registers: {t} thread{'s' if t > 1 else ''} a row, {share} float{'s' if share > 1 else ''} each"
            + (" (single-element loads: the width is odd)" if vector_width(N) == 1 and N > 1 else "") + "; "
            + (f"{rows} rows a block of {rows * t} threads" if rows > 1 else "one row a block"))

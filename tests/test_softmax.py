@@ -91,6 +91,19 @@ def test_short_odd_rows_hold_more_and_cap_registers():
     assert "__launch_bounds__(128, 8)" in source
 
 
+def test_narrow_odd_rows_take_up_to_a_warp_of_threads():
+    """Single-element loads of a narrow row: at least ODD_NARROW_SHARE elements a thread, up to a warp of threads
+    a row (with a few threads a row, a warp's loads spread over many rows); past a warp, 32 to 64 elements a
+    thread as before; no register cap where 64 registers would not hold a thread's floats."""
+    for N, threads in [(7, 1), (17, 2), (77, 8), (129, 16), (253, 16), (509, 32), (1021, 32), (2047, 32), (3001, 64)]:
+        assert P.threads_per_row(N) == threads, N
+        assert P.per_thread(N, threads) <= max(2 * P.ODD_NARROW_SHARE, 2 * P.ODD_MIN_SHARE * (threads >= P.WARP)), N
+    assert S.choose_plan(65536, 253, HOPPER) == S.SoftmaxPlan("registers", 8, 128)
+    assert S.choose_plan(65536, 77, HOPPER) == S.SoftmaxPlan("registers", 16, 128)
+    assert S.choose_plan(16384, 2047, HOPPER) == S.SoftmaxPlan("registers", 4, 128)  # 64 floats: uncapped
+    assert P.per_thread(1825, 32) == P.ODD_CAPPED_MAX_SHARE + 1 and S.choose_plan(8, 1825, HOPPER).min_blocks_per_sm == 0
+
+
 def test_short_staged_rows_take_small_blocks_on_hopper():
     """Rows staged whole in at most two 8192-column steps: 256 threads of 32 elements a step on Hopper (more
     blocks an SM), 512 of 16 past that and off Hopper; the step stays 8192 columns either way."""
