@@ -2690,8 +2690,8 @@ class GemmLauncher:
     zero-padded buffers where the problem is not aligned (B with the plan's "pad_b" program where it has one; C
     out of one where the plan's c_width asks), and with a split K runs the GEMM into fp32 partials and the
     reduction into C (or, with last_adds, one launch that adds them itself, counting each tile's runs in an int32
-    array). Buffers (and their views) are made at the first call and
-    kept: their padding stays zero, and a call spends no time on Python it can skip."""
+    array). Buffers (and their views) are made at the first call and kept: their padding stays zero, and a call
+    spends no time on Python it can skip."""
 
     def __init__(self, plan, kernels: dict, returns_c: bool = False):
         # returns_c: kernels["gemm"](a, b) returns C (compiled with out_idx=[-1], as tilelang.autotune does)

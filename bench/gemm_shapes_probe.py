@@ -244,7 +244,7 @@ def main():
     def build(plan, fused, fixed_reduce=False, torch_b_copy=False):
         act = "gelu" if fused else None
         progs = plan.programs(bias=fused, activation=act)
-        M, N, K = plan.kernel_shape
+        M, N, _ = plan.kernel_shape
         if fixed_reduce:  # the reduction in REDUCE_TILE's blocks whatever C's size, a round trip a split
             progs["reduce"] = splitk_reduce_program(M, N, plan.config.split_k, bias=fused, activation=act,
                                                     dtype=plan.dtype, tile=REDUCE_TILE, c_cols=plan.c_width)
