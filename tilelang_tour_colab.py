@@ -5986,7 +5986,8 @@ def register_plan(M: int, N: int) -> SoftmaxPlan:
     t = threads_per_row(N)
     rows = max(1, BLOCK_THREADS // t)
     share = per_thread(N, t)
-    # Odd rows of up to 2048 hold up to 64 floats a thread: capping the registers keeps 8 blocks on an SM.
+    # Odd rows of 1025 to 2048 hold 33 to 64 floats on each of a warp's threads: capping the registers keeps 8
+    # blocks on an SM where the floats still fit them.
     capped = vector_width(N) == 1 and 32 < share <= ODD_CAPPED_MAX_SHARE and N <= 2048
     min_blocks = ODD_MIN_BLOCKS if capped else 0
     why = (f"a row of {N} fits in registers: {t} thread{'s' if t > 1 else ''} a row, {share} float{'s' if share > 1 else ''} each"
