@@ -98,10 +98,35 @@ def test_narrow_odd_rows_take_up_to_a_warp_of_threads():
     for N, threads in [(7, 1), (17, 2), (77, 8), (129, 16), (253, 16), (509, 32), (1021, 32), (2047, 32), (3001, 64)]:
         assert P.threads_per_row(N) == threads, N
         assert P.per_thread(N, threads) <= max(2 * P.ODD_NARROW_SHARE, 2 * P.ODD_MIN_SHARE * (threads >= P.WARP)), N
-    assert S.choose_plan(65536, 253, HOPPER) == S.SoftmaxPlan("registers", 8, 128)
-    assert S.choose_plan(65536, 77, HOPPER) == S.SoftmaxPlan("registers", 16, 128)
+    assert S.choose_plan(4097, 253, HOPPER) == S.SoftmaxPlan("registers", 8, 128)  # no group of 8 rows divides M
+    assert S.choose_plan(65536, 77, AMPERE_86, "ampere") == S.SoftmaxPlan("registers", 16, 128)
     assert S.choose_plan(16384, 2047, HOPPER) == S.SoftmaxPlan("registers", 4, 128)  # 64 floats: uncapped
     assert P.per_thread(1825, 32) == P.ODD_CAPPED_MAX_SHARE + 1 and S.choose_plan(8, 1825, HOPPER).min_blocks_per_sm == 0
+
+
+@pytest.mark.parametrize("M, N, rows, threads", [(65536, 77, 32, 256), (65536, 65, 32, 256), (65536, 129, 16, 256),
+                                                 (131072, 161, 16, 256), (65536, 253, 16, 256), (4112, 77, 16, 128),
+                                                 (8, 99, 8, 64), (24, 255, 8, 128)])
+def test_hopper_stages_narrow_odd_rows_in_aligned_groups(M, N, rows, threads):
+    """Odd rows of 65 to 255 on Hopper (8 or 16 threads a row, fewer than a warp): a group of rows (a multiple of 8: 16-byte aligned; a divisor of M: every
+    copy whole) is one bulk copy, 256 threads where M allows, the row's threads as in the register kernel."""
+    plan = S.choose_plan(M, N, HOPPER)
+    assert plan == S.SoftmaxPlan("staged", rows, threads) and "one bulk copy" in plan.why, plan
+    assert plan.threads // plan.rows_per_block == P.threads_per_row(N) and plan_fits(M, N, plan, HOPPER)
+    assert S.uses_bulk_copy(plan, N, "hopper") and M % rows == 0 and (rows * N) % 8 == 0
+
+
+def test_narrow_odd_rows_outside_the_staged_rule_stay_in_registers():
+    for M, N in [(4097, 77), (3, 77), (65540, 129), (65536, 63), (65536, 257), (32768, 509), (16384, 1021), (16384, 2047), (65536, 130)]:
+        assert S.choose_plan(M, N, HOPPER).kind == "registers", (M, N)
+    assert S.choose_plan(65536, 77, tourkit.ARCH_SPECS["sm_89"].smem_per_block_optin, "ada").kind == "registers"
+
+
+def test_a_narrow_odd_staged_group_lowers_to_one_bulk_copy():
+    plan = S.choose_plan(65536, 77, HOPPER)
+    source = tourkit.lower_for_arch(S.build(65536, 77, plan), "sm_90a").kernel_source
+    assert re.search(r"tma_load\(.*, %d\);" % (2 * 32 * 77), source)  # 32 rows of 77 halves in one copy
+    assert "float x[10];" in source  # 8 threads a row, 10 floats each
 
 
 def test_short_staged_rows_take_small_blocks_on_hopper():
@@ -406,7 +431,8 @@ def test_kernels_declared_for_a_run_are_what_it_checks_and_times():
     ((2048, 50257), "float16"), ((3, 50257), "bfloat16"), ((1, 50257), "float16"), ((5, 100003), "float16"),
     ((1000, 50265), "bfloat16"), ((9, 8193), "float16"), ((3, 262147), "float16"), ((1024, 128256), "float16"),
     ((2, 151936), "bfloat16"), ((5, 200000), "float16"), ((1, 262144), "bfloat16"), ((65, 13749), "bfloat16"),
-    ((4097, 10007), "float16"), ((300, 16384), "float16")],
+    ((4097, 10007), "float16"), ((300, 16384), "float16"), ((4096, 77), "float16"), ((4112, 129), "bfloat16"),
+    ((8, 255), "float16"), ((4097, 77), "float16")],
     ids=lambda v: f"{v[0]}x{v[1]}" if isinstance(v, tuple) else v)  # -k 50257 selects by width
 def test_softmax_matches_torch(shape, dtype):
     device = tourkit.detect_device()
