@@ -5886,6 +5886,8 @@ and never holds more of a row than the registers or shared memory can take:
   or down to ODD_NARROW_SHARE so that a narrow odd row has up to a warp of threads);
 * so a row is split over a power-of-two number of threads, and a block of BLOCK_THREADS threads holds several
   narrow rows (64 columns: 4 threads a row, 32 rows a block), a wide row alone;
+* on Hopper a narrow odd row (ODD_STAGED_WIDTHS) is staged with its neighbours: a group of rows, one flat run
+  of memory, is one bulk copy into shared memory, where single-element loads would coalesce poorly;
 * a row longer than REGISTER_ROW_LIMIT is walked twice with the online max and sum: staged in shared memory
   when it fits (one read of global memory), else as much of it as fits, the rest streamed from global memory
   in both passes (the second mostly hits the L2 cache, which holds the rows the resident blocks work on);
@@ -5914,6 +5916,12 @@ WARP = 32
 BLOCK_THREADS = 128  # a block of narrow rows (as fast as 256 or 512, and smaller blocks fill the SMs evenly)
 ODD_MIN_BLOCKS = 8  # short odd rows (up to 2048): registers capped so that 8 blocks of 128 threads fit an SM...
 ODD_CAPPED_MAX_SHARE = 57  # ...where a thread's floats fit those 64 registers (ptxas: 57 do, 58 spill)
+# Hopper: an odd row this wide (from, below) is staged with its neighbours instead: a block's rows are one flat
+# run of memory, so one bulk copy reads them whole. These rows take 8 or 16 threads, fewer than a warp, so in
+# registers a warp's single-element loads spread over several rows and coalesce poorly; from 256 columns a row
+# has a warp and the two kernels were level (BENCHMARKS.md, "softmax: the plans").
+ODD_STAGED_WIDTHS = (64, 256)
+ODD_STAGED_THREADS = 256  # a staged block of narrow odd rows: R rows of threads_per_row threads, R a multiple of 8
 REGISTER_ROW_LIMIT = 8192  # widest row kept in registers (16 floats on each of 512 threads; 1024 are slower)
 ONLINE_THREADS, ONLINE_PER_THREAD = 512, 16  # long rows: 8192 columns a step, two vectors a thread
 SMEM_SLACK = 8192  # bytes of shared memory a staged kernel keeps for barriers and the reductions
@@ -5996,6 +6004,23 @@ def register_plan(M: int, N: int) -> SoftmaxPlan:
     return SoftmaxPlan("registers", rows, rows * t, min_blocks, why=why)
 
 
+def odd_staged_plan(M: int, N: int) -> "SoftmaxPlan | None":
+    """Narrow odd rows in groups of R (a multiple of 8, so that every group starts 16-byte aligned, and a divisor
+    of M, so that every block's copy is whole), each group one bulk copy into shared memory; None where M has
+    no such divisor (the register kernel then takes the rows)."""
+    t = threads_per_row(N)
+    rows = ODD_STAGED_THREADS // t
+    while rows >= 8 and M % rows:
+        rows //= 2
+    if rows < 8:
+        return None
+    share = per_thread(N, t)
+    return SoftmaxPlan("staged", rows, rows * t, why=(
+        f"rows of {N} are odd: loaded one element at a time from global memory, a warp's loads would spread over "
+        f"several rows, so {rows} rows ({2 * rows * N} bytes, starting 16-byte aligned) are one bulk copy into "
+        f"shared memory; then {t} threads a row, {share} floats each, {rows * t} threads a block"))
+
+
 def choose_plan(M: int, N: int, smem_budget: int, family: str = "hopper") -> SoftmaxPlan:
     """The kernel for (M, N) 2-byte elements (float16 or bfloat16) with `smem_budget` bytes of shared memory
     per block on a GPU of `family`. Every width from 1 up has a plan on every GPU."""
@@ -6004,6 +6029,10 @@ def choose_plan(M: int, N: int, smem_budget: int, family: str = "hopper") -> Sof
     if family == "hopper" and 2048 < N <= 4096 and N % (256 * 8) == 0:
         return SoftmaxPlan("staged", 1, 256, why=f"a row of {N} is one TMA bulk copy into shared memory and splits "
                            "into whole 16-byte vectors over 256 threads, 16 floats each")
+    if family == "hopper" and ODD_STAGED_WIDTHS[0] <= N < ODD_STAGED_WIDTHS[1] and N % 2:
+        plan = odd_staged_plan(M, N)
+        if plan:
+            return plan
     if N <= REGISTER_ROW_LIMIT:
         return register_plan(M, N)
     plan = online_plan(N, smem_budget, family)
