@@ -5459,6 +5459,8 @@ def rows_staged_in_shared(M: int, N: int, rows_per_block: int, threads: int, dty
     if threads % R or (R * N) % 8:
         raise ValueError(f"staged softmax: {R} rows per block must divide {threads} threads and R·N must be a "
                          f"multiple of 8 (16-byte aligned blocks); got N={N}")
+    if bulk_copy and M % R:  # a bulk copy has no bounds: the last block's would run past the tensor
+        raise ValueError(f"staged softmax: with bulk copies {R} rows per block must divide the {M} rows")
     per_row = threads // R
     vec = staged_vector_width(N, per_row)
     padded = -(-N // (per_row * vec)) * (per_row * vec)

@@ -11,8 +11,8 @@ then stores, and a grid that does not fit in one wave leaves a tail; the section
 (choose_plan) come from this sweep. The sweep (candidate_plans) holds, for the shape:
 
 * staged (the section's kernel): rows_per_block r0·{1,2,3,4} (r0 = 8 for odd widths: a 16-byte aligned group)
-  x 128/256/512/1024 threads, where the rows divide M and a thread holds 8..128 floats; the same with plain
-  copies instead of TMA; and with __launch_bounds__' min-blocks-per-SM set so the grid fits in one wave
+  x 128/256/512/1024 threads, where a thread holds 8..128 floats (on Hopper TMA copies where the rows divide M,
+  plain masked copies where they do not); the same with plain copies instead of TMA; and with __launch_bounds__' min-blocks-per-SM set so the grid fits in one wave
   (registers capped at 64K / (blocks·threads)) where that cap still holds a thread's floats;
 * registers: rows read straight from global memory (masked single halves for odd widths), 1/2/4/8 rows,
   128..1024 threads (8..64 floats a thread), and their one-wave min-blocks variants;
@@ -233,8 +233,8 @@ def valid(plan: Plan, M: int, N: int, smem_limit: int) -> bool:
             return N % plan.rows == 0 and plan.rows % (8 * plan.threads) == 0
         return N % (8 * plan.threads) == 0
     R, T = plan.rows, plan.threads
-    if T % R or M % R or not _power_of_two(T // R):
-        return False
+    if T % R or not _power_of_two(T // R) or M % R and plan.kind == "staged" and plan.bulk:
+        return False  # a partial last block: the register kernel and plain copies mask it, a bulk copy cannot
     floats = per_thread(plan, N)
     if plan.kind == "registers":
         if N % 8 == 0 and N % ((T // R) * 8):
@@ -277,7 +277,8 @@ def candidate_plans(M: int, N: int, family: str = "hopper", sms: int = 132, arch
         if valid(plan, M, N, smem_limit) and plan not in plans:
             plans.append(plan)
 
-    staged = [Plan("staged", R, T, bulk=hopper) for R in (r0, 2 * r0, 3 * r0, 4 * r0) for T in THREADS]
+    # Hopper stages with bulk copies; where R does not divide M (its last block partial), with plain copies
+    staged = [Plan("staged", R, T, bulk=hopper and M % R == 0) for R in (r0, 2 * r0, 3 * r0, 4 * r0) for T in THREADS]
     registers = [Plan("registers", R, T) for R in (1, 2, 4, 8) for T in THREADS]
     for plan in staged + registers:
         add(plan)

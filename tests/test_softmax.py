@@ -262,6 +262,10 @@ def test_bad_shapes_raise_a_clear_error(shape):
 def test_staged_kernel_rejects_unaligned_row_groups():
     with pytest.raises(ValueError, match="16-byte"):
         S.rows_staged_in_shared(1000, 1823, 4, 128)  # 4·1823 halves: not a multiple of 8
+    with pytest.raises(ValueError, match="divide"):
+        S.rows_staged_in_shared(4097, 77, 32, 256)  # a bulk copy of the last, partial block would run past X
+    source = tourkit.lower_for_arch(S.rows_staged_in_shared(4097, 77, 32, 256, bulk_copy=False), "sm_90a").kernel_source
+    assert "tma_load" not in source and source.count("< 4097)") == 2  # plain copies: the load and store masked
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -53,12 +53,15 @@ def test_the_sweep_for_4096x1823_on_hopper():
         assert p.smem_estimate(1823) + probe.SMEM_MARGIN <= probe.SMEM_LIMIT
 
 
-def test_rows_per_block_divide_m_and_start_aligned():
-    for p in plans_for(1000, 1823):
-        if p.kind in ("staged", "registers"):
-            assert 1000 % p.rows == 0, p.label()
+def test_row_groups_start_aligned_and_bulk_copies_divide_m():
+    """Staged groups start 16-byte aligned; a bulk copy (no bounds) only where its rows divide M, plain masked
+    copies where they do not (the register kernel masks a partial last block itself)."""
+    plans = plans_for(1000, 1823)
+    for p in plans:
         if p.kind == "staged":
-            assert (p.rows * 1823) % 8 == 0 and p.rows == 8, p.label()
+            assert (p.rows * 1823) % 8 == 0 and (1000 % p.rows == 0 or not p.bulk), p.label()
+    assert {p.rows for p in plans if p.kind == "staged" and p.bulk} == {8}
+    assert any(p.kind == "staged" and not p.bulk and p.rows == 16 for p in plans)
 
 
 def test_plans_over_the_shared_memory_limit_are_not_built():
