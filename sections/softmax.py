@@ -106,7 +106,8 @@ def rows_staged_in_shared(M: int, N: int, rows_per_block: int, threads: int, dty
                           bulk_copy: bool = True, min_blocks_per_sm: int = 0):
     """Version 2, staged: the block's R rows, one flat range of R·N elements (16-byte aligned when R·N % 8 == 0,
     so odd widths get wide loads too), copied to shared memory at once (a TMA bulk copy on Hopper), then
-    row by row into a padded fragment and back. What it adds: bulk copies, ahead at 4096 wide on Hopper."""
+    row by row into a padded fragment and back. What it adds: bulk copies, ahead at 4096 wide on Hopper, and for
+    narrow odd rows there, whose single-element loads from global memory would coalesce poorly."""
     R = rows_per_block
     if threads % R or (R * N) % 8:
         raise ValueError(f"staged softmax: {R} rows per block must divide {threads} threads and R·N must be a "
