@@ -58,7 +58,7 @@ PROBLEMS = [
 
 # Users' problems of other kinds, none of them tuned on: one row (decoding), a few columns, a long K over a small
 # C, a short K over a tall C, tiny and ragged sizes; attention from one token to a thousand, grouped-query at 2K;
-# softmax rows from 77 to 262144 wide.
+# softmax rows from 77 to 262144 wide (narrow odd ones in groups that divide M and not).
 OTHER_PROBLEMS = [
     ("gemm_schedules", "1x4096x4096", "float16"), ("gemm_schedules", "4096x8x4096", "float16"),
     ("gemm_schedules", "1000x1000x1000", "float16"), ("gemm_schedules", "3000x500x7000", "float16"),
@@ -70,7 +70,8 @@ OTHER_PROBLEMS = [
     ("flash_attention", "2x16x1000x128", "float16"), ("flash_attention", "4x32x1024x128", "float16"),
     ("flash_attention", "64x8x256x64", "float16"), ("flash_attention", "1x8x1x64", "float16"),
     ("flash_attention", "2x32x2048x128x8", "float16"),
-    ("softmax", "3x77", "float16"), ("softmax", "100x100000", "float16"), ("softmax", "7x262144", "float16"),
+    ("softmax", "3x77", "float16"), ("softmax", "65536x77", "float16"), ("softmax", "4097x129", "bfloat16"),
+    ("softmax", "100x100000", "float16"), ("softmax", "7x262144", "float16"),
     ("softmax", "50000x1000", "float16"), ("softmax", "2000x10000", "bfloat16"),
 ]
 
