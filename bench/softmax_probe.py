@@ -12,7 +12,8 @@ then stores, and a grid that does not fit in one wave leaves a tail; the section
 
 * staged (the section's kernel): rows_per_block r0·{1,2,3,4} (r0 = 8 for odd widths: a 16-byte aligned group)
   x 128/256/512/1024 threads, where a thread holds 8..128 floats (on Hopper TMA copies where the rows divide M,
-  plain masked copies where they do not); the same with plain copies instead of TMA; and with __launch_bounds__' min-blocks-per-SM set so the grid fits in one wave
+  plain masked copies where they do not); the same with plain copies instead of TMA; and with
+  __launch_bounds__' min-blocks-per-SM set so the grid fits in one wave
   (registers capped at 64K / (blocks·threads)) where that cap still holds a thread's floats;
 * registers: rows read straight from global memory (masked single halves for odd widths), 1/2/4/8 rows,
   128..1024 threads (8..64 floats a thread), and their one-wave min-blocks variants;

@@ -108,8 +108,9 @@ def test_narrow_odd_rows_take_up_to_a_warp_of_threads():
                                                  (131072, 161, 16, 256), (65536, 253, 16, 256), (4112, 77, 16, 128),
                                                  (8, 99, 8, 64), (24, 255, 8, 128)])
 def test_hopper_stages_narrow_odd_rows_in_aligned_groups(M, N, rows, threads):
-    """Odd rows of 65 to 255 on Hopper (8 or 16 threads a row, fewer than a warp): a group of rows (a multiple of 8: 16-byte aligned; a divisor of M: every
-    copy whole) is one bulk copy, 256 threads where M allows, the row's threads as in the register kernel."""
+    """Odd rows of 65 to 255 on Hopper (8 or 16 threads a row, fewer than a warp): a group of rows (a multiple
+    of 8: 16-byte aligned; a divisor of M: every copy whole) is one bulk copy, 256 threads where M allows, the
+    row's threads as in the register kernel."""
     plan = S.choose_plan(M, N, HOPPER)
     assert plan == S.SoftmaxPlan("staged", rows, threads) and "one bulk copy" in plan.why, plan
     assert plan.threads // plan.rows_per_block == P.threads_per_row(N) and plan_fits(M, N, plan, HOPPER)
@@ -117,7 +118,8 @@ def test_hopper_stages_narrow_odd_rows_in_aligned_groups(M, N, rows, threads):
 
 
 def test_narrow_odd_rows_outside_the_staged_rule_stay_in_registers():
-    for M, N in [(4097, 77), (3, 77), (65540, 129), (65536, 63), (65536, 257), (32768, 509), (16384, 1021), (16384, 2047), (65536, 130)]:
+    for M, N in [(4097, 77), (3, 77), (65540, 129), (65536, 63), (65536, 257), (32768, 509), (16384, 1021),
+                 (16384, 2047), (65536, 130)]:
         assert S.choose_plan(M, N, HOPPER).kind == "registers", (M, N)
     assert S.choose_plan(65536, 77, tourkit.ARCH_SPECS["sm_89"].smem_per_block_optin, "ada").kind == "registers"
 
