@@ -5907,7 +5907,7 @@ rules for every width on every architecture.
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 MIN_SHARE = 12  # elements of a row a thread holds at least in the register kernel, on average (8 is too few)
 ODD_MIN_SHARE = 32  # ... when loads are single elements (odd widths): more loads in flight per thread
@@ -6036,6 +6036,9 @@ def choose_plan(M: int, N: int, smem_budget: int, family: str = "hopper") -> Sof
         plan = odd_staged_plan(M, N)
         if plan:
             return plan
+        in_registers = register_plan(M, N)
+        return replace(in_registers, why=in_registers.why + f" (not staged: no group of 8 or more rows divides "
+                       f"M = {M}, and a bulk copy of a partial group would read past the end)")
     if N <= REGISTER_ROW_LIMIT:
         return register_plan(M, N)
     plan = online_plan(N, smem_budget, family)

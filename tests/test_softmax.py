@@ -122,6 +122,8 @@ def test_narrow_odd_rows_outside_the_staged_rule_stay_in_registers():
                  (16384, 2047), (65536, 130)]:
         assert S.choose_plan(M, N, HOPPER).kind == "registers", (M, N)
     assert S.choose_plan(65536, 77, tourkit.ARCH_SPECS["sm_89"].smem_per_block_optin, "ada").kind == "registers"
+    assert "no group of 8 or more rows divides M = 4097" in S.choose_plan(4097, 77, HOPPER).why
+    assert "not staged" not in S.choose_plan(65536, 257, HOPPER).why
 
 
 def test_a_narrow_odd_staged_group_lowers_to_one_bulk_copy():
