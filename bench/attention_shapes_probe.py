@@ -118,6 +118,13 @@ def candidates(problem):
     else:
         alts = {"async 128x128": A(128, 128, **hf), "async 128x176": A(128, 176, **hf),
                 "pipe 64x64 x2": P(64, 64, blocks_per_sm=2, **hf)}
+    # the FA3 schedule in 64-row blocks sharing an SM (capped registers): each block's softmax beside its own
+    # P·V and the other blocks' MMAs
+    if problem.dim == 64:
+        for bn, per_sm in ((128, 2), (176, 2), (192, 2), (64, 3)):
+            alts[f"fa3 64x{bn} x{per_sm}"] = A(64, bn, blocks_per_sm=per_sm, **hf)
+    else:
+        alts["fa3 64x64 x2"] = A(64, 64, blocks_per_sm=2, **hf)
     # the lesson's persistent walk (sections/attention_persistent.py): one 128-row block an SM, or two 64-row ones;
     # causal walks go in pairs of query tiles, which needs square tiles
     walks = [(128, 128, 1), (64, 64, 2)] if problem.causal else [(128, 128, 1), (128, 64, 1), (64, 128, 2), (64, 64, 2)]

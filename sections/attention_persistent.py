@@ -89,10 +89,7 @@ def flash_attention_persistent(batch: int, heads: int, seq_len: int, dim: int, c
         with T.Kernel(plan.workers, threads=threads) as w:
             Q_s, K_s, V_s, O_s, scores, probs, acc_o, m, m_prev, rescale, row_sum, l = lesson.alloc_buffers(
                 block_M, block_N, dim, dtype)
-            if blocks_per_sm > 1:  # as in the lesson's grid: registers split between the blocks of an SM
-                T.annotate_min_blocks_per_sm(blocks_per_sm)
-                T.annotate_producer_reg_dealloc(24)
-                T.annotate_consumer_reg_alloc(plans.register_split(blocks_per_sm, threads))
+            lesson.share_sm(blocks_per_sm, threads)  # as in the lesson's grid: registers split between blocks
             for step in T.Pipelined(T.ceildiv(plan.units - w, plan.workers) * plan.walk, num_stages=num_stages):
                 bx, by, bz, k = plan.tile_of(w, step)
                 # Q at every step (from L2 after the first): the pipeline stages unconditional copies only; one

@@ -36,7 +36,6 @@ from sections import attention_persistent, attention_plans as plans  # a persist
 from sections.attention_plans import Problem, pass_configs  # noqa: F401  (what a configuration compiles with)
 from sections.hopper import attention_ws  # the appendix: its kernel is built and timed beside this lesson's
 from sections.shapes import ATTENTION_HEAD_DIMS as HEAD_DIMS  # the head dims --shape accepts
-from tourkit import Section
 
 LOG2E = 1.4426950408889634
 ACCUM = "float32"
@@ -104,6 +103,14 @@ def kernel_steps(seq_len: int, dim: int, block_M: int, block_N: int, causal: boo
     return -(-seq_len // block_N), -(-seq_len // block_M), start, online_softmax, finish
 
 
+@T.macro
+def share_sm(blocks_per_sm: int, threads: int):  # n > 1 blocks an SM: registers split by plans.register_split
+    if blocks_per_sm > 1:
+        T.annotate_min_blocks_per_sm(blocks_per_sm)
+        T.annotate_producer_reg_dealloc(24)
+        T.annotate_consumer_reg_alloc(plans.register_split(blocks_per_sm, threads))
+
+
 def flash_attention_forward(batch: int, heads: int, seq_len: int, dim: int, causal: bool, *, block_M: int = 128,
                             block_N: int = 128, num_stages: int = 2, threads: int = 256, heavy_first: bool = False,
                             dtype: str = "float16", kv_heads: int | None = None, blocks_per_sm: int = 1):
@@ -123,10 +130,7 @@ def flash_attention_forward(batch: int, heads: int, seq_len: int, dim: int, caus
             kv = by // groups  # the key/value head of query head by
             Q_s, K_s, V_s, O_s, scores, probs, acc_o, m, m_prev, rescale, row_sum, l = alloc_buffers(
                 block_M, block_N, dim, dtype)
-            if blocks_per_sm > 1:
-                T.annotate_min_blocks_per_sm(blocks_per_sm)
-                T.annotate_producer_reg_dealloc(24)
-                T.annotate_consumer_reg_alloc(plans.register_split(blocks_per_sm, threads))
+            share_sm(blocks_per_sm, threads)
 
             start(Q, Q_s, acc_o, l, m, bx, by, bz)
             # Causal: key tiles that start after this block's last query row are all masked: never visit them.
@@ -147,11 +151,13 @@ def flash_attention_forward(batch: int, heads: int, seq_len: int, dim: int, caus
 
 def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int, causal: bool, *,
                                   block_M: int = 128, block_N: int = 128, num_stages: int = 2, threads: int = 256,
-                                  heavy_first: bool = False, dtype: str = "float16", kv_heads: int | None = None):
+                                  heavy_first: bool = False, dtype: str = "float16", kv_heads: int | None = None,
+                                  blocks_per_sm: int = 1):
     """Hopper: the FlashAttention-3 schedule in the same T.Pipelined loop. `T.wgmma_gemm` issues a warpgroup MMA
     and does not wait; `T.wait_wgmma(n)` waits until at most n are in flight. Iteration k issues S(k) = Q·K(k)ᵀ
     and O += P(k-1)·V(k-1), waits for the first only, runs the softmax of S(k) while P·V still runs, then waits,
-    rescales O and turns S(k) into the next P. TileLang splits the block into a TMA producer and consumers."""
+    rescales O and turns S(k) into the next P. TileLang splits the block into a TMA producer and consumers;
+    blocks_per_sm as in flash_attention_forward."""
     shape, kv_shape, groups = plans.shapes(batch, heads, seq_len, dim, kv_heads)
     # mask_tail always: the ragged last tile, and the extra all-masked iteration k = n_tiles below
     n_tiles, n_query_blocks, start, online_softmax, finish = kernel_steps(seq_len, dim, block_M, block_N, causal,
@@ -166,6 +172,7 @@ def flash_attention_forward_async(batch: int, heads: int, seq_len: int, dim: int
             Q_s, K_s, V_s, O_s, scores, probs, acc_o, m, m_prev, rescale, row_sum, l = alloc_buffers(
                 block_M, block_N, dim, dtype)
             touch = T.alloc_local((1,), dtype)
+            share_sm(blocks_per_sm, threads)
 
             start(Q, Q_s, acc_o, l, m, bx, by, bz)
             last = T.min(n_tiles, T.ceildiv((bx + 1) * block_M, block_N)) if causal else n_tiles
@@ -203,8 +210,6 @@ def build(problem: Problem, cfg: dict):
 
 
 # The reference, the check, the benchmark
-
-
 def make_inputs(problem: Problem):
     """Fresh random Q (B, S, H, D) and K, V (B, S, KVH, D) in the problem's dtype, and an output buffer."""
     import torch
@@ -217,13 +222,9 @@ def make_inputs(problem: Problem):
 
 
 def sdpa_bshd(q, k, v, causal: bool):
-    """PyTorch's scaled_dot_product_attention on BSHD tensors (it wants BHSD: transpose in and out); fewer
-    key/value heads than query heads are repeated (each serves heads // kv_heads neighbouring query heads)."""
+    """PyTorch's SDPA on BSHD tensors (it wants BHSD); each K/V head repeated for its heads // kv_heads."""
     import torch.nn.functional as F
-
-    groups = q.shape[2] // k.shape[2]
-    if groups > 1:
-        k, v = (t.repeat_interleave(groups, dim=2) for t in (k, v))
+    k, v = (t.repeat_interleave(q.shape[2] // k.shape[2], dim=2) for t in (k, v))  # a copy when no groups
     return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                           is_causal=causal).transpose(1, 2)
 
@@ -260,8 +261,7 @@ def sdpa_contenders(problem: Problem, q, k, v) -> dict:
 
 
 def bench_attention(problem: Problem, kernels: dict, rounds: int = 2) -> dict:
-    """Median ms of each kernel and of SDPA ("sdpa": the faster of its variants, named in "sdpa_kind"), timed
-    in turns in one bench_interleaved call."""
+    """Median ms of each kernel and of SDPA (its fastest variant, named in "sdpa_kind"), timed in turns."""
     q, k, v, o = make_inputs(problem)
     contenders = {name: (lambda fn=fn: fn(q, k, v, o)) for name, fn in kernels.items()}
     baselines = sdpa_contenders(problem, q, k, v)
@@ -390,7 +390,7 @@ def run(ctx) -> None:
         ctx.metric(naive_peak_bytes=naive, flash_peak_bytes=flash)
 
 
-SECTION = Section(
+SECTION = tourkit.Section(
     name="flash_attention",
     title="FlashAttention forward: online softmax, causal tiles skipped",
     summary="Q tile in shared memory, pipelined K/V, exp2 online softmax (on Hopper the FA3 schedule; the "

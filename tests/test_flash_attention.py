@@ -225,6 +225,23 @@ def test_causal_pairs_lower_for_hopper():
         assert ("reg_alloc<232>" in rep.source) == (cfg.get("blocks_per_sm") == 2)
 
 
+def test_fa3_schedule_shares_an_sm_without_spilling():
+    """The FA3 kernel in 64-row blocks, two an SM (both head dims, full and causal, a ragged length): the launch
+    bounds ask for two blocks, the consumers get plans.register_split's 232 registers, one MMA stays in flight,
+    and ptxas spills nothing; one block an SM keeps TileLang's own split."""
+    cfgs = [dict(kind="async", block_M=64, block_N=bn, num_stages=2, threads=128, fast_math=True, blocks_per_sm=per_sm)
+            for bn, per_sm in ((128, 2), (192, 2), (128, 1))]
+    problems = [Problem(4, 16, 2048, 64, False), Problem(2, 8, 1000, 64, True, kv_heads=2),
+                Problem(1, 3, 777, 128, False)]
+    pairs = [(p, dict(c, block_N=64) if p.dim == 128 else c) for p in problems for c in cfgs]
+    jobs = [(f"{p.name} {c}", FA.build(p, c), "sm_90a", FA.pass_configs(c)) for p, c in pairs]
+    for (problem, cfg), rep in zip(pairs, tourkit.inspect_kernels(jobs, nvcc=tourkit.find_nvcc() is not None)):
+        two = cfg["blocks_per_sm"] == 2
+        assert "wait_wgmma<1>" in rep.source, problem
+        assert ("__launch_bounds__(256, 2)" in rep.source and "reg_alloc<232>" in rep.source) == two, (problem, cfg)
+        assert not (rep.spill_stores or rep.spill_loads) and "failed" not in rep.nvcc, (problem, cfg, rep.nvcc)
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_75"])
 @pytest.mark.parametrize("dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
@@ -470,6 +487,9 @@ LESSON_SCHEDULES = [
     dict(kind="async", block_M=128, block_N=176, num_stages=2, threads=256, fast_math=True),
     dict(kind="async", block_M=192, block_N=128, num_stages=2, threads=384, fast_math=True),
     dict(kind="async", block_M=64, block_N=128, num_stages=2, threads=128, fast_math=True),
+    dict(kind="async", block_M=64, block_N=128, num_stages=2, threads=128, fast_math=True, blocks_per_sm=2),
+    dict(kind="async", block_M=64, block_N=64, num_stages=2, threads=128, fast_math=True, blocks_per_sm=2,
+         heavy_first=True),
     dict(kind="pipelined", block_M=64, block_N=128, num_stages=2, threads=128, fast_math=True, blocks_per_sm=2),
     dict(kind="pipelined", block_M=64, block_N=64, num_stages=2, threads=128, fast_math=True, blocks_per_sm=2,
          heavy_first=True),
