@@ -1944,7 +1944,8 @@ def make_inputs(problem: Problem):
 def sdpa_bshd(q, k, v, causal: bool):
     """PyTorch's SDPA on BSHD tensors (it wants BHSD); each K/V head repeated for its heads // kv_heads."""
     import torch.nn.functional as F
-    k, v = (t.repeat_interleave(q.shape[2] // k.shape[2], dim=2) for t in (k, v))  # a copy when no groups
+    if (groups := q.shape[2] // k.shape[2]) > 1:
+        k, v = (t.repeat_interleave(groups, dim=2) for t in (k, v))
     return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                           is_causal=causal).transpose(1, 2)
 
@@ -1963,7 +1964,6 @@ def sdpa_contenders(problem: Problem, q, k, v) -> dict:
     """SDPA on its preferred contiguous BHSD layout, the strongest baseline whatever backend it picks; with
     grouped-query attention both ways PyTorch offers: enable_gqa=True, and K/V heads expanded beforehand."""
     import torch.nn.functional as F
-
     qh, kh, vh = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     if problem.kv_heads == problem.heads:
         return {"sdpa": lambda: F.scaled_dot_product_attention(qh, kh, vh, is_causal=problem.causal)}
